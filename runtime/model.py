@@ -1,0 +1,126 @@
+"""A lean Llama-family transformer over a static KV cache, generic in its op backend.
+
+One entry point, `forward`, serves prefill, AR decode, chain verification and tree verification:
+the caller says where each new token sits (`positions`, for RoPE), where its K/V goes in the cache
+(`slots`) and which cache slots each token may attend to (`mask`). The decode loops own those
+decisions; the model owns only the arithmetic.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List, Optional
+
+import torch
+
+from .checkpoint import Checkpoint, load_checkpoint
+from .config import ModelConfig
+from .kv_cache import KVCache
+from .rope import cos_sin, inverse_frequencies
+from .torch_backend import TorchBackend
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch.float16}
+
+LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+           "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+
+
+@dataclass
+class LayerWeights:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    linears: Dict[str, object]          # LINEARS name → backend-prepared weight
+    q_norm: Optional[torch.Tensor]
+    k_norm: Optional[torch.Tensor]
+
+
+class Transformer:
+    def __init__(self, config: ModelConfig, tensors: Dict[str, torch.Tensor], dtype: torch.dtype,
+                 device="cpu", backend=None, weight_formats: Optional[Dict[str, str]] = None):
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+        self.backend = backend or TorchBackend()
+        formats = weight_formats or {}
+
+        def get(name):
+            return tensors[name].to(device=self.device, dtype=dtype)
+
+        def opt(name):
+            return get(name) if name in tensors else None
+
+        self.embed = get("model.embed_tokens.weight")
+        self.final_norm = get("model.norm.weight")
+        lm_head = opt("lm_head.weight")
+        if config.tie_word_embeddings or lm_head is None:
+            lm_head = self.embed
+        self.lm_head = self.backend.prepare_linear("lm_head", lm_head, None, formats.get("lm_head", "dense"))
+        self.layers: List[LayerWeights] = []
+        for i in range(config.num_layers):
+            p = f"model.layers.{i}."
+            linears = {}
+            for lin in LINEARS:
+                name = f"layers.{i}.{lin}"
+                linears[lin] = self.backend.prepare_linear(
+                    name, get(p + lin + ".weight"), opt(p + lin + ".bias"), formats.get(name, "dense"))
+            self.layers.append(LayerWeights(
+                input_norm=get(p + "input_layernorm.weight"),
+                post_norm=get(p + "post_attention_layernorm.weight"),
+                linears=linears,
+                q_norm=opt(p + "self_attn.q_norm.weight") if config.qk_norm else None,
+                k_norm=opt(p + "self_attn.k_norm.weight") if config.qk_norm else None))
+        self.inv_freq = inverse_frequencies(config).to(self.device)
+        self.scale = config.head_dim ** -0.5
+
+    @classmethod
+    def from_checkpoint(cls, checkpoint, dtype="float32", device="cpu", backend=None,
+                        weight_formats=None) -> "Transformer":
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+        torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        return cls(ckpt.config, ckpt.tensors, torch_dtype, device, backend, weight_formats)
+
+    def new_cache(self, batch: int, capacity: int) -> KVCache:
+        c = self.config
+        return KVCache.allocate(c.num_layers, batch, capacity, c.num_kv_heads, c.head_dim,
+                                self.dtype, self.device)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor, cache: KVCache,
+                logits_at: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """Run new tokens [B, T] through the model, writing their K/V at `slots` [B, T].
+
+        mask [B, T, S] says which cache slots each new token sees (its own slot included).
+        logits_at [B, R] picks the token indices whose logits are returned ([B, R, V] float32);
+        None returns logits for all T.
+        """
+        cfg, be = self.config, self.backend
+        b, t = tokens.shape
+        rows = torch.arange(b, device=tokens.device)[:, None].expand(b, t)
+        cache.positions[rows, slots] = positions
+        if cfg.sliding_window is not None:
+            # HF semantics: a key is visible while query_pos - key_pos < window.
+            mask = mask & ((positions[:, :, None] - cache.positions[:, None, :]) < cfg.sliding_window)
+        cos, sin = cos_sin(self.inv_freq, positions, self.dtype)
+        x = self.embed[tokens]
+        hd, h, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        for i, layer in enumerate(self.layers):
+            lin = layer.linears
+            y = be.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
+            q = be.linear(y, lin["self_attn.q_proj"]).view(b, t, h, hd)
+            k = be.linear(y, lin["self_attn.k_proj"]).view(b, t, hkv, hd)
+            v = be.linear(y, lin["self_attn.v_proj"]).view(b, t, hkv, hd)
+            if layer.q_norm is not None:
+                q = be.rmsnorm(q, layer.q_norm, cfg.rms_norm_eps)
+                k = be.rmsnorm(k, layer.k_norm, cfg.rms_norm_eps)
+            q = be.rope(q, cos, sin)
+            k = be.rope(k, cos, sin)
+            cache.write(i, slots, k, v)
+            a = be.attention(q, cache.k[i], cache.v[i], mask, self.scale)
+            x = x + be.linear(a, lin["self_attn.o_proj"])
+            y = be.rmsnorm(x, layer.post_norm, cfg.rms_norm_eps)
+            act = be.silu_mul(be.linear(y, lin["mlp.gate_proj"]), be.linear(y, lin["mlp.up_proj"]))
+            x = x + be.linear(act, lin["mlp.down_proj"])
+        if logits_at is not None:
+            x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
+        x = be.rmsnorm(x, self.final_norm, cfg.rms_norm_eps)
+        return be.linear(x, self.lm_head).to(torch.float32)

@@ -1,0 +1,5 @@
+import sys
+
+from specpilot.cli import main
+
+sys.exit(main())

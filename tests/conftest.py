@@ -1,0 +1,19 @@
+"""Suite-wide settings: deterministic seeds and a private cache folder for every test run."""
+import os
+
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _private_cache(tmp_path_factory, monkeypatch):
+    # Kernel and zoo caches go to a per-session temp folder unless a test sets its own,
+    # so tests never read or pollute the user's ~/.cache/specpilot.
+    if "SPECPILOT_CACHE" not in os.environ or os.environ.get("SPECPILOT_CACHE", "").startswith(
+            str(tmp_path_factory.getbasetemp())):
+        monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path_factory.getbasetemp() / "specpilot-cache"))
+
+
+@pytest.fixture(autouse=True)
+def _seed():
+    import torch
+    torch.manual_seed(0)
