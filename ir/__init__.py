@@ -1,0 +1,55 @@
+"""The SpecPilot IR: the Program, its canonical JSON and id, verification, diff, transformations.
+
+Imports nothing from the rest of SpecPilot. `dataflow_graph` (networkx) is loaded on first use.
+"""
+from .apply_rules import (MAX_BATCH_SIZE, apply, check, record_escape_rates, replay,
+                          scope_matches)
+from .canonical import (PROGRAM_FILE, canonical_json, load_program, program_from_json,
+                        program_from_obj, program_id, program_to_json, program_to_obj,
+                        resolve_program_path, save_program)
+from .errors import IllFormed, IRError, SpecPilotError, TransformRefused
+from .formats import (DENSE_FORMAT_FOR_DTYPE, DTYPE_BYTES, DTYPES, LOSSLESS12_MAX_ESCAPE_PPM,
+                      WEIGHT_FORMATS, WeightFormat, may_change_output, weight_bytes)
+from .model_spec import FAMILIES, LAYER_KINDS, ROLES, ModelSpec, dense_weight_formats, linear_names
+from .program import (SCHEMA_VERSION, BatchSpec, CommitSpec, Deployment, DraftSpec, KernelsSpec,
+                      Models, Program, VerifySpec)
+from .program_diff import Change, diff, format_diff
+from .stock import STOCK_DRAFT_LENGTH, stock_program
+from .topology import Chain, Topology, Tree, TreeShape, topology_from_json
+from .transforms import (TRANSFORMATIONS, CaptureGraphs, SetBackend, SetBatchLayout,
+                         SetDraftLength, SetMaxBatchSize, SetTopology, SetWeightFormat,
+                         Transformation, transformation_from_json, transformation_from_obj,
+                         transformation_to_json, transformation_to_obj)
+from .wellformed import verify
+
+_LAZY = ("dataflow_graph", "linear_weight_bytes", "total_weight_bytes")
+
+
+def __getattr__(name):
+    # networkx is only needed by the graph view; keep `import specpilot.ir` light without it.
+    if name in _LAZY:
+        from . import graph
+        return getattr(graph, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = [
+    "MAX_BATCH_SIZE", "apply", "check", "record_escape_rates", "replay", "scope_matches",
+    "PROGRAM_FILE", "canonical_json", "load_program", "program_from_json", "program_from_obj",
+    "program_id", "program_to_json", "program_to_obj", "resolve_program_path", "save_program",
+    "IllFormed", "IRError", "SpecPilotError", "TransformRefused",
+    "DENSE_FORMAT_FOR_DTYPE", "DTYPE_BYTES", "DTYPES", "LOSSLESS12_MAX_ESCAPE_PPM",
+    "WEIGHT_FORMATS", "WeightFormat", "may_change_output", "weight_bytes",
+    "FAMILIES", "LAYER_KINDS", "ROLES", "ModelSpec", "dense_weight_formats", "linear_names",
+    "SCHEMA_VERSION", "BatchSpec", "CommitSpec", "Deployment", "DraftSpec", "KernelsSpec",
+    "Models", "Program", "VerifySpec",
+    "Change", "diff", "format_diff",
+    "STOCK_DRAFT_LENGTH", "stock_program",
+    "Chain", "Topology", "Tree", "TreeShape", "topology_from_json",
+    "TRANSFORMATIONS", "CaptureGraphs", "SetBackend", "SetBatchLayout", "SetDraftLength",
+    "SetMaxBatchSize", "SetTopology", "SetWeightFormat", "Transformation",
+    "transformation_from_json", "transformation_from_obj", "transformation_to_json",
+    "transformation_to_obj",
+    "verify",
+    *_LAZY,
+]

@@ -20,3 +20,8 @@ class TransformRefused(SpecPilotError):
         super().__init__(f"transformation {name} refused: {reason}")
         self.name = name
         self.reason = reason
+
+
+class IllFormed(IRError):
+    """A Program whose attributes are individually typed but inconsistent or out of range
+    (raised by `verify`); the message starts with the path of the offending attribute."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 import os
 from dataclasses import dataclass
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 
@@ -22,10 +22,10 @@ def _safetensor_files(checkpoint_dir: str):
     if os.path.isfile(index):
         try:
             with open(index, encoding="utf-8") as f:
-                weight_map = json.load(f)["weight_map"]
-        except (json.JSONDecodeError, KeyError, TypeError) as exc:
-            raise CheckpointError(f"{index} is malformed: {exc}") from None
-        files = sorted(set(weight_map.values()))
+                files = sorted(set(json.load(f)["weight_map"].values()))
+        except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, AttributeError) as exc:
+            raise CheckpointError(f"{index} is malformed ({exc}): it must be JSON with a "
+                                  f"'weight_map' from tensor names to shard files") from None
         return [os.path.join(checkpoint_dir, f) for f in files]
     single = os.path.join(checkpoint_dir, "model.safetensors")
     if os.path.isfile(single):
@@ -45,11 +45,13 @@ def load_state_dict(checkpoint_dir: str) -> Dict[str, torch.Tensor]:
     tensors: Dict[str, torch.Tensor] = {}
     for path in _safetensor_files(checkpoint_dir):
         if not os.path.isfile(path):
-            raise CheckpointError(f"weight shard {path!r} named by the index is missing")
+            raise CheckpointError(f"weight shard {path!r} named by model.safetensors.index.json "
+                                  f"is missing: copy the complete checkpoint folder")
         try:
             tensors.update(load_file(path, device="cpu"))
         except (SafetensorError, OSError, ValueError, RuntimeError) as exc:
-            raise CheckpointError(f"{path} is not a readable safetensors file: {exc}") from None
+            raise CheckpointError(f"{path} is not a readable safetensors file ({exc}): it is "
+                                  f"truncated or corrupt; copy or export it again") from None
     return tensors
 
 
@@ -88,14 +90,24 @@ def expected_shapes(cfg: ModelConfig) -> Dict[str, tuple]:
 
 
 def check_weights(cfg: ModelConfig, tensors: Dict[str, torch.Tensor], where: str) -> None:
+    """Every tensor the forward pass reads is present with the shape config.json implies.
+
+    Tensors the config does not use (a stray bias, rotary buffers) are ignored, as HF does.
+    """
     for name, shape in expected_shapes(cfg).items():
         if name not in tensors:
             if name == "lm_head.weight":
-                continue  # some untied configs still ship without lm_head; tie then (as HF warns)
-            raise CheckpointError(f"{where}: tensor {name!r} is missing from the weights")
+                # HF would initialise a missing untied head at random; refuse instead.
+                raise CheckpointError(
+                    f"{where}: tensor 'lm_head.weight' is missing but config.json has "
+                    f"tie_word_embeddings false: add the output head to the weights, or set "
+                    f"tie_word_embeddings to true if the head shares the embedding")
+            raise CheckpointError(f"{where}: tensor {name!r} is missing from the weights: the "
+                                  f"safetensors files do not match config.json")
         if tuple(tensors[name].shape) != shape:
             raise CheckpointError(f"{where}: tensor {name!r} has shape {tuple(tensors[name].shape)}, "
-                                  f"config.json implies {shape}")
+                                  f"config.json implies {shape}: the weights and config.json "
+                                  f"disagree (fix the config or re-export the weights)")
 
 
 @dataclass
@@ -106,6 +118,11 @@ class Checkpoint:
 
 
 def load_checkpoint(checkpoint_dir: str) -> Checkpoint:
+    """Config + weights of an HF checkpoint folder, checked against each other.
+
+    Raises CheckpointError (UnsupportedModel for an architecture we do not implement) naming
+    the file and what to fix.
+    """
     cfg = load_model_config(checkpoint_dir)
     tensors = load_state_dict(checkpoint_dir)
     check_weights(cfg, tensors, checkpoint_dir)
@@ -121,7 +138,8 @@ def load_tokenizer(checkpoint_dir: str):
     try:
         return Tokenizer.from_file(path)
     except Exception as exc:  # tokenizers raises a bare Exception on malformed files
-        raise CheckpointError(f"{path} is not a readable tokenizer: {exc}") from None
+        raise CheckpointError(f"{path} is not a readable tokenizer ({exc}): save the "
+                              f"tokenizer again (tokenizer.save_pretrained)") from None
 
 
 def check_same_vocabulary(target: ModelConfig, drafter: ModelConfig, target_tok=None,

@@ -12,6 +12,8 @@ from typing import Dict, List, Optional
 
 import torch
 
+from specpilot.ir.errors import SpecPilotError
+
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ModelConfig
 from .kv_cache import KVCache
@@ -45,15 +47,18 @@ class Transformer:
         def get(name):
             return tensors[name].to(device=self.device, dtype=dtype)
 
-        def opt(name):
-            return get(name) if name in tensors else None
+        def bias(name, present):
+            # Biases follow the config, as in HF: a stray bias tensor in the file is ignored.
+            return get(name) if present else None
 
         self.embed = get("model.embed_tokens.weight")
         self.final_norm = get("model.norm.weight")
-        lm_head = opt("lm_head.weight")
-        if config.tie_word_embeddings or lm_head is None:
-            lm_head = self.embed
+        lm_head = self.embed if config.tie_word_embeddings else get("lm_head.weight")
         self.lm_head = self.backend.prepare_linear("lm_head", lm_head, None, formats.get("lm_head", "dense"))
+        has_bias = {"self_attn.q_proj": config.attention_bias, "self_attn.k_proj": config.attention_bias,
+                    "self_attn.v_proj": config.attention_bias, "self_attn.o_proj": config.o_bias,
+                    "mlp.gate_proj": config.mlp_bias, "mlp.up_proj": config.mlp_bias,
+                    "mlp.down_proj": config.mlp_bias}
         self.layers: List[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
@@ -61,21 +66,27 @@ class Transformer:
             for lin in LINEARS:
                 name = f"layers.{i}.{lin}"
                 linears[lin] = self.backend.prepare_linear(
-                    name, get(p + lin + ".weight"), opt(p + lin + ".bias"), formats.get(name, "dense"))
+                    name, get(p + lin + ".weight"), bias(p + lin + ".bias", has_bias[lin]),
+                    formats.get(name, "dense"))
             self.layers.append(LayerWeights(
                 input_norm=get(p + "input_layernorm.weight"),
                 post_norm=get(p + "post_attention_layernorm.weight"),
                 linears=linears,
-                q_norm=opt(p + "self_attn.q_norm.weight") if config.qk_norm else None,
-                k_norm=opt(p + "self_attn.k_norm.weight") if config.qk_norm else None))
+                q_norm=get(p + "self_attn.q_norm.weight") if config.qk_norm else None,
+                k_norm=get(p + "self_attn.k_norm.weight") if config.qk_norm else None))
         self.inv_freq = inverse_frequencies(config).to(self.device)
         self.scale = config.head_dim ** -0.5
 
     @classmethod
     def from_checkpoint(cls, checkpoint, dtype="float32", device="cpu", backend=None,
                         weight_formats=None) -> "Transformer":
-        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
+        """Load a checkpoint folder (or an already loaded Checkpoint) as a model in `dtype`
+        ("float32", "bfloat16", "float16" or a torch dtype); errors name what to fix."""
+        if isinstance(dtype, str) and dtype not in DTYPES:
+            raise SpecPilotError(f"dtype {dtype!r} is not supported: choose one of "
+                                 f"{', '.join(sorted(DTYPES))}")
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
+        ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         return cls(ckpt.config, ckpt.tensors, torch_dtype, device, backend, weight_formats)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
@@ -97,9 +108,10 @@ class Transformer:
         b, t = tokens.shape
         rows = torch.arange(b, device=tokens.device)[:, None].expand(b, t)
         cache.positions[rows, slots] = positions
-        if cfg.sliding_window is not None:
+        windowed = {}
+        for window in {cfg.window_of(i) for i in range(cfg.num_layers)} - {None}:
             # HF semantics: a key is visible while query_pos - key_pos < window.
-            mask = mask & ((positions[:, :, None] - cache.positions[:, None, :]) < cfg.sliding_window)
+            windowed[window] = mask & ((positions[:, :, None] - cache.positions[:, None, :]) < window)
         cos, sin = cos_sin(self.inv_freq, positions, self.dtype)
         x = self.embed[tokens]
         hd, h, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
@@ -115,7 +127,9 @@ class Transformer:
             q = be.rope(q, cos, sin)
             k = be.rope(k, cos, sin)
             cache.write(i, slots, k, v)
-            a = be.attention(q, cache.k[i], cache.v[i], mask, self.scale)
+            window = cfg.window_of(i)
+            layer_mask = mask if window is None else windowed[window]
+            a = be.attention(q, cache.k[i], cache.v[i], layer_mask, self.scale)
             x = x + be.linear(a, lin["self_attn.o_proj"])
             y = be.rmsnorm(x, layer.post_norm, cfg.rms_norm_eps)
             act = be.silu_mul(be.linear(y, lin["mlp.gate_proj"]), be.linear(y, lin["mlp.up_proj"]))

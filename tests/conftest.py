@@ -1,7 +1,11 @@
 """Suite-wide settings: deterministic seeds and a private cache folder for every test run."""
 import os
+import sys
 
 import pytest
+
+# tests/runtime/hf_factory.py builds tiny HF checkpoints; every test folder may use it.
+sys.path.insert(0, os.path.join(os.path.dirname(__file__), "runtime"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,190 @@
+"""`apply(program, t)`: the one place where Transformation records change a Program.
+
+Each rule checks its preconditions with `_check(cond, reason)` and builds the new Program; a
+failed precondition (including a no-op such as "already chain(4)") becomes TransformRefused
+with the reason. The input must be well formed, and the result is verified too, so a rule that
+misses a precondition still ends in a reasoned refusal rather than an ill-formed Program.
+"""
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import replace
+from typing import Callable, Dict, Iterable, Optional, Type
+
+from .errors import IllFormed, IRError, TransformRefused
+from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
+from .model_spec import ROLES
+from .program import BACKENDS, BATCH_LAYOUTS, Program
+from .topology import MAX_DRAFT_LENGTH, Chain, Tree
+from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
+                         SetMaxBatchSize, SetTopology, SetWeightFormat, Transformation)
+from .wellformed import verify
+
+# Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
+# speculative decoding pays off in, and the KV cache is preallocated for it.
+MAX_BATCH_SIZE = 256
+
+_LAYER_PREFIX = re.compile(r"layers\.[0-9]+\.")
+
+
+class _Refusal(Exception):
+    pass
+
+
+def _check(cond: bool, reason: str) -> None:
+    if not cond:
+        raise _Refusal(reason)
+
+
+def _set_topology(p: Program, t: SetTopology) -> Program:
+    topo = t.topology
+    _check(topo != p.draft.topology, f"already {topo}")
+    if isinstance(topo, Tree):
+        # A tree of single children is a chain: keep one spelling per decoder so equal decoders
+        # share an id, and the cheaper causal mask and in-place commit.
+        _check(any(b > 1 for b in topo.branching),
+               f"{topo} has no branches; it is chain({topo.depth}), use that")
+        mask, kv = "tree", "compact"
+    else:
+        mask, kv = "causal", "in_place"
+    return replace(p, draft=replace(p.draft, topology=topo), verify=replace(p.verify, mask=mask),
+                   commit=replace(p.commit, kv=kv))
+
+
+def _set_draft_length(p: Program, t: SetDraftLength) -> Program:
+    topo = p.draft.topology
+    _check(isinstance(topo, Chain),
+           f"the draft is {topo}, whose length is its depth; change it with SetTopology")
+    _check(1 <= t.k <= MAX_DRAFT_LENGTH, f"draft length must be in 1..{MAX_DRAFT_LENGTH}, got {t.k}")
+    _check(t.k != topo.k, f"already chain({t.k})")
+    return replace(p, draft=replace(p.draft, topology=Chain(t.k)))
+
+
+def scope_matches(glob: str, linear: str) -> bool:
+    """Whether a SetWeightFormat glob selects `linear` (its full name or the name without the
+    `layers.N.` prefix)."""
+    short = _LAYER_PREFIX.sub("", linear, count=1)
+    return fnmatch.fnmatchcase(linear, glob) or fnmatch.fnmatchcase(short, glob)
+
+
+def _set_weight_format(p: Program, t: SetWeightFormat) -> Program:
+    role, _, glob = t.scope.partition(".")
+    _check(role in ROLES and glob != "",
+           f"scope must be '<target|drafter>.<glob>' (e.g. 'target.mlp.*'), got {t.scope!r}")
+    _check(t.fmt in WEIGHT_FORMATS,
+           f"unknown weight format {t.fmt!r} (known: {', '.join(WEIGHT_FORMATS)})")
+    model = getattr(p.models, role)
+    matched = [name for name in model.linears if scope_matches(glob, name)]
+    _check(bool(matched), f"scope {t.scope!r} matches no linear of the {role} (names look like "
+                          "'layers.0.self_attn.q_proj', 'mlp.down_proj', 'lm_head')")
+    spec = WEIGHT_FORMATS[t.fmt]
+    if spec.dense:
+        _check(spec.dtype == model.dtype,
+               f"{t.fmt} is a dense {spec.dtype} format but the {role} computes in {model.dtype} "
+               "(a dense format must match the compute dtype)")
+    else:
+        _check(spec.dtype == model.dtype,
+               f"{t.fmt} packs {spec.dtype} weights but the {role}'s dtype is {model.dtype}")
+    changing = [name for name in matched if model.format_of(name) != t.fmt]
+    _check(bool(changing), f"already {t.fmt}: all {len(matched)} linears matched by {t.scope!r}")
+    if t.fmt == "lossless12":
+        unknown = [name for name in changing if model.escape_ppm(name) is None]
+        _check(not unknown,
+               f"the lossless12 escape rate of {role}.{unknown[0] if unknown else ''} is not "
+               f"measured ({len(unknown)} of {len(changing)} linears unmeasured); without it the "
+               "byte saving is unknown")
+        worst = max(changing, key=model.escape_ppm)
+        ppm = model.escape_ppm(worst)
+        _check(ppm <= LOSSLESS12_MAX_ESCAPE_PPM,
+               f"{role}.{worst} escapes {ppm} ppm of its weights, above the "
+               f"{LOSSLESS12_MAX_ESCAPE_PPM} ppm limit beyond which the patch list eats the "
+               "25% byte saving")
+    new_model = model.with_formats({name: t.fmt for name in changing})
+    return replace(p, models=replace(p.models, **{role: new_model}))
+
+
+def _set_batch_layout(p: Program, t: SetBatchLayout) -> Program:
+    _check(t.layout in BATCH_LAYOUTS,
+           f"unknown batch layout {t.layout!r} (known: {', '.join(BATCH_LAYOUTS)})")
+    _check(t.layout != p.batch.layout, f"already {t.layout}")
+    return replace(p, batch=replace(p.batch, layout=t.layout))
+
+
+def _set_max_batch_size(p: Program, t: SetMaxBatchSize) -> Program:
+    n = t.max_batch_size
+    _check(1 <= n <= MAX_BATCH_SIZE, f"max batch size must be in 1..{MAX_BATCH_SIZE}, got {n}")
+    _check(n != p.batch.max_batch_size, f"already max batch size {n}")
+    return replace(p, batch=replace(p.batch, max_batch_size=n))
+
+
+def _set_backend(p: Program, t: SetBackend) -> Program:
+    _check(t.backend in BACKENDS, f"unknown backend {t.backend!r} (known: {', '.join(BACKENDS)})")
+    _check(t.backend != p.kernels.backend, f"already backend {t.backend}")
+    return replace(p, kernels=replace(p.kernels, backend=t.backend))
+
+
+def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
+    _check(t.on != p.kernels.capture_graphs, f"graph capture already {'on' if t.on else 'off'}")
+    return replace(p, kernels=replace(p.kernels, capture_graphs=t.on))
+
+
+RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] = {
+    SetTopology: _set_topology,
+    SetDraftLength: _set_draft_length,
+    SetWeightFormat: _set_weight_format,
+    SetBatchLayout: _set_batch_layout,
+    SetMaxBatchSize: _set_max_batch_size,
+    SetBackend: _set_backend,
+    CaptureGraphs: _capture_graphs,
+}
+
+
+def apply(program: Program, t: Transformation) -> Program:
+    """Return `program` transformed by `t`, with `t` appended to its history, verified.
+
+    Raises TransformRefused(t.name, reason) when a precondition fails (a no-op included), and
+    IllFormed when `program` itself is not well formed.
+    """
+    verify(program)
+    rule = RULES.get(type(t))
+    if rule is None:
+        raise IRError(f"no rule applies {t!r}: not a registered Transformation")
+    try:
+        result = rule(program, t)
+    except _Refusal as refusal:
+        raise TransformRefused(t.name, str(refusal)) from None
+    result = replace(result, history=program.history + (t,))
+    try:
+        return verify(result)
+    except IllFormed as exc:
+        raise TransformRefused(t.name, f"the result would be ill-formed: {exc}") from None
+
+
+def check(program: Program, t: Transformation) -> Optional[str]:
+    """The reason `apply(program, t)` would refuse, or None when it applies."""
+    try:
+        apply(program, t)
+    except TransformRefused as refusal:
+        return refusal.reason
+    return None
+
+
+def record_escape_rates(program: Program, role: str, rates: Dict[str, int]) -> Program:
+    """`program` with measured lossless12 escape rates (ppm per linear) recorded for one model.
+
+    A measurement of the checkpoint, not a change of the decoder's behaviour, so it is not a
+    Transformation and leaves history alone; it does change the id (the id covers every attribute
+    but history). Raises IllFormed for a linear the model lacks or a rate outside 0..1e6.
+    """
+    if role not in ROLES:
+        raise IllFormed(f"role: expected one of {', '.join(ROLES)}, got {role!r}")
+    model = getattr(program.models, role).with_escape_rates(rates)
+    return verify(replace(program, models=replace(program.models, **{role: model})))
+
+
+def replay(program: Program, transformations: Iterable[Transformation]) -> Program:
+    """Apply transformations in order (e.g. a Program's history onto its stock Program)."""
+    for t in transformations:
+        program = apply(program, t)
+    return program

@@ -1,0 +1,181 @@
+"""Transformations as data: small frozen records (`name` + params), serialisable and replayable.
+
+A record only says *what* to change; `specpilot.ir.apply.apply` decides whether it may and does
+it. Construction checks parameter types (a record with a string where an int belongs is
+malformed, an IRError); whether a value makes sense for a given Program (an unknown layout, a
+draft length out of range) is a reasoned refusal of `apply`, so that proposals from any source,
+agents included, get an answer instead of a crash.
+
+`may_change_output` declares whether applying the record can change the decoder's output
+tokens. Every transformation here keeps the output identical except SetWeightFormat to a lossy
+format (none exists yet: bf16/fp32 are the checkpoint's own values and lossless12 restores every
+bit). Token forcing remains the final judge either way.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, fields
+from typing import Any, ClassVar, Dict, Type, Union
+
+from .errors import IRError
+from .formats import WEIGHT_FORMATS
+from .formats import may_change_output as _format_may_change_output
+from .json_fields import expect_bool, expect_int, expect_object, expect_str, expect_topology
+from .topology import Chain, Tree
+
+TRANSFORMATIONS: Dict[str, Type["Transformation"]] = {}
+
+_READERS = {"int": expect_int, "str": expect_str, "bool": expect_bool,
+            "topology": expect_topology}
+
+
+def register(cls):
+    """Add a Transformation class to the registry under its `name`."""
+    if cls.name in TRANSFORMATIONS:
+        raise ValueError(f"transformation {cls.name} registered twice")
+    TRANSFORMATIONS[cls.name] = cls
+    return cls
+
+
+class Transformation:
+    """Base of the records. Subclasses are frozen dataclasses whose fields are the params;
+    `PARAMS` maps each field to its JSON kind ("int", "str", "bool" or "topology")."""
+    name: ClassVar[str]
+    PARAMS: ClassVar[Dict[str, str]]
+
+    def __post_init__(self):
+        for field_name, kind in self.PARAMS.items():
+            value = getattr(self, field_name)
+            if kind == "topology":
+                if not isinstance(value, (Chain, Tree)):
+                    raise IRError(f"{self.name}.{field_name}: expected Chain or Tree, got {value!r}")
+                continue
+            object.__setattr__(self, field_name,
+                               _READERS[kind](value, f"{self.name}.{field_name}"))
+
+    @property
+    def may_change_output(self) -> bool:
+        return False
+
+    def params(self) -> Dict[str, Any]:
+        """The params as a JSON-ready dict."""
+        out = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            out[f.name] = value.to_json() if isinstance(value, (Chain, Tree)) else value
+        return out
+
+    def __str__(self) -> str:
+        parts = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            text = json.dumps(value) if isinstance(value, str) else str(value)
+            parts.append(f"{f.name}={text}")
+        return f"{self.name}({', '.join(parts)})"
+
+
+@register
+@dataclass(frozen=True)
+class SetTopology(Transformation):
+    """Lay the draft out as `topology`; the verify mask and KV commit follow it (tree: tree mask
+    and compaction; chain: causal mask and in-place commit)."""
+    topology: Union[Chain, Tree]
+    name: ClassVar[str] = "SetTopology"
+    PARAMS: ClassVar[Dict[str, str]] = {"topology": "topology"}
+
+
+@register
+@dataclass(frozen=True)
+class SetDraftLength(Transformation):
+    """Change the length of a chain draft (a tree's depth is part of its shape: SetTopology)."""
+    k: int
+    name: ClassVar[str] = "SetDraftLength"
+    PARAMS: ClassVar[Dict[str, str]] = {"k": "int"}
+
+
+@register
+@dataclass(frozen=True)
+class SetWeightFormat(Transformation):
+    """Store the linears matched by `scope` in format `fmt`.
+
+    scope is `<target|drafter>.<glob>`; the glob is matched (fnmatch, case-sensitive) against each
+    linear's name and against that name without its `layers.N.` prefix, so `target.mlp.*` means
+    every MLP linear of the target and `drafter.layers.0.*` every linear of its first layer.
+    """
+    scope: str
+    fmt: str
+    name: ClassVar[str] = "SetWeightFormat"
+    PARAMS: ClassVar[Dict[str, str]] = {"scope": "str", "fmt": "str"}
+
+    @property
+    def may_change_output(self) -> bool:
+        # An unknown format is refused by apply; until then assume the worst.
+        return self.fmt not in WEIGHT_FORMATS or _format_may_change_output(self.fmt)
+
+
+@register
+@dataclass(frozen=True)
+class SetBatchLayout(Transformation):
+    layout: str
+    name: ClassVar[str] = "SetBatchLayout"
+    PARAMS: ClassVar[Dict[str, str]] = {"layout": "str"}
+
+
+@register
+@dataclass(frozen=True)
+class SetMaxBatchSize(Transformation):
+    max_batch_size: int
+    name: ClassVar[str] = "SetMaxBatchSize"
+    PARAMS: ClassVar[Dict[str, str]] = {"max_batch_size": "int"}
+
+
+@register
+@dataclass(frozen=True)
+class SetBackend(Transformation):
+    backend: str
+    name: ClassVar[str] = "SetBackend"
+    PARAMS: ClassVar[Dict[str, str]] = {"backend": "str"}
+
+
+@register
+@dataclass(frozen=True)
+class CaptureGraphs(Transformation):
+    """Capture the fixed-shape decode steps as CUDA graphs (on) or launch kernels eagerly (off)."""
+    on: bool
+    name: ClassVar[str] = "CaptureGraphs"
+    PARAMS: ClassVar[Dict[str, str]] = {"on": "bool"}
+
+
+def transformation_to_obj(t: Transformation) -> Dict[str, Any]:
+    """`{"name": ..., "params": {...}}`, ready for json.dumps."""
+    return {"name": t.name, "params": t.params()}
+
+
+def transformation_from_obj(obj: Any, path: str = "transformation") -> Transformation:
+    """Decode a `{"name", "params"}` object; unknown names and bad params are IRErrors naming
+    `path`."""
+    obj = expect_object(obj, path, ("name", "params"))
+    name = expect_str(obj["name"], f"{path}.name")
+    cls = TRANSFORMATIONS.get(name)
+    if cls is None:
+        raise IRError(f"{path}.name: unknown transformation {name!r} "
+                      f"(known: {', '.join(sorted(TRANSFORMATIONS))})")
+    params = expect_object(obj["params"], f"{path}.params", cls.PARAMS)
+    values = {key: _READERS[kind](params[key], f"{path}.params.{key}")
+              for key, kind in cls.PARAMS.items()}
+    return cls(**values)
+
+
+def transformation_to_json(t: Transformation) -> str:
+    """Canonical JSON text of one record (sorted keys, compact, trailing newline)."""
+    return json.dumps(transformation_to_obj(t), sort_keys=True, separators=(",", ":"),
+                      ensure_ascii=False) + "\n"
+
+
+def transformation_from_json(text: Union[str, bytes]) -> Transformation:
+    """Parse a record from JSON text; malformed input is an IRError with the reason."""
+    try:
+        obj = json.loads(text)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IRError(f"transformation: not valid JSON: {exc}") from None
+    return transformation_from_obj(obj)

@@ -1,0 +1,185 @@
+"""`verify(program)`: the well-formedness check of a Program, raising `IllFormed` with the path of
+the offending attribute and the reason.
+
+Only legality lives here (what the runtime and codegen can execute and still be lossless), never
+preference: for example lossless12 is legal on any bfloat16 linear whatever its escape rate; that
+a high escape rate makes it unprofitable is SetWeightFormat's precondition, not a rule of the IR.
+"""
+from __future__ import annotations
+
+import re
+
+from .errors import IllFormed
+from .formats import DTYPES, PPM, WEIGHT_FORMATS
+from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
+from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
+                      KV_COMMITS, MASKS, SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec,
+                      KernelsSpec, Models, Program, VerifySpec)
+from .topology import Chain, Tree
+from .transforms import TRANSFORMATIONS, Transformation
+
+# Kernel override keys and string values reach generated source, so they are restricted to
+# identifiers (node names may be dotted paths such as `target.layers.3.mlp`).
+_NODE_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)*(\[[0-9]+\])?\Z")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+
+
+def _require(cond: bool, path: str, reason: str) -> None:
+    if not cond:
+        raise IllFormed(f"{path}: {reason}")
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _require_choice(value, path: str, choices) -> None:
+    _require(isinstance(value, str) and value in choices, path,
+             f"expected one of {', '.join(choices)}, got {value!r}")
+
+
+def _require_pairs(pairs, path: str, value_ok, value_desc: str) -> dict:
+    _require(isinstance(pairs, tuple), path, f"expected a tuple of (name, value) pairs, got {pairs!r}")
+    out = {}
+    for pair in pairs:
+        _require(isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str), path,
+                 f"expected (name, value) pairs, got {pair!r}")
+        name, value = pair
+        _require(name not in out, f"{path}[{name}]", "listed twice")
+        _require(value_ok(value), f"{path}[{name}]", f"expected {value_desc}, got {value!r}")
+        out[name] = value
+    return out
+
+
+def _verify_model(m, path: str, role: str) -> None:
+    _require(isinstance(m, ModelSpec), path, f"expected a ModelSpec, got {type(m).__name__}")
+    _require(m.role == role, f"{path}.role", f"expected {role!r}, got {m.role!r}")
+    _require_choice(m.family, f"{path}.family", FAMILIES)
+    _require(isinstance(m.checkpoint, str) and m.checkpoint != "", f"{path}.checkpoint",
+             "expected a non-empty path")
+    _require_choice(m.dtype, f"{path}.dtype", DTYPES)
+    for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers", "num_heads",
+                 "num_kv_heads", "head_dim"):
+        value = getattr(m, name)
+        _require(_is_int(value) and value > 0, f"{path}.{name}",
+                 f"expected a positive int, got {value!r}")
+    for name in ("qkv_bias", "qk_norm", "tie_embeddings"):
+        _require(isinstance(getattr(m, name), bool), f"{path}.{name}",
+                 f"expected bool, got {getattr(m, name)!r}")
+    _require(m.num_heads % m.num_kv_heads == 0, f"{path}.num_kv_heads",
+             f"num_heads ({m.num_heads}) is not a multiple of num_kv_heads ({m.num_kv_heads})")
+    _require(len(m.layer_kinds) == m.num_layers, f"{path}.layer_kinds",
+             f"{len(m.layer_kinds)} entries for {m.num_layers} layers")
+    for i, kind in enumerate(m.layer_kinds):
+        _require_choice(kind, f"{path}.layer_kinds[{i}]", LAYER_KINDS)
+
+    fpath = f"{path}.weight_formats"
+    formats = _require_pairs(m.weight_formats, fpath, lambda f: isinstance(f, str), "a format name")
+    linears = set(m.linears)
+    missing = sorted(linears - set(formats))
+    extra = sorted(set(formats) - linears)
+    _require(not missing, fpath, f"no format for {', '.join(missing[:3])}"
+             + (f" and {len(missing) - 3} more" if len(missing) > 3 else ""))
+    _require(not extra, f"{fpath}[{extra[0] if extra else ''}]",
+             f"the model has no such linear ({m.num_layers} layers)")
+    for name, fmt in formats.items():
+        where = f"{fpath}[{name}]"
+        _require_choice(fmt, where, tuple(WEIGHT_FORMATS))
+        spec = WEIGHT_FORMATS[fmt]
+        if spec.dense:
+            _require(spec.dtype == m.dtype, where,
+                     f"{fmt} is a dense {spec.dtype} format but the model computes in {m.dtype} "
+                     "(a dense format must match the compute dtype)")
+        else:
+            _require(spec.dtype == m.dtype, where,
+                     f"{fmt} packs {spec.dtype} weights but the model's dtype is {m.dtype}")
+
+    rpath = f"{path}.lossless12_escape_ppm"
+    rates = _require_pairs(m.lossless12_escape_ppm, rpath,
+                           lambda v: _is_int(v) and 0 <= v <= PPM, f"an int in 0..{PPM}")
+    for name in rates:
+        _require(name in linears, f"{rpath}[{name}]", "the model has no such linear")
+
+
+def _verify_models(models) -> None:
+    _require(isinstance(models, Models), "models", f"expected Models, got {type(models).__name__}")
+    _verify_model(models.target, "models.target", "target")
+    _verify_model(models.drafter, "models.drafter", "drafter")
+    t, d = models.target.vocab_size, models.drafter.vocab_size
+    _require(t == d, "models.drafter.vocab_size",
+             f"drafter vocabulary ({d}) differs from the target's ({t}); they must share a tokenizer")
+
+
+def _verify_speculation(p: Program) -> None:
+    _require(isinstance(p.draft, DraftSpec), "draft", "expected a DraftSpec")
+    _require_choice(p.draft.drafter, "draft.drafter", DRAFTERS)
+    topo = p.draft.topology
+    _require(isinstance(topo, (Chain, Tree)), "draft.topology",
+             f"expected Chain or Tree, got {topo!r}")
+
+    _require(isinstance(p.verify, VerifySpec), "verify", "expected a VerifySpec")
+    _require_choice(p.verify.mask, "verify.mask", MASKS)
+    _require_choice(p.verify.acceptance, "verify.acceptance", ACCEPTANCE_RULES)
+    needed = "tree" if isinstance(topo, Tree) else "causal"
+    _require(p.verify.mask == needed, "verify.mask",
+             f"{topo} needs the {needed} mask, got {p.verify.mask!r}")
+
+    _require(isinstance(p.commit, CommitSpec), "commit", "expected a CommitSpec")
+    _require_choice(p.commit.kv, "commit.kv", KV_COMMITS)
+    if isinstance(topo, Tree):
+        _require(p.commit.kv == "compact", "commit.kv",
+                 f"{topo} needs 'compact' (the accepted path is scattered over the tree's slots), "
+                 f"got {p.commit.kv!r}")
+
+
+def _verify_batch_and_kernels(p: Program) -> None:
+    b = p.batch
+    _require(isinstance(b, BatchSpec), "batch", "expected a BatchSpec")
+    _require_choice(b.layout, "batch.layout", BATCH_LAYOUTS)
+    _require(_is_int(b.max_batch_size) and b.max_batch_size >= 1, "batch.max_batch_size",
+             f"expected an int >= 1, got {b.max_batch_size!r}")
+    _require_choice(b.draft_length_policy, "batch.draft_length_policy", DRAFT_LENGTH_POLICIES)
+
+    k = p.kernels
+    _require(isinstance(k, KernelsSpec), "kernels", "expected a KernelsSpec")
+    _require_choice(k.backend, "kernels.backend", BACKENDS)
+    _require(isinstance(k.capture_graphs, bool), "kernels.capture_graphs",
+             f"expected bool, got {k.capture_graphs!r}")
+    nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
+                           "a tuple of (param, value) pairs")
+    for node, params in nodes.items():
+        npath = f"kernels.overrides[{node}]"
+        _require(bool(_NODE_NAME.match(node)), npath, "node names are dotted identifiers")
+        _require(bool(params), npath, "an override needs at least one parameter")
+        values = _require_pairs(params, npath,
+                                lambda v: isinstance(v, (bool, str)) or _is_int(v),
+                                "an int, str or bool")
+        for param, value in values.items():
+            _require(bool(_IDENTIFIER.match(param)), f"{npath}[{param}]",
+                     "parameter names are identifiers")
+            if isinstance(value, str):
+                _require(bool(_IDENTIFIER.match(value)), f"{npath}[{param}]",
+                         f"string values are identifiers, got {value!r}")
+
+
+def _verify_history(p: Program) -> None:
+    _require(isinstance(p.history, tuple), "history", "expected a tuple")
+    for i, t in enumerate(p.history):
+        _require(isinstance(t, Transformation) and TRANSFORMATIONS.get(t.name) is type(t),
+                 f"history[{i}]", f"expected a registered Transformation, got {t!r}")
+
+
+def verify(program: Program) -> Program:
+    """Check that `program` is well formed; return it unchanged, or raise IllFormed naming the
+    first offending attribute by path and saying why."""
+    _require(isinstance(program, Program), "program",
+             f"expected a Program, got {type(program).__name__}")
+    _require(program.schema_version == SCHEMA_VERSION, "schema_version",
+             f"expected {SCHEMA_VERSION}, got {program.schema_version!r}")
+    _require(isinstance(program.gpu, str) and program.gpu != "", "gpu",
+             "expected a non-empty GPU name (or 'cpu')")
+    _verify_models(program.models)
+    _verify_speculation(program)
+    _verify_batch_and_kernels(program)
+    _verify_history(program)
+    return program
