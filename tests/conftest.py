@@ -4,6 +4,13 @@ import sys
 
 import pytest
 
+# Generated Triton kernels run in the CPU interpreter on machines without CUDA. The variable must
+# be set before triton is first imported anywhere in the run, hence here, at the root.
+import torch  # noqa: E402
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 # tests/runtime/hf_factory.py builds tiny HF checkpoints; every test folder may use it.
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "runtime"))
 

@@ -1,0 +1,216 @@
+"""The dense kernel families: parameter schemas and launcher contracts, in one table.
+
+Each rendered Triton module (and each built CUDA module) exposes one plain Python function,
+`launch(...)`, that checks its tensors, computes the grid and starts the kernel(s). Launchers
+write into caller-provided outputs and return None, so a backend can preallocate buffers and
+capture the calls in a CUDA graph. Shapes, strides and shape-derived block sizes are read from
+the tensors at launch; the spec fixes only the specialisation (dtype, tiles, warps, flags).
+
+Launcher contracts (all tensors on one device; the last dimension of each tensor contiguous):
+
+linear         launch(x, w, out, bias=None)
+               x [M, K], w [N, K], out [M, N], bias [N] (only and always when HAS_BIAS);
+               out = x @ w.T (+ bias), float32 accumulation, one rounding to DTYPE.
+gate_up_silu   launch(x, w_gate, w_up, out)
+               x [M, K], w_gate/w_up [I, K], out [M, I]; out = silu(x @ w_gate.T) * (x @ w_up.T)
+               computed in float32, rounded once.
+rmsnorm        launch(x, weight, out, eps, residual=None, residual_out=None)
+               x/out [M, H], weight [H]. With HAS_RESIDUAL: s = x + residual is rounded to DTYPE
+               and written to residual_out (may alias residual), then out = rmsnorm(s) * weight.
+               Numerics follow HF Llama: float32 statistics, normalised value rounded to DTYPE
+               before the weight multiply.
+rope           launch(q, k, positions, q_out, k_out, inv_freq=None, cos=None, sin=None,
+                      attention_scaling=1.0)
+               q/q_out [T, Hq, D], k/k_out [T, Hk, D] (outputs may alias inputs), positions [T];
+               COS_SIN=inv_freq: inv_freq [D/2] float32; COS_SIN=table: cos/sin [P, D] (HF
+               layout, halves duplicated) indexed by positions. HF rotate-half convention with
+               HF's rounding order (cos/sin and both products rounded to DTYPE).
+attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)
+               q/out [B, T, Hq, D], caches [B, S, Hkv, D] with Hq % Hkv == 0 (GQA), mask
+               [B, T, S] bool (True = visible), scale defaults to 1/sqrt(D), kv_len [B] int
+               optionally bounds the visible slots (slots >= kv_len[b] are skipped). Softmax in
+               float32; a query that sees no slot gets zeros.
+greedy_accept  launch(logits, draft_tokens, parents, pred_out, accept_count_out, path_out,
+                      bonus_out)
+               logits [B, N+1, V] (row 0: the root = last committed token, row i+1: draft node
+               i), draft_tokens [B, N], parents [N] or [B, N] (-1 = root, parents before
+               children, as ir.topology.TreeShape); outputs int64: pred_out [B, N+1] (argmax,
+               first index on ties), accept_count_out [B], path_out [B, N] (accepted node
+               indices root to leaf, -1 after the end), bonus_out [B] (prediction after the last
+               accepted node). A chain is parents = (-1, 0, 1, ...).
+kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
+               caches [B, S, Hkv, D] or [L, B, S, Hkv, D] (all layers at once), modified in
+               place: for each request b and i < counts[b], slot dst_start[b] + i receives slot
+               src_slots[b, i]. src_slots [B, N] int; requires src_slots[b] increasing and
+               src_slots[b, i] >= dst_start[b] + i (true for tree nodes staged after the
+               committed tokens), which makes the in-place, in-order copy safe.
+gemv_bf16      launch(x, w, out, bias=None)   (CUDA, sm_90)
+               bf16 x [M, K] with M <= M_MAX, w [N, K], out [M, N], bias [N] when HAS_BIAS;
+               K % 8 == 0 and 16-byte aligned rows (vectorised loads).
+"""
+from __future__ import annotations
+
+from typing import Dict, Mapping, Optional
+
+from .cuda_launchers import launch_gemv_bf16
+from .params import BoolParam, EnumParam, FamilySchema, IntParam, Value
+
+DTYPES = ("bf16", "fp16", "fp32")
+TORCH_DTYPE = {"bf16": "torch.bfloat16", "fp16": "torch.float16", "fp32": "torch.float32"}
+
+
+def next_power_of_two(n: int) -> int:
+    return 1 << max(0, (n - 1).bit_length())
+
+
+def _dtype(default: str = "bf16") -> EnumParam:
+    return EnumParam("DTYPE", DTYPES, default, doc="dtype of activations, weights and outputs")
+
+
+def _warps(default: int) -> IntParam:
+    return IntParam("num_warps", 1, 16, default, power_of_two=True, doc="warps per program")
+
+
+def _stages(default: int) -> IntParam:
+    return IntParam("num_stages", 1, 6, default, doc="software pipelining depth of the K loop")
+
+
+# Mantissa bits a float32 loses when rounded to the dtype (23 - stored mantissa bits).
+DROP_BITS = {"bf16": 16, "fp16": 13, "fp32": 0}
+
+
+def _dtype_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
+    return {"TORCH_DTYPE": TORCH_DTYPE[p["DTYPE"]], "DROP_BITS": DROP_BITS[p["DTYPE"]]}
+
+
+# A broadcast-multiply tile [BLOCK_M, BLOCK_N, BLOCK_K] lives in registers; past this many
+# elements it spills, so such configurations are refused rather than silently slow.
+MAX_FMA_TILE = 32768
+
+
+def check_matmul_tiles(p: Mapping[str, Value]) -> Optional[str]:
+    """Tile legality shared by the matmul families (tl.dot minimum sizes, register budget)."""
+    if p["USE_DOT"]:
+        small = [n for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if p[n] < 16]
+        if small:
+            return f"USE_DOT needs BLOCK_M, BLOCK_N, BLOCK_K >= 16 (tl.dot), got {small} smaller"
+    elif p["BLOCK_M"] * p["BLOCK_N"] * p["BLOCK_K"] > MAX_FMA_TILE:
+        return (f"without USE_DOT the tile BLOCK_M*BLOCK_N*BLOCK_K must be <= {MAX_FMA_TILE}, got "
+                f"{p['BLOCK_M'] * p['BLOCK_N'] * p['BLOCK_K']}")
+    return None
+
+
+def _matmul_params(block_n: int) -> tuple:
+    return (
+        _dtype(),
+        IntParam("BLOCK_M", 1, 64, 16, power_of_two=True, doc="rows of x per program"),
+        IntParam("BLOCK_N", 8, 256, block_n, power_of_two=True, doc="output columns per program"),
+        IntParam("BLOCK_K", 16, 1024, 64, power_of_two=True, doc="reduction step"),
+        BoolParam("USE_DOT", True, doc="tl.dot (tensor cores) or a broadcast multiply-add (tiny M)"),
+    )
+
+
+LINEAR = FamilySchema(
+    name="linear", backend="triton",
+    summary="dense y = x @ W.T (+ bias) for decode/verify batch sizes (GEMV, skinny GEMM)",
+    launcher="launch(x, w, out, bias=None)",
+    params=_matmul_params(64) + (
+        IntParam("SPLIT_K", 1, 16, 1, doc="programs sharing one output tile along K"),
+        BoolParam("HAS_BIAS", False),
+        _warps(4), _stages(3)),
+    check=check_matmul_tiles, derive=_dtype_constants)
+
+GATE_UP_SILU = FamilySchema(
+    name="gate_up_silu", backend="triton",
+    summary="fused MLP input: silu(x @ Wg.T) * (x @ Wu.T)",
+    launcher="launch(x, w_gate, w_up, out)",
+    params=_matmul_params(32) + (_warps(4), _stages(3)),
+    check=check_matmul_tiles, derive=_dtype_constants)
+
+RMSNORM = FamilySchema(
+    name="rmsnorm", backend="triton",
+    summary="RMSNorm with an optional fused residual add that also returns the new residual",
+    launcher="launch(x, weight, out, eps, residual=None, residual_out=None)",
+    params=(_dtype(),
+            IntParam("BLOCK_H", 16, 16384, 1024, power_of_two=True, doc="columns per loop step"),
+            BoolParam("HAS_RESIDUAL", True),
+            _warps(4)),
+    derive=_dtype_constants)
+
+
+def _check_rope(p: Mapping[str, Value]) -> Optional[str]:
+    if p["HEAD_DIM"] % 2:
+        return f"HEAD_DIM must be even (rotate-half pairs its two halves), got {p['HEAD_DIM']}"
+    return None
+
+
+def _rope_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
+    half = p["HEAD_DIM"] // 2
+    return {**_dtype_constants(p), "HALF_DIM": half, "BLOCK_HALF": next_power_of_two(half)}
+
+
+ROPE = FamilySchema(
+    name="rope", backend="triton",
+    summary="rotary position embedding of q and k (HF rotate-half), one launch for both",
+    launcher="launch(q, k, positions, q_out, k_out, inv_freq=None, cos=None, sin=None, "
+             "attention_scaling=1.0)",
+    params=(_dtype(),
+            IntParam("HEAD_DIM", 2, 512, 128),
+            EnumParam("COS_SIN", ("inv_freq", "table"), "inv_freq",
+                      doc="compute cos/sin from inv_freq, or read them from tables"),
+            _warps(4)),
+    check=_check_rope, derive=_rope_constants)
+
+
+def _check_attention(p: Mapping[str, Value]) -> Optional[str]:
+    if p["BLOCK_R"] * p["BLOCK_S"] > 16384:
+        return f"BLOCK_R*BLOCK_S must be <= 16384, got {p['BLOCK_R'] * p['BLOCK_S']}"
+    return None
+
+
+def _attention_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
+    return {**_dtype_constants(p), "BLOCK_D": next_power_of_two(p["HEAD_DIM"])}
+
+
+ATTENTION = FamilySchema(
+    name="attention", backend="triton",
+    summary="attention of T new queries per request over a static KV cache with an explicit "
+            "visibility mask (decode, causal and tree verification), GQA",
+    launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)",
+    params=(_dtype(),
+            IntParam("HEAD_DIM", 16, 256, 128),
+            IntParam("BLOCK_R", 16, 128, 16, power_of_two=True,
+                     doc="query rows (token, head-in-group) per program"),
+            IntParam("BLOCK_S", 16, 256, 64, power_of_two=True, doc="cache slots per loop step"),
+            _warps(4), _stages(2)),
+    check=_check_attention, derive=_attention_constants)
+
+GREEDY_ACCEPT = FamilySchema(
+    name="greedy_accept", backend="triton",
+    summary="argmax of the target logits and the longest accepted path of a chain or tree",
+    launcher="launch(logits, draft_tokens, parents, pred_out, accept_count_out, path_out, bonus_out)",
+    params=(IntParam("BLOCK_V", 64, 16384, 2048, power_of_two=True, doc="vocabulary step"),
+            _warps(4)))
+
+KV_COMPACT = FamilySchema(
+    name="kv_compact", backend="triton",
+    summary="in-place copy of accepted tree nodes' K/V rows to contiguous cache slots",
+    launcher="launch(k_cache, v_cache, src_slots, dst_start, counts)",
+    params=(IntParam("BLOCK", 32, 8192, 1024, power_of_two=True, doc="row elements per program"),
+            _warps(4)))
+
+GEMV_BF16 = FamilySchema(
+    name="gemv_bf16", backend="cuda",
+    summary="bandwidth-bound bf16 GEMV for 1..8 rows on Hopper (16-byte loads, warp per column(s))",
+    launcher="launch(x, w, out, bias=None)",
+    params=(IntParam("M_MAX", 1, 8, 1, doc="most rows of x one launch accepts"),
+            IntParam("WARPS_PER_BLOCK", 1, 16, 4, power_of_two=True),
+            IntParam("UNROLL", 1, 8, 4, doc="16-byte weight loads in flight per lane and column"),
+            IntParam("COLS_PER_WARP", 1, 4, 1,
+                     doc="output columns per warp: each x load then serves that many weight rows"),
+            BoolParam("HAS_BIAS", False)),
+    derive=lambda p: {"THREADS": 32 * p["WARPS_PER_BLOCK"]},
+    host_launcher=launch_gemv_bf16)
+
+DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, GREEDY_ACCEPT, KV_COMPACT,
+                  GEMV_BF16)

@@ -1,0 +1,132 @@
+"""Plain torch reference of every generated kernel family (codegen/families.py).
+
+These define what each kernel computes; generated kernels are tested against them and the torch
+backend can call them directly. Each takes inputs and returns fresh outputs (the kernels write
+into caller buffers instead). Accumulation is float32 and results are rounded once to the input
+dtype, except where HF transformers rounds intermediates (RMSNorm, RoPE): there the same
+rounding is reproduced, so the generated decoder can match HF token for token.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def linear_ref(x: torch.Tensor, w: torch.Tensor, bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """x [M, K] @ w [N, K]^T (+ bias [N]) → [M, N] in x.dtype."""
+    y = x.float() @ w.float().T
+    if bias is not None:
+        y = y + bias.float()
+    return y.to(x.dtype)
+
+
+def gate_up_silu_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
+    """silu(x @ w_gate^T) * (x @ w_up^T), all in float32, rounded once → [M, I]."""
+    xf = x.float()
+    gate = xf @ w_gate.float().T
+    up = xf @ w_up.float().T
+    return (F.silu(gate) * up).to(x.dtype)
+
+
+def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
+                residual: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+    """(out, new_residual): s = x + residual (rounded to x.dtype, as HF's bf16 add), then
+    out = weight * (s * rsqrt(mean(s^2) + eps)) with the statistics in float32 and the normalised
+    value rounded to x.dtype before the weight multiply (HF LlamaRMSNorm). Without a residual,
+    s = x and new_residual is None."""
+    s = x if residual is None else (x.float() + residual.float()).to(x.dtype)
+    s32 = s.float()
+    normed = (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+    out = (weight.float() * normed.float()).to(x.dtype)
+    return out, (None if residual is None else s)
+
+
+def rope_cos_sin(positions: torch.Tensor, inv_freq: torch.Tensor, dtype: torch.dtype,
+                 attention_scaling: float = 1.0) -> Tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [*positions.shape, D] in `dtype`, halves duplicated, computed as HF does."""
+    freqs = positions.float()[..., None] * inv_freq.float()
+    emb = torch.cat((freqs, freqs), dim=-1)
+    return (emb.cos() * attention_scaling).to(dtype), (emb.sin() * attention_scaling).to(dtype)
+
+
+def rope_ref(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """HF apply_rotary_pos_emb on x [T, H, D] with cos/sin [T, D] in x.dtype: x*cos +
+    rotate_half(x)*sin, each product and the sum rounded to x.dtype as torch does."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos[:, None, :] + rotated * sin[:, None, :]
+
+
+def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, mask: torch.Tensor,
+                  scale: Optional[float] = None, kv_len: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """q [B, T, Hq, D] attends over the cache [B, S, Hkv, D] (GQA: query head h uses kv head
+    h // (Hq // Hkv)) where mask [B, T, S] is True and, if given, slot < kv_len[b]. Softmax in
+    float32; a query with no visible slot gets zeros. Returns [B, T, Hq, D] in q.dtype."""
+    b, t, hq, d = q.shape
+    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    group = hq // hkv
+    scale = 1.0 / math.sqrt(d) if scale is None else scale
+    visible = mask.bool()
+    if kv_len is not None:
+        visible = visible & (torch.arange(s, device=q.device)[None, None, :] < kv_len[:, None, None])
+    qg = q.float().reshape(b, t, hkv, group, d)
+    scores = torch.einsum("bthgd,bshd->bhgts", qg, k_cache.float()) * scale
+    scores = scores.masked_fill(~visible[:, None, None], float("-inf"))
+    probs = torch.softmax(scores, dim=-1).nan_to_num(0.0)  # all-masked rows: 0, not NaN
+    out = torch.einsum("bhgts,bshd->bthgd", probs, v_cache.float())
+    return out.reshape(b, t, hq, d).to(q.dtype)
+
+
+def greedy_accept_ref(logits: torch.Tensor, draft_tokens: torch.Tensor, parents: torch.Tensor):
+    """Greedy verification of a draft tree (a chain is parents = (-1, 0, 1, ...)).
+
+    logits [B, N+1, V]: row 0 belongs to the root (the last committed token), row i+1 to draft
+    node i. draft_tokens [B, N]; parents [N] or [B, N], -1 for children of the root, every
+    parent before its children. From the root, repeatedly step to the first child whose token
+    equals the target's argmax at the current node. Returns int64 tensors
+    (pred [B, N+1], accept_count [B], path [B, N] padded with -1, bonus [B]).
+    """
+    bsz, rows, _ = logits.shape
+    n = rows - 1
+    pred = logits.argmax(dim=-1)
+    par = parents.expand(bsz, n) if parents.dim() == 1 else parents
+    count = torch.zeros(bsz, dtype=torch.int64)
+    path = torch.full((bsz, n), -1, dtype=torch.int64)
+    bonus = torch.zeros(bsz, dtype=torch.int64)
+    for b in range(bsz):
+        p_list, tokens, preds = par[b].tolist(), draft_tokens[b].tolist(), pred[b].tolist()
+        if any(p >= i or p < -1 for i, p in enumerate(p_list)):
+            raise ValueError(f"parents must list each parent before its children, got {p_list}")
+        current, accepted = -1, []
+        while True:
+            want = preds[current + 1]
+            child = next((i for i, p in enumerate(p_list) if p == current and tokens[i] == want), None)
+            if child is None:
+                break
+            accepted.append(child)
+            current = child
+        count[b] = len(accepted)
+        path[b, :len(accepted)] = torch.tensor(accepted, dtype=torch.int64)
+        bonus[b] = preds[current + 1]
+    device = logits.device
+    return pred.to(device), count.to(device), path.to(device), bonus.to(device)
+
+
+def kv_compact_ref(cache: torch.Tensor, src_slots: torch.Tensor, dst_start: torch.Tensor,
+                   counts: torch.Tensor) -> torch.Tensor:
+    """A copy of cache [B, S, Hkv, D] (or [L, B, S, Hkv, D]) where, for each request b and
+    i < counts[b], slot dst_start[b] + i holds what slot src_slots[b, i] held before."""
+    out = cache.clone()
+    batch_dim = cache.dim() - 4
+    for b in range(src_slots.shape[0]):
+        c = int(counts[b])
+        src = src_slots[b, :c].long()
+        dst = torch.arange(int(dst_start[b]), int(dst_start[b]) + c, device=cache.device)
+        if batch_dim == 0:
+            out[b, dst] = cache[b, src]
+        else:
+            out[:, b, dst] = cache[:, b, src]
+    return out
