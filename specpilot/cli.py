@@ -15,6 +15,7 @@ SUBCOMMAND_MODULES = [
     "specpilot.cli_generate",
     "specpilot.cli_force",
     "specpilot.cli_zoo",
+    "specpilot.cli_bench",
 ]
 
 

@@ -17,11 +17,9 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), "runtime"))
 
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
-    # Kernel and zoo caches go to a per-session temp folder unless a test sets its own,
-    # so tests never read or pollute the user's ~/.cache/specpilot.
-    if "SPECPILOT_CACHE" not in os.environ or os.environ.get("SPECPILOT_CACHE", "").startswith(
-            str(tmp_path_factory.getbasetemp())):
-        monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path_factory.getbasetemp() / "specpilot-cache"))
+    # Kernel and zoo caches go to one temp folder per test run, so tests never read or pollute
+    # the user's ~/.cache/specpilot (tests that need an empty cache make their own).
+    monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path_factory.getbasetemp() / "specpilot-cache"))
 
 
 @pytest.fixture(autouse=True)

@@ -1,0 +1,101 @@
+"""Time one system on one batch size: untimed set-up and warm-up, then `repeats` timed runs of
+the whole workload, peak GPU memory, and the correctness check. Returns one JSON-ready row."""
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Optional, Tuple
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .correctness import exact_match
+from .systems import RunOutput, System
+from .workload import fill_batches, filled_reference
+
+
+def _sync(device: str) -> None:
+    if torch.device(device).type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def spread(values) -> dict:
+    """Median with min/max of measured values (and the values themselves)."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "runs": list(values)}
+
+
+def skipped_row(system: System, batch_size: int, reason: str, status: str = "skipped") -> dict:
+    return {"system": system.name, "batch_size": batch_size, "status": status, "reason": reason}
+
+
+def measure(system: System, prompts, reference, batch_size: int, max_new_tokens: int,
+            warmup: int, repeats: int, device: str,
+            progress=None) -> Tuple[dict, Optional[RunOutput]]:
+    """Measure `system` on `prompts` (filled up to whole batches) at `batch_size`; returns the
+    row and the first timed run's output (None when skipped or failed).
+
+    A SpecPilotError from the system (an unsupported Program, a capacity problem) is recorded
+    in the row as a failure with its reason; the bench goes on."""
+    reason = system.unavailable(batch_size)
+    if reason:
+        return skipped_row(system, batch_size, reason), None
+    workload = fill_batches(prompts, batch_size)
+    ref = filled_reference(reference, batch_size)
+    cuda = torch.device(device).type == "cuda"
+    try:
+        system.setup(batch_size, workload, max_new_tokens)
+        if cuda:
+            torch.cuda.reset_peak_memory_stats(device)
+        for _ in range(warmup):
+            system.run(workload, batch_size, max_new_tokens)
+        seconds, first = [], None
+        for i in range(repeats):
+            _sync(device)
+            start = time.perf_counter()
+            out: RunOutput = system.run(workload, batch_size, max_new_tokens)
+            _sync(device)
+            seconds.append(time.perf_counter() - start)
+            first = first or out
+            if progress:
+                progress(f"  {system.name} batch {batch_size} run {i + 1}/{repeats}: "
+                         f"{_new_tokens(out) / seconds[-1]:.1f} tokens/s")
+        peak: Optional[int] = torch.cuda.max_memory_allocated(device) if cuda else None
+        checks = system.check(workload, batch_size, ref, first)
+        # Every system's unforced output is also compared to the reference as it stands.
+        checks.setdefault("exact_match", exact_match(first.tokens, ref.tokens))
+    except SpecPilotError as exc:
+        return skipped_row(system, batch_size, str(exc), status="failed"), None
+    finally:
+        system.teardown()
+    new_tokens = _new_tokens(first)
+    return {
+        "system": system.name, "batch_size": batch_size, "status": "measured",
+        "requests": len(workload), "new_tokens": new_tokens,
+        "seconds": spread(seconds),
+        "tokens_per_s": spread([new_tokens / s for s in seconds]),
+        "target_forwards": first.target_forwards,
+        "drafter_forwards": first.drafter_forwards,
+        "tokens_per_target_forward": new_tokens / first.target_forwards,
+        "mean_accepted": first.mean_accepted,
+        "peak_memory_bytes": peak,
+        **checks,
+    }, first
+
+
+def _new_tokens(out: RunOutput) -> int:
+    return sum(len(t) for t in out.tokens)
+
+
+def add_speedups(rows) -> None:
+    """Set speedup_vs_hf_ar and speedup_vs_strong_ar on every measured row: the ratio of its
+    median tokens/s to the baseline's at the same batch size (None where not measured)."""
+    medians = {(r["system"], r["batch_size"]): r["tokens_per_s"]["median"]
+               for r in rows if r["status"] == "measured"}
+    for r in rows:
+        if r["status"] != "measured":
+            continue
+        for base in ("hf_ar", "strong_ar"):
+            m = medians.get((base, r["batch_size"]))
+            r[f"speedup_vs_{base}"] = r["tokens_per_s"]["median"] / m if m else None

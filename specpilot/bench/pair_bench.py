@@ -1,0 +1,158 @@
+"""The measured bench on a real model pair: HF baselines and SpecPilot's decoders side by side.
+
+In order: load the pair → encode the workload → the stock reference (greedy AR, batch 1) →
+for each batch size, each system: set-up, warm-up, timed runs, correctness check → speedups →
+acceptance profiles of the speculative systems → one result document.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from specpilot.ir import load_program, program_id, stock_program
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.decoder import load_pair
+
+from .hf_systems import HFAssisted, HFGreedy, HFModels
+from .measure import add_speedups, measure
+from .replay import AcceptanceProfile
+from .systems import EagerAR, ProgramSystem, StrongAR, System
+from .workload import encode_prompts, stock_reference
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@dataclass
+class PairBenchSettings:
+    pair: str
+    batch_sizes: Sequence[int] = (1, 4, 16, 64)
+    max_new_tokens: int = 256
+    prompts: Optional[int] = None           # None: the whole workload
+    workload: str = "humaneval"
+    repeats: int = 3
+    warmup: int = 1
+    programs: Sequence[str] = ()            # Program JSON files
+    systems: Optional[Sequence[str]] = None  # None: every builtin plus every --program
+    device: Optional[str] = None
+    dtype: Optional[str] = None
+    name: Optional[str] = None
+
+
+def pair_dirs(pair: str):
+    """(target_dir, drafter_dir) of a pair folder; a clear error if either is missing."""
+    dirs = tuple(os.path.join(pair, role) for role in ("target", "drafter"))
+    for d in dirs:
+        if not os.path.isfile(os.path.join(d, "config.json")):
+            raise SpecPilotError(f"--pair {pair!r} must hold target/ and drafter/ HF checkpoint "
+                                 f"folders (as `specpilot zoo train --out DIR` writes); "
+                                 f"{d!r} has no config.json")
+    return dirs
+
+
+def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: str, dtype: str,
+                    gpu: str, pair) -> List[ProgramSystem]:
+    from specpilot.deploy import build_deployment
+
+    stock = stock_program(build_deployment(target_dir, drafter_dir, gpu=gpu, dtype=dtype))
+    out = [ProgramSystem("stock", stock, pair,
+                         f"SpecPilot stock Program: {stock.draft.topology}, torch backend")]
+    for path in settings.programs:
+        program = load_program(path)
+        if program.models.target.dtype != dtype:
+            raise SpecPilotError(f"Program {path} computes in {program.models.target.dtype} but "
+                                 f"the bench runs {dtype}: pass --dtype "
+                                 f"{program.models.target.dtype} or use a matching Program")
+        stem = os.path.splitext(os.path.basename(path))[0]
+        out.append(ProgramSystem(f"program:{stem}", program, pair))
+    return out
+
+
+def select_systems(available: Dict[str, System], wanted: Optional[Sequence[str]]) -> List[System]:
+    names = list(available) if wanted is None else list(wanted)
+    unknown = [n for n in names if n not in available]
+    if unknown:
+        raise SpecPilotError(f"unknown system(s) {', '.join(unknown)}; known: "
+                             f"{', '.join(available)}")
+    return [available[n] for n in names]
+
+
+def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
+                   environment: dict) -> tuple:
+    """Run the bench; returns (result document, {system: AcceptanceProfile})."""
+    from specpilot.deploy import detect_gpu
+
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
+    target_dir, drafter_dir = pair_dirs(settings.pair)
+    progress(f"[bench] loading {settings.pair} ({dtype}, {device})")
+    pair = load_pair(target_dir, drafter_dir, dtype, device)
+    prompts = encode_prompts(pair, settings.workload, settings.prompts)
+    progress(f"[bench] {len(prompts)} prompts; stock reference, {settings.max_new_tokens} "
+             f"new tokens each")
+    reference = stock_reference(pair, prompts, settings.max_new_tokens)
+
+    hf = HFModels(settings.pair, DTYPES[dtype], device, pair.eos_ids)
+    available: Dict[str, System] = {"hf_ar": HFGreedy(hf), "hf_assisted": HFAssisted(hf),
+                                    "ar_torch": EagerAR(pair), "strong_ar": StrongAR(pair)}
+    gpu = detect_gpu() if device == "cuda" else "cpu"
+    for s in program_systems(settings, target_dir, drafter_dir, dtype, gpu, pair):
+        available[s.name] = s
+    systems = select_systems(available, settings.systems)
+
+    rows, profiles = [], {}
+    # HF systems first, so their models can be released before ours are timed.
+    ordered = sorted(systems, key=lambda s: s.family != "hf")
+    for i, system in enumerate(ordered):
+        for b in settings.batch_sizes:
+            progress(f"[bench] {system.name} at batch {b}")
+            row, output = measure(system, prompts, reference, b, settings.max_new_tokens,
+                                  settings.warmup, settings.repeats, device, progress)
+            if row["status"] != "measured":
+                progress(f"  {row['status']}: {row['reason']}")
+            rows.append(row)
+            if output is not None and output.accepted_lengths is not None and system.name not in profiles:
+                profiles[system.name] = _profile(system, output, settings, pair, b, dtype)
+        if system.family == "hf" and all(s.family != "hf" for s in ordered[i + 1:]):
+            hf.release()
+    add_speedups(rows)
+    doc = {
+        "kind": "measured", "name": settings.name or default_name(settings.pair),
+        "environment": environment,
+        "settings": {"pair": os.path.abspath(settings.pair), "workload": settings.workload,
+                     "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
+                     "batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
+                     "warmup": settings.warmup, "dtype": dtype, "device": device,
+                     "systems": [s.name for s in systems]},
+        "reference": {"decoder": "stock: runtime.ar.generate_ar, torch backend, batch 1",
+                      "requests": len(reference.tokens),
+                      "tokens": sum(len(t) for t in reference.tokens)},
+        "systems": [{"name": s.name, "family": s.family, "description": s.description,
+                     "notes": list(s.notes)} for s in systems],
+        "rows": rows,
+    }
+    return doc, profiles
+
+
+def default_name(pair: str) -> str:
+    return os.path.basename(os.path.normpath(pair)) or "pair"
+
+
+def _profile(system: ProgramSystem, output, settings, pair, batch: int,
+             dtype: str) -> AcceptanceProfile:
+    """The acceptance profile of a speculative system's first timed run (batch `batch`)."""
+    return AcceptanceProfile(
+        topology=system.program.draft.topology,
+        accepted_lengths=[list(a) for a in output.accepted_lengths],
+        new_tokens=[len(t) for t in output.tokens],
+        source={"pair": os.path.abspath(settings.pair), "system": system.name,
+                "program_id": program_id(system.program), "workload": settings.workload,
+                "max_new_tokens": settings.max_new_tokens, "batch_size": batch, "dtype": dtype,
+                "target_dims": _dims(pair.target), "drafter_dims": _dims(pair.drafter)})
+
+
+def _dims(model) -> dict:
+    c = model.config
+    return {"hidden": c.hidden_size, "layers": c.num_layers, "vocab": c.vocab_size}

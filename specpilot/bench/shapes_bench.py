@@ -1,0 +1,141 @@
+"""The replayed-acceptance bench: step costs of two shape presets on this device, then tokens/s
+of AR and of the profile's topology replayed from a measured acceptance profile.
+
+In order: read the profile → build the target preset on the device → target steps (T = 1..max
+width and the verification width), tree verification, accept/commit → release it → build the
+drafter preset → drafter steps (catch-up and tree-level widths) → replay at every batch size →
+one result document, every figure labelled "replayed acceptance".
+"""
+from __future__ import annotations
+
+import gc
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import torch
+
+from specpilot.ir.topology import Chain, Tree
+from specpilot.runtime.tree_plan import TreePlan
+
+from .replay import REPLAYED, AcceptanceProfile, replay
+from .shapes import build_preset, parse_shapes
+from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_tree_verify)
+
+DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
+REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = drafter catch-up "
+                "+ drafter tree levels + target verification + accept/commit, each at its "
+                "measured cost (forwards CUDA-graphed on a GPU); host work of the decode loop "
+                "beyond accept/commit is not counted; AR = one target step per token")
+
+
+@dataclass
+class ShapesBenchSettings:
+    shapes: str                      # "TARGET:DRAFTER"
+    acceptance: str                  # profile path
+    batch_sizes: Sequence[int] = (1, 4, 16, 64)
+    scale: float = 1.0
+    context: int = 512
+    max_width: int = 16              # target widths 1..max_width are measured
+    trees: Sequence[Tree] = ()       # more trees whose verification and accept are measured
+    warmup: int = 3
+    repeats: int = 10
+    device: Optional[str] = None
+    dtype: Optional[str] = None
+    name: Optional[str] = None
+
+
+def _release(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile, device: str,
+                       dtype: torch.dtype, progress: Callable[[str], None]) -> StepCosts:
+    """Every step cost the replay of `profile` needs (and target widths 1..max_width)."""
+    target_preset, drafter_preset = parse_shapes(settings.shapes)
+    for preset in (target_preset, drafter_preset):
+        preset.config(settings.scale)  # refuse a bad scale before any measurement
+    topology = profile.topology
+    plan = TreePlan.build(topology)
+    dev = torch.device(device)
+    graphed = dev.type == "cuda"
+    costs = StepCosts(settings.context, graphed)
+    trees = list(dict.fromkeys(([] if isinstance(topology, Chain) else [topology])
+                               + list(settings.trees)))
+    target_widths = set(range(1, settings.max_width + 1)) | {plan.num_nodes + 1}
+    drafter_widths = set(range(1, plan.shape.max_depth + 2)) | {len(l) for l in plan.levels}
+
+    progress(f"[bench] building {target_preset.name} (scale {settings.scale}) on {device}")
+    target = build_preset(target_preset.name, device, dtype, settings.scale, seed=1)
+    for b in settings.batch_sizes:
+        progress(f"[bench] target steps at batch {b}")
+        costs.target_costs[b] = measure_forwards(target, b, target_widths, settings.context,
+                                                 graphed, settings.warmup, settings.repeats)
+        for tree in trees:
+            costs.tree_costs.setdefault(str(tree), {})[b] = measure_tree_verify(
+                target, b, tree, settings.context, graphed, settings.warmup, settings.repeats)
+        for shape in dict.fromkeys([topology, *trees]):
+            costs.accept_costs.setdefault(str(shape), {})[b] = measure_accept(
+                target, b, shape, settings.context, settings.warmup, settings.repeats)
+    del target
+    _release(dev)
+
+    progress(f"[bench] building {drafter_preset.name} (scale {settings.scale}) on {device}")
+    drafter = build_preset(drafter_preset.name, device, dtype, settings.scale, seed=2)
+    for b in settings.batch_sizes:
+        progress(f"[bench] drafter steps at batch {b}")
+        costs.drafter_costs[b] = measure_forwards(drafter, b, drafter_widths, settings.context,
+                                                  graphed, settings.warmup, settings.repeats)
+    del drafter
+    _release(dev)
+    return costs
+
+
+def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes) -> tuple:
+    """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance."""
+    ar_name = "ar (graphed steps)" if costs.graphed else "ar (eager steps)"
+    spec_name = f"spec {profile.topology}"
+    rows, figures = [], []
+    for b in batch_sizes:
+        fig = replay(profile, costs, b)
+        figures.append(fig.to_json())
+        for system, rate, steps, speedup, accepted in (
+                (ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
+                (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)):
+            rows.append({"system": system, "batch_size": b, "status": "measured",
+                         "label": REPLAYED, "steps": steps, "requests": fig.requests,
+                         "tokens": fig.tokens, "speedup_vs_ar": speedup,
+                         "mean_accepted": accepted,
+                         "tokens_per_s": {"median": rate, "min": rate, "max": rate}})
+    return rows, figures
+
+
+def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], None],
+                     environment: dict) -> dict:
+    """Measure step costs, replay the profile, and return the result document."""
+    profile = AcceptanceProfile.load(settings.acceptance)
+    device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
+    costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
+    rows, figures = replay_rows(profile, costs, settings.batch_sizes)
+    target, drafter = parse_shapes(settings.shapes)
+    plan = TreePlan.build(profile.topology)
+    return {
+        "kind": REPLAYED, "label": REPLAYED,
+        "name": settings.name or f"{target.name}_{drafter.name}-replayed",
+        "environment": environment,
+        "settings": {"shapes": settings.shapes, "scale": settings.scale, "dtype": dtype,
+                     "device": device, "context": settings.context,
+                     "batch_sizes": list(settings.batch_sizes), "warmup": settings.warmup,
+                     "repeats": settings.repeats, "profile": settings.acceptance,
+                     "topology": str(profile.topology), "verify_width": plan.num_nodes + 1,
+                     "trees": [str(t) for t in settings.trees],
+                     "profile_requests": len(profile.accepted_lengths),
+                     "profile_mean_accepted": profile.mean_accepted,
+                     "profile_source": profile.source},
+        "replay_model": REPLAY_MODEL,
+        "step_costs": costs.to_json(),
+        "replay": figures,
+        "rows": rows,
+    }

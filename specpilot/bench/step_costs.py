@@ -1,0 +1,177 @@
+"""Step costs of a model pair: the seconds of each fixed-shape piece of a decode step, at each
+batch size, measured as the median of timed runs after warm-up.
+
+  target(B, T)          target forward of T new tokens per request under a causal mask
+                        (T = 1 is the AR step, T = k + 1 verifies a chain of k)
+  drafter(B, T)         drafter forward of T new tokens (catch-up, or one tree level)
+  verify(B, topology)   target forward over root + tree with the tree mask (trees measured
+                        explicitly; a chain uses target(B, k + 1))
+  accept(B, topology)   greedy acceptance of a whole batch plus the KV commit (compaction for
+                        trees), host loop included: what speculative_generate runs per step
+
+Forwards are CUDA-graphed and timed with CUDA events on a GPU, run eagerly and timed with a host
+clock elsewhere. All new tokens sit after `context` committed positions.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Dict, Iterable, Optional
+
+import torch
+
+from specpilot.ir.topology import Chain, Topology
+from specpilot.runtime.acceptance import greedy_accept
+from specpilot.runtime.cuda_graphs import GraphedStep
+from specpilot.runtime.tree_plan import TreePlan, tree_mask
+from specpilot.runtime.verify_tree import compact_path
+
+from .replay import MissingStepCost
+
+
+@dataclass
+class StepCosts:
+    context: int
+    graphed: bool
+    target_costs: Dict[int, Dict[int, float]] = field(default_factory=dict)
+    drafter_costs: Dict[int, Dict[int, float]] = field(default_factory=dict)
+    tree_costs: Dict[str, Dict[int, float]] = field(default_factory=dict)     # str(topology)
+    accept_costs: Dict[str, Dict[int, float]] = field(default_factory=dict)   # str(topology)
+
+    def _get(self, table, key, batch, what):
+        try:
+            return table[key][batch] if isinstance(key, str) else table[batch][key]
+        except KeyError:
+            raise MissingStepCost(f"no measured {what} at batch {batch}: measure it (add the "
+                                  f"batch size to --batch-sizes, or the width/topology)") from None
+
+    def target(self, batch: int, width: int) -> float:
+        return self._get(self.target_costs, width, batch, f"target step of {width} tokens")
+
+    def drafter(self, batch: int, width: int) -> float:
+        return self._get(self.drafter_costs, width, batch, f"drafter step of {width} tokens")
+
+    def verify(self, batch: int, topology: Topology) -> float:
+        if isinstance(topology, Chain):
+            return self.target(batch, topology.k + 1)
+        return self._get(self.tree_costs, str(topology), batch, f"verification of {topology}")
+
+    def accept(self, batch: int, topology: Topology) -> float:
+        return self._get(self.accept_costs, str(topology), batch, f"accept/commit of {topology}")
+
+    def to_json(self) -> dict:
+        """target/drafter as {batch: {width: s}}, verify_trees/accept as {topology: {batch: s}}."""
+        def keyed(table):
+            return {str(k): {str(b): v for b, v in sorted(row.items())} for k, row in table.items()}
+        return {"context": self.context, "graphed": self.graphed, "unit": "seconds",
+                "target": keyed(self.target_costs), "drafter": keyed(self.drafter_costs),
+                "verify_trees": keyed(self.tree_costs), "accept": keyed(self.accept_costs)}
+
+    @classmethod
+    def from_json(cls, obj: dict) -> "StepCosts":
+        """Read back what `to_json` wrote (e.g. to replay another profile without re-measuring)."""
+        def by_batch(table):
+            return {int(b): {int(w): float(s) for w, s in row.items()} for b, row in table.items()}
+
+        def by_topology(table):
+            return {t: {int(b): float(s) for b, s in row.items()} for t, row in table.items()}
+
+        return cls(int(obj["context"]), bool(obj["graphed"]), by_batch(obj["target"]),
+                   by_batch(obj["drafter"]), by_topology(obj["verify_trees"]),
+                   by_topology(obj["accept"]))
+
+
+def time_median(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
+                host_bound: bool = False) -> float:
+    """Median seconds of `fn()` over `repeats` runs after `warmup` runs. On CUDA each run is
+    bracketed by events (device time) unless `host_bound`, which times with the host clock
+    after a synchronize (for steps whose cost is host work)."""
+    cuda = device.type == "cuda"
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(max(1, repeats)):
+        if cuda and not host_bound:
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1000.0)
+        else:
+            if cuda:
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            fn()
+            if cuda:
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _step(model, cache, context: int, width: int, plan: Optional[TreePlan], graphed: bool):
+    """A GraphedStep whose static inputs put `width` random tokens after `context` positions,
+    causal or (with `plan`) as root + tree."""
+    step = GraphedStep(model, cache, width, capture=graphed)
+    b, dev = cache.batch, model.device
+    roots = torch.full((b,), context, dtype=torch.int64, device=dev)
+    gen = torch.Generator(device=dev).manual_seed(width)
+    step.tokens.copy_(torch.randint(0, model.config.vocab_size, (b, width), device=dev,
+                                    generator=gen))
+    step.slots.copy_(roots[:, None] + torch.arange(width, device=dev)[None, :])
+    if plan is None:
+        step.positions.copy_(step.slots)
+        step.mask.copy_(torch.arange(cache.capacity, device=dev)[None, None, :]
+                        <= step.slots[:, :, None])
+    else:
+        step.positions.copy_(roots[:, None] + plan.depth_offsets.to(dev)[None, :])
+        step.mask.copy_(tree_mask(roots, plan.ancestors, cache.capacity))
+    return step
+
+
+def measure_forwards(model, batch: int, widths: Iterable[int], context: int, graphed: bool,
+                     warmup: int, repeats: int, progress=None) -> Dict[int, float]:
+    """{width: median seconds} of causal forwards of `width` tokens after `context`."""
+    widths = sorted(set(widths))
+    cache = model.new_cache(batch, context + max(widths))
+    out = {}
+    for w in widths:
+        step = _step(model, cache, context, w, None, graphed)
+        out[w] = time_median(step.replay, model.device, warmup, repeats)
+        del step
+        if progress:
+            progress(f"  batch {batch} width {w}: {out[w] * 1e3:.3f} ms")
+    return out
+
+
+def measure_tree_verify(model, batch: int, topology: Topology, context: int, graphed: bool,
+                        warmup: int, repeats: int) -> float:
+    plan = TreePlan.build(topology)
+    cache = model.new_cache(batch, context + plan.num_nodes + 1)
+    step = _step(model, cache, context, plan.num_nodes + 1, plan, graphed)
+    return time_median(step.replay, model.device, warmup, repeats)
+
+
+def measure_accept(model, batch: int, topology: Topology, context: int, warmup: int,
+                   repeats: int) -> float:
+    """Seconds of greedy acceptance + KV commit for a batch whose drafts are all accepted along
+    each node's first child (the longest walk and, for trees, a compaction copy)."""
+    plan = TreePlan.build(topology)
+    n, dev, vocab = plan.num_nodes, model.device, model.config.vocab_size
+    cache = model.new_cache(batch, context + n + 1)
+    gen = torch.Generator(device=dev).manual_seed(n)
+    node_tokens = torch.randint(0, vocab, (batch, n), device=dev, generator=gen)
+    logits = torch.randn((batch, n + 1, vocab), device=dev, generator=gen)
+    for parent in range(-1, n):
+        children = plan.children(parent)
+        if children:  # make the first child the target's argmax after its parent
+            logits[:, parent + 1].scatter_(1, node_tokens[:, children[0]][:, None], 1e4)
+
+    def accept_and_commit():
+        rows = node_tokens.tolist()
+        for row in range(batch):
+            path = greedy_accept(plan, rows[row], logits[row])
+            compact_path(cache, row, context, path.nodes)
+
+    return time_median(accept_and_commit, dev, warmup, repeats, host_bound=True)

@@ -1,0 +1,171 @@
+"""SpecPilot's own decoders as benchmark systems: eager AR (`ar_torch`), CUDA-graphed AR
+(`strong_ar`), and speculative Programs (`stock`, `program:<name>`).
+
+A system runs a whole workload at one batch size (`run`, timed by the caller), may prepare
+untimed state first (`setup`: graph capture), and checks its output against the reference
+(`check`). `unavailable(batch)` gives the reason it cannot run there, or None.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import List, Optional
+
+from specpilot.ir import Program, program_id
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import ARResult, generate_ar
+from specpilot.runtime.cuda_graphs import GraphedAR, GraphsUnavailable, require_cuda
+from specpilot.runtime.decoder import ModelPair, check_runnable, force_program
+from specpilot.runtime.speculative import speculative_generate
+from specpilot.runtime.steps import check_capacity
+
+from .correctness import forced_ar_proposals, forcing_json, forcing_report
+from .workload import batches
+
+
+@dataclass
+class RunOutput:
+    tokens: List[List[int]]
+    target_forwards: int
+    drafter_forwards: Optional[int] = None
+    mean_accepted: Optional[float] = None                 # speculative systems only
+    accepted_lengths: Optional[List[List[int]]] = None    # speculative systems only
+
+
+class System:
+    name = ""
+    family = "ours"          # "ours" (token-forced) or "hf" (exact-match count only)
+    description = ""
+
+    def __init__(self):
+        self.notes: List[str] = []
+
+    def unavailable(self, batch_size: int) -> Optional[str]:
+        return None
+
+    def setup(self, batch_size: int, prompts, max_new_tokens: int) -> None:
+        pass
+
+    def run(self, prompts, batch_size: int, max_new_tokens: int) -> RunOutput:
+        raise NotImplementedError
+
+    def check(self, prompts, batch_size: int, reference, output: RunOutput) -> dict:
+        raise NotImplementedError
+
+    def teardown(self) -> None:
+        pass
+
+
+class EagerAR(System):
+    name = "ar_torch"
+    description = "SpecPilot greedy AR, torch backend, eager (padded batches)"
+
+    def __init__(self, pair: ModelPair):
+        super().__init__()
+        self.pair = pair
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        tokens, forwards = [], 0
+        for chunk in batches(prompts, batch_size):
+            r = generate_ar(self.pair.target, chunk, max_new_tokens, self.pair.eos_ids)
+            tokens += r.tokens
+            forwards += r.target_forwards
+        return RunOutput(tokens, forwards)
+
+    def check(self, prompts, batch_size, reference, output):
+        proposals = []
+        for start in range(0, len(prompts), batch_size):
+            proposals += forced_ar_proposals(self.pair.target, prompts[start:start + batch_size],
+                                             reference.tokens[start:start + batch_size])
+        return {"forcing": forcing_json(forcing_report(proposals, reference,
+                                                       self.pair.target.dtype))}
+
+
+class StrongAR(System):
+    name = "strong_ar"
+    description = "SpecPilot greedy AR, torch backend, CUDA-graphed decode steps"
+
+    def __init__(self, pair: ModelPair):
+        super().__init__()
+        self.pair = pair
+        self.decoder: Optional[GraphedAR] = None
+
+    def unavailable(self, batch_size):
+        try:
+            require_cuda(self.pair.target.device)
+        except GraphsUnavailable as exc:
+            return str(exc)
+        return None
+
+    def setup(self, batch_size, prompts, max_new_tokens):
+        # Capture once per batch size, outside the timed runs (a server captures at start-up).
+        capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
+        self.decoder = GraphedAR(self.pair.target, batch_size, capacity)
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        tokens, forwards = [], 0
+        for chunk in batches(prompts, batch_size):
+            r = self.decoder.generate(chunk, max_new_tokens, self.pair.eos_ids)
+            tokens += r.tokens
+            forwards += r.target_forwards
+        return RunOutput(tokens, forwards)
+
+    def check(self, prompts, batch_size, reference, output):
+        proposals = []
+        for start in range(0, len(prompts), batch_size):
+            part = ARResult(reference.tokens[start:start + batch_size])
+            proposals += self.decoder.generate(prompts[start:start + batch_size], max_new_tokens=1,
+                                               force_reference=part).tokens
+        return {"forcing": forcing_json(forcing_report(proposals, reference,
+                                                       self.pair.target.dtype))}
+
+    def teardown(self):
+        self.decoder = None
+
+
+class ProgramSystem(System):
+    """A speculative Program run at the bench's batch size (its `batch.max_batch_size` is
+    replaced by it; everything else is the Program's)."""
+
+    def __init__(self, name: str, program: Program, pair: ModelPair, description: str = ""):
+        super().__init__()
+        self.name, self.program, self.pair = name, program, pair
+        self.description = description or (f"Program {program_id(program)[:12]}: "
+                                            f"{program.draft.topology}, "
+                                            f"{program.kernels.backend} kernels")
+        self.refusal = None
+        try:
+            check_runnable(program)
+        except SpecPilotError as exc:
+            self.refusal = str(exc)
+        if pair.drafter is None:
+            self.refusal = "this Program speculates and the pair has no drafter"
+        if program.kernels.capture_graphs:
+            self.notes.append("kernels.capture_graphs is on, but speculative steps run eagerly "
+                              "(graph capture is implemented for the AR decode step only)")
+
+    def unavailable(self, batch_size):
+        return self.refusal
+
+    def at_batch(self, batch_size: int) -> Program:
+        return replace(self.program, batch=replace(self.program.batch, max_batch_size=batch_size))
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        shape = self.program.draft.topology.shape()
+        out = RunOutput(tokens=[], target_forwards=0, drafter_forwards=0, accepted_lengths=[])
+        weighted, steps = 0.0, 0
+        for chunk in batches(prompts, batch_size):
+            r = speculative_generate(self.pair.target, self.pair.drafter, chunk, max_new_tokens,
+                                     shape, self.pair.eos_ids)
+            out.tokens += r.tokens
+            out.target_forwards += r.target_forwards
+            out.drafter_forwards += r.drafter_forwards
+            out.accepted_lengths += r.accepted_lengths
+            n = sum(len(a) for a in r.accepted_lengths)
+            weighted += r.mean_accepted * n
+            steps += n
+        out.mean_accepted = weighted / steps if steps else 0.0
+        return out
+
+    def check(self, prompts, batch_size, reference, output):
+        report = force_program(self.at_batch(batch_size), self.pair, prompts, reference)
+        return {"forcing": forcing_json(report)}

@@ -1,0 +1,45 @@
+"""The benchmark workload: prompts encoded with the pair's tokenizer, filled up to whole batches,
+and the stock decoder's reference output every system is checked against."""
+from __future__ import annotations
+
+import math
+from typing import List, Optional, Sequence
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import ARResult
+from specpilot.runtime.decoder import ModelPair, run_reference
+
+
+def encode_prompts(pair: ModelPair, workload: str, limit: Optional[int]) -> List[List[int]]:
+    """The first `limit` prompts of `workload` ("humaneval" or a prompts file), as token ids."""
+    from specpilot.prompts import workload_prompts
+
+    texts = workload_prompts(workload, limit)
+    if limit and len(texts) < limit:
+        raise SpecPilotError(f"--prompts {limit} asked for, but workload {workload!r} has only "
+                             f"{len(texts)}")
+    return [pair.encode(t) for t in texts]
+
+
+def fill_batches(items: Sequence, batch_size: int) -> list:
+    """`items` repeated cyclically up to a whole number of batches, so every batch is full
+    (a batch size larger than the workload is measured on repeats of its prompts)."""
+    total = math.ceil(len(items) / batch_size) * batch_size
+    return [items[i % len(items)] for i in range(total)]
+
+
+def batches(items: Sequence, batch_size: int):
+    for start in range(0, len(items), batch_size):
+        yield items[start:start + batch_size]
+
+
+def stock_reference(pair: ModelPair, prompts: Sequence[Sequence[int]],
+                    max_new_tokens: int) -> ARResult:
+    """The stock decoder's output (greedy AR of the target, one prompt at a time) with margins."""
+    return run_reference(pair, prompts, max_new_tokens, batch_size=1)
+
+
+def filled_reference(reference: ARResult, batch_size: int) -> ARResult:
+    """The reference of `fill_batches(prompts, batch_size)`."""
+    return ARResult(fill_batches(reference.tokens, batch_size),
+                    fill_batches(reference.margins, batch_size), reference.target_forwards)

@@ -1,0 +1,203 @@
+"""`specpilot bench --pair` end to end on CPU on a tiny pair whose drafter is a copy of the target
+(so every draft is accepted and the acceptance numbers can be worked out by hand), and the
+profile it writes driving `specpilot bench --shapes`."""
+import json
+import shutil
+import statistics
+
+import pytest
+import torch
+
+from hf_factory import hf_greedy, load_hf, make_checkpoint
+from specpilot.bench.replay import REPLAYED, AcceptanceProfile, replay
+from specpilot.bench.report_md import update_section
+from specpilot.bench.step_costs import StepCosts
+from specpilot.cli_bench import main
+from specpilot.deploy import build_deployment
+from specpilot.ir import SetTopology, Tree, apply, save_program, stock_program
+
+PROMPTS = ([3, 14, 15, 92, 65], [35, 89, 79])
+NEW = 8
+OURS = ("ar_torch", "stock", "program:tree")
+
+
+def _words(ids):
+    return " ".join(f"w{i}" for i in ids)
+
+
+@pytest.fixture(scope="module")
+def bench(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    target = make_checkpoint(root / "pair", "llama3", name="target", seed=51, hidden_size=64,
+                             intermediate_size=128)
+    shutil.copytree(target, root / "pair" / "drafter")
+    (root / "prompts.txt").write_text("\n".join(_words(p) for p in PROMPTS) + "\n")
+    tree = apply(stock_program(build_deployment(target, str(root / "pair" / "drafter"),
+                                                dtype="float32")), SetTopology(Tree((2, 2))))
+    save_program(tree, str(root / "tree.json"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # tiny shapes: extra threads only contend
+    try:
+        code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                     "--prompts", "2", "--max-new-tokens", str(NEW), "--batch-sizes", "2,1",
+                     "--repeats", "2", "--warmup", "0", "--program", str(root / "tree.json"),
+                     "--out-dir", str(root / "out"), "--name", "tiny", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    doc = json.loads((root / "out" / "tiny.json").read_text())
+    return root, doc
+
+
+def _rows(doc, status="measured"):
+    return {(r["system"], r["batch_size"]): r for r in doc["rows"] if r["status"] == status}
+
+
+def test_every_system_and_batch_size_has_a_row(bench):
+    _, doc = bench
+    assert doc["settings"]["batch_sizes"] == [1, 2]
+    assert set(_rows(doc)) == {(s, b) for s in ("hf_ar", *OURS) for b in (1, 2)} | {("hf_assisted", 1)}
+    skipped = _rows(doc, "skipped")
+    assert "batch size 1 only" in skipped[("hf_assisted", 2)]["reason"]
+    for b in (1, 2):
+        assert "CUDA graphs need a CUDA GPU" in skipped[("strong_ar", b)]["reason"]
+    env = doc["environment"]
+    assert env["gpu"] == "cpu" and env["torch"] == torch.__version__ and "--pair" in env["command"]
+    assert env["transformers"] and env["date"]
+
+
+def test_rates_and_speedups_are_ratios_of_the_measured_medians(bench):
+    _, doc = bench
+    rows = _rows(doc)
+    for (system, b), r in rows.items():
+        rates = [r["new_tokens"] / s for s in r["seconds"]["runs"]]
+        assert r["tokens_per_s"]["runs"] == pytest.approx(rates)
+        assert r["tokens_per_s"]["median"] == pytest.approx(statistics.median(rates))
+        assert r["tokens_per_s"]["min"] <= r["tokens_per_s"]["median"] <= r["tokens_per_s"]["max"]
+        hf = rows[("hf_ar", b)]["tokens_per_s"]["median"]
+        assert r["speedup_vs_hf_ar"] == pytest.approx(r["tokens_per_s"]["median"] / hf)
+        assert r["speedup_vs_strong_ar"] is None and r["peak_memory_bytes"] is None
+        assert r["requests"] == 2 and r["new_tokens"] == 2 * NEW
+
+
+def test_our_systems_pass_forcing_and_hf_matches_the_reference(bench):
+    root, doc = bench
+    assert doc["reference"]["tokens"] == 2 * NEW
+    for (system, _), r in _rows(doc).items():
+        if system in OURS:
+            f = r["forcing"]
+            assert f["passed"] and f["violation_count"] == 0
+            assert f["positions_compared"] == f["positions_expected"] == 2 * NEW
+            assert r["exact_match"]["all_exact"]  # float32 on CPU: the unforced output too
+        else:  # float32 on CPU: HF's greedy output is the reference, token for token
+            assert r["exact_match"]["all_exact"] and r["exact_match"]["exact_requests"] == 2
+    # ...and the reference is HF's own greedy decode (checked independently here).
+    hf = load_hf(str(root / "pair" / "target"))
+    profile = AcceptanceProfile.load(str(root / "out" / "tiny.acceptance.stock.json"))
+    assert profile.new_tokens == [len(hf_greedy(hf, p, NEW)) for p in PROMPTS] == [NEW, NEW]
+
+
+def test_a_perfect_drafter_gives_the_hand_counted_acceptance(bench):
+    root, doc = bench
+    rows = _rows(doc)
+    # chain(4): the prefill gives token 1, each step 4 drafts + 1 bonus (the second is cut at 8).
+    stock = rows[("stock", 1)]
+    assert stock["mean_accepted"] == 5.0 and stock["target_forwards"] == 2 * 3
+    assert stock["tokens_per_target_forward"] == pytest.approx(16 / 6)
+    # tree([2, 2]): depth 2, so 3 tokens per step: 1 + 3 + 3 + (1 of 3).
+    tree = rows[("program:tree", 1)]
+    assert tree["mean_accepted"] == 3.0 and tree["target_forwards"] == 2 * 4
+    assert rows[("program:tree", 2)]["target_forwards"] == 4  # both requests in one batch
+    assert rows[("ar_torch", 1)]["target_forwards"] == 2 * NEW
+    profile = AcceptanceProfile.load(str(root / "out" / "tiny.acceptance.stock.json"))
+    assert str(profile.topology) == "chain(4)" and profile.accepted_lengths == [[4, 4], [4, 4]]
+    assert profile.source["batch_size"] == 1 and profile.source["system"] == "stock"
+    tree_profile = AcceptanceProfile.load(str(root / "out" / "tiny.acceptance.program-tree.json"))
+    assert tree_profile.accepted_lengths == [[2, 2, 2], [2, 2, 2]]
+    assert doc["acceptance_profiles"] == {"stock": "tiny.acceptance.stock.json",
+                                          "program:tree": "tiny.acceptance.program-tree.json"}
+
+
+def test_markdown_table_and_plot_are_written(bench):
+    root, doc = bench
+    md = (root / "out" / "tiny.md").read_text()
+    lines = [ln for ln in md.splitlines() if ln.startswith("| ")]
+    assert lines[0].startswith("| system | batch | tokens/s")
+    assert len(lines) == 1 + len(doc["rows"])
+    for r in doc["rows"]:
+        match = [ln for ln in lines if ln.startswith(f"| {r['system']} | {r['batch_size']} |")]
+        assert len(match) == 1
+        if r["status"] == "measured":
+            assert f"{r['tokens_per_s']['median']:.1f}" in match[0]
+        else:
+            assert r["reason"][:40] in match[0]
+    png = (root / "out" / "tiny.png").read_bytes()
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    import matplotlib.image
+    assert matplotlib.image.imread(str(root / "out" / "tiny.png")).shape[2] in (3, 4)
+
+
+def test_the_written_profile_drives_the_shapes_bench(bench, capsys):
+    root, _ = bench
+    profile_path = str(root / "out" / "tiny.acceptance.stock.json")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        code = main(["--shapes", "llama-3.1-8b:llama-3.2-1b", "--scale", "1/32", "--acceptance",
+                     profile_path, "--batch-sizes", "1,2", "--repeats", "1", "--warmup", "0",
+                     "--context", "8", "--max-width", "3", "--tree", "2,2",
+                     "--out-dir", str(root / "out"),
+                     "--name", "replayed", "--device", "cpu"])
+    finally:
+        torch.set_num_threads(threads)
+    assert code == 0
+    doc = json.loads((root / "out" / "replayed.json").read_text())
+    assert doc["label"] == REPLAYED and all(r["label"] == REPLAYED for r in doc["rows"])
+    assert "replayed acceptance" in (root / "out" / "replayed.md").read_text()
+    costs = StepCosts.from_json(doc["step_costs"])
+    assert sorted(costs.target_costs[1]) == [1, 2, 3, 5]  # 1..max width, and chain(4) + root
+    assert sorted(costs.drafter_costs[2]) == [1, 2, 3, 4, 5]  # catch-up widths up to depth + 1
+    assert set(costs.tree_costs) == {"tree([2, 2])"} and set(costs.tree_costs["tree([2, 2])"]) == {1, 2}
+    assert set(costs.accept_costs) == {"chain(4)", "tree([2, 2])"}
+    profile = AcceptanceProfile.load(profile_path)
+    for r in doc["rows"]:
+        fig = replay(profile, costs, r["batch_size"])
+        want = fig.tokens_per_s if r["system"].startswith("spec") else fig.ar_tokens_per_s
+        assert r["tokens_per_s"]["median"] == pytest.approx(want)
+    assert (root / "out" / "replayed.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_benchmarks_md_section_is_replaced_not_duplicated(tmp_path):
+    path = str(tmp_path / "BENCHMARKS.md")
+    update_section(path, "tiny", "## tiny\nfirst\n")
+    update_section(path, "other", "## other\nkept\n")
+    update_section(path, "tiny", "## tiny\nsecond\n")
+    text = open(path).read()
+    assert text.count("<!-- bench:tiny -->") == 1 and "second" in text and "first" not in text
+    assert "kept" in text and text.startswith("# Benchmarks")
+
+
+@pytest.mark.parametrize("case", ["no_drafter", "unknown_system", "shapes_without_profile",
+                                  "program_dtype", "bad_name"])
+def test_bad_input_is_one_clear_line_and_exit_2(bench, tmp_path, capsys, case):
+    root, _ = bench
+    pair = str(root / "pair")
+    base = ["--pair", pair, "--workload", str(root / "prompts.txt"), "--max-new-tokens", "2",
+            "--batch-sizes", "1", "--repeats", "1", "--out-dir", str(tmp_path), "--device", "cpu"]
+    if case == "no_drafter":
+        shutil.copytree(root / "pair" / "target", tmp_path / "lonely" / "target")
+        argv, message = base[:0] + ["--pair", str(tmp_path / "lonely")] + base[2:], "drafter"
+    elif case == "unknown_system":
+        argv, message = base + ["--systems", "ar_torch,vllm"], "unknown system(s) vllm"
+    elif case == "shapes_without_profile":
+        argv, message = ["--shapes", "llama-3.1-8b:llama-3.2-1b"], "--acceptance"
+    elif case == "program_dtype":
+        prog = stock_program(build_deployment(pair + "/target", pair + "/drafter", dtype="bfloat16"))
+        save_program(prog, str(tmp_path / "bf16.json"))
+        argv, message = base + ["--program", str(tmp_path / "bf16.json")], "--dtype bfloat16"
+    else:
+        argv, message = base + ["--name", "../escape"], "--name"
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("specpilot bench: error:") and message in err[-1]
+    assert not list(tmp_path.glob("*.json.tmp"))
