@@ -132,7 +132,7 @@ class Transformer:
             a = be.attention(q, cache.k[i], cache.v[i], layer_mask, self.scale)
             x = x + be.linear(a, lin["self_attn.o_proj"])
             y = be.rmsnorm(x, layer.post_norm, cfg.rms_norm_eps)
-            act = be.silu_mul(be.linear(y, lin["mlp.gate_proj"]), be.linear(y, lin["mlp.up_proj"]))
+            act = be.mlp_gate_up(y, lin["mlp.gate_proj"], lin["mlp.up_proj"])
             x = x + be.linear(act, lin["mlp.down_proj"])
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))

@@ -50,3 +50,7 @@ class TorchBackend:
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up
+
+    def mlp_gate_up(self, y: torch.Tensor, gate, up) -> torch.Tensor:
+        """silu(y @ gate.T) * (y @ up.T), the MLP's input half; a backend may fuse it."""
+        return self.silu_mul(self.linear(y, gate), self.linear(y, up))

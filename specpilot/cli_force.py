@@ -32,11 +32,16 @@ def run(args) -> int:
     device = resolve_device(args)
     program = resolve_program(args, device)
     texts = workload_prompts(args.prompts, args.limit)
-    pair = load_pair(args.target, drafter_dir(args, program), program.models.target.dtype, device)
-    prompts = [pair.encode(t) for t in texts]
+    drafter = drafter_dir(args, program)
+    dtype = program.models.target.dtype
+    # The reference is the stock decoder: torch backend, dense weights. The candidate is built
+    # the way the Program says (its backend, its weight formats).
+    stock = load_pair(args.target, drafter, dtype, device)
+    pair = load_pair(args.target, drafter, dtype, device, program=program)
+    prompts = [stock.encode(t) for t in texts]
     print(f"forcing {program.draft.topology} on {len(prompts)} prompts "
           f"({args.max_new_tokens} new tokens each)...", file=sys.stderr)
-    reference = run_reference(pair, prompts, args.max_new_tokens, program.batch.max_batch_size)
+    reference = run_reference(stock, prompts, args.max_new_tokens, program.batch.max_batch_size)
     report = force_program(program, pair, prompts, reference, args.tolerance)
     print(json.dumps(report.to_json()) if args.json else report.format())
     return 0 if report.passed else 1

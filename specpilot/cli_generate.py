@@ -25,7 +25,8 @@ def run(args) -> int:
     device = resolve_device(args)
     program = resolve_program(args, device)
     drafter = drafter_dir(args, program)
-    pair = load_pair(args.target, drafter, program.models.target.dtype, device)
+    pair = load_pair(args.target, drafter, program.models.target.dtype, device,
+                     program=program if drafter is not None else None)
     ids = pair.encode(args.prompt)
     if drafter is None:
         run_ = timed_ar(pair, [ids], args.max_new_tokens)

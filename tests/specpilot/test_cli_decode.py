@@ -105,3 +105,20 @@ def test_bad_input_is_one_clear_line_and_exit_2(pair, tmp_path, capsys, case):
     assert needle in err
     assert "Traceback" not in err
     assert err.strip().count("\n") <= 1  # a progress line at most, then the error
+
+
+def test_force_runs_a_generated_kernels_program_against_the_torch_reference(pair, tmp_path, capsys):
+    """The candidate is built with the Program's own (interpreted) kernels, the reference with
+    the stock torch backend; they must agree. (The target drafts for itself here: the tiny
+    drafter's head_dim of 8 is below what the attention kernel supports.)"""
+    from specpilot.ir import SetBackend
+    target, _ = pair
+    drafter = target
+    (tmp_path / "prompts.txt").write_text("w3 w1 w4\n")
+    prog = apply(stock_program(build_deployment(target, drafter, dtype="float32")), SetBackend("generated"))
+    save_program(prog, str(tmp_path / "g.json"))
+    code, obj = _run_json(capsys, ["force", "--target", target, "--drafter", drafter,
+                                   "--program", str(tmp_path / "g.json"), "--prompts",
+                                   str(tmp_path / "prompts.txt"), "--max-new-tokens", "4",
+                                   "--json", "--device", "cpu"])
+    assert code == 0 and obj["passed"] and obj["positions_compared"] == 4
