@@ -47,12 +47,20 @@ kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
 gemv_bf16      launch(x, w, out, bias=None)   (CUDA, sm_90)
                bf16 x [M, K] with M <= M_MAX, w [N, K], out [M, N], bias [N] when HAS_BIAS;
                K % 8 == 0 and 16-byte aligned rows (vectorised loads).
+gemv_lossless12 launch(x, w, out, bias=None)   (CUDA, sm_90)
+               bf16 x [M, K] with M <= M_MAX, w a Lossless12Tensor (N, K) with one base per row
+               or per tensor, planes contiguous on x's device, out [M, N] bf16, bias [N] when
+               HAS_BIAS; K % 16 == 0 and 16-byte aligned rows of x. out = x @ W.T (+ bias) in
+               float32: dense planes first (escapes read as +0.0), then the escapes, rounded once.
+               MATH=fma widens to float32 on CUDA cores; MATH=mma feeds bf16 pairs to tensor
+               cores (mma.m16n8k16, a block per 16 weight rows). Torch reference:
+               linear_ref(x, decode_reference(w), bias).
 """
 from __future__ import annotations
 
 from typing import Dict, Mapping, Optional
 
-from .cuda_launchers import launch_gemv_bf16
+from .cuda_launchers import launch_gemv_bf16, launch_gemv_lossless12
 from .params import BoolParam, EnumParam, FamilySchema, IntParam, Value
 
 DTYPES = ("bf16", "fp16", "fp32")
@@ -212,5 +220,30 @@ GEMV_BF16 = FamilySchema(
     derive=lambda p: {"THREADS": 32 * p["WARPS_PER_BLOCK"]},
     host_launcher=launch_gemv_bf16)
 
+
+def _check_gemv_lossless12(p: Mapping[str, Value]) -> Optional[str]:
+    if p["MATH"] == "mma" and p["ROWS_PER_WARP"] != 1:
+        return "ROWS_PER_WARP applies to MATH=fma only (an mma block owns 16 rows): leave it at 1"
+    return None
+
+
+GEMV_LOSSLESS12 = FamilySchema(
+    name="gemv_lossless12", backend="cuda",
+    summary="fused-decode GEMV for 1..8 rows and a lossless12 weight on Hopper (16+8-byte loads, "
+            "decode in registers, CUDA-core FMA or tensor-core mma)",
+    launcher="launch(x, w, out, bias=None)",
+    params=(IntParam("M_MAX", 1, 8, 8, doc="most rows of x one launch accepts"),
+            EnumParam("MATH", ("fma", "mma"), "fma",
+                      doc="float32 FMAs on CUDA cores, or bf16 mma.m16n8k16 on tensor cores"),
+            IntParam("WARPS_PER_BLOCK", 1, 16, 4, power_of_two=True,
+                     doc="warps per block (with mma: warps sharing K, plus one escape warp)"),
+            IntParam("UNROLL", 1, 8, 2, doc="vector loads in flight per lane and weight row"),
+            IntParam("ROWS_PER_WARP", 1, 4, 1,
+                     doc="weight rows per warp with fma: each x vector then serves that many rows"),
+            BoolParam("HAS_BIAS", False)),
+    check=_check_gemv_lossless12,
+    derive=lambda p: {"THREADS": 32 * (p["WARPS_PER_BLOCK"] + (p["MATH"] == "mma"))},
+    host_launcher=launch_gemv_lossless12)
+
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, GREEDY_ACCEPT, KV_COMPACT,
-                  GEMV_BF16)
+                  GEMV_BF16, GEMV_LOSSLESS12)
