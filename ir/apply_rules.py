@@ -15,10 +15,13 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import BACKENDS, BATCH_LAYOUTS, Program
-from .topology import MAX_DRAFT_LENGTH, Chain, Tree
+from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, REFILL_POLICIES,
+                      Program)
+from .prune import LayerSkipPrune
+from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
-                         SetMaxBatchSize, SetTopology, SetWeightFormat, Transformation)
+                         SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology,
+                         SetVerifyPrune, SetWeightFormat, Transformation)
 from .wellformed import verify
 
 # Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
@@ -45,9 +48,16 @@ def _set_topology(p: Program, t: SetTopology) -> Program:
         # share an id, and the cheaper causal mask and in-place commit.
         _check(any(b > 1 for b in topo.branching),
                f"{topo} has no branches; it is chain({topo.depth}), use that")
-        mask, kv = "tree", "compact"
-    else:
+    if isinstance(topo, SparseTree):
+        regular = topo.regular()
+        _check(regular is None, f"{topo} is {regular}, use that")
+    if p.batch.draft_length_policy == "per_request_adaptive":
+        _check(isinstance(topo, Chain), f"the batch adapts each request's chain length "
+                                        f"(per_request_adaptive); {topo} is not a chain")
+    if isinstance(topo, Chain):
         mask, kv = "causal", "in_place"
+    else:
+        mask, kv = "tree", "compact"
     return replace(p, draft=replace(p.draft, topology=topo), verify=replace(p.verify, mask=mask),
                    commit=replace(p.commit, kv=kv))
 
@@ -111,6 +121,44 @@ def _set_batch_layout(p: Program, t: SetBatchLayout) -> Program:
     return replace(p, batch=replace(p.batch, layout=t.layout))
 
 
+def _set_draft_length_policy(p: Program, t: SetDraftLengthPolicy) -> Program:
+    _check(t.policy in DRAFT_LENGTH_POLICIES, f"unknown draft length policy {t.policy!r} "
+                                              f"(known: {', '.join(DRAFT_LENGTH_POLICIES)})")
+    if t.policy == "fixed":
+        _check(t.token_budget == 0, f"the fixed policy takes no token budget (give 0), "
+                                    f"got {t.token_budget}")
+        budget = None
+    else:
+        _check(isinstance(p.draft.topology, Chain),
+               f"per_request_adaptive adapts a chain's length; the draft is {p.draft.topology}")
+        _check(t.token_budget >= p.batch.max_batch_size,
+               f"token budget {t.token_budget} is below the max batch size "
+               f"{p.batch.max_batch_size}: every request verifies at least its last token")
+        budget = t.token_budget
+    _check((t.policy, budget) != (p.batch.draft_length_policy, p.batch.token_budget),
+           f"already {t.policy}" + (f" with token budget {budget}" if budget else ""))
+    return replace(p, batch=replace(p.batch, draft_length_policy=t.policy, token_budget=budget))
+
+
+def _set_refill(p: Program, t: SetRefill) -> Program:
+    _check(t.refill in REFILL_POLICIES,
+           f"unknown refill policy {t.refill!r} (known: {', '.join(REFILL_POLICIES)})")
+    _check(t.refill != p.batch.refill, f"already {t.refill} refill")
+    return replace(p, batch=replace(p.batch, refill=t.refill))
+
+
+def _set_verify_prune(p: Program, t: SetVerifyPrune) -> Program:
+    _check(t.prune != p.verify.prune,
+           "verification is already unpruned" if t.prune is None else f"already {t.prune}")
+    if isinstance(t.prune, LayerSkipPrune):
+        layers = p.models.target.num_layers
+        _check(t.prune.keep_layers[-1] < layers,
+               f"layer {t.prune.keep_layers[-1]} does not exist (the target has {layers} layers)")
+        _check(len(t.prune.keep_layers) < layers,
+               "keeps every layer of the target: no cheaper than the full verification")
+    return replace(p, verify=replace(p.verify, prune=t.prune))
+
+
 def _set_max_batch_size(p: Program, t: SetMaxBatchSize) -> Program:
     n = t.max_batch_size
     _check(1 <= n <= MAX_BATCH_SIZE, f"max batch size must be in 1..{MAX_BATCH_SIZE}, got {n}")
@@ -134,6 +182,9 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetDraftLength: _set_draft_length,
     SetWeightFormat: _set_weight_format,
     SetBatchLayout: _set_batch_layout,
+    SetDraftLengthPolicy: _set_draft_length_policy,
+    SetRefill: _set_refill,
+    SetVerifyPrune: _set_verify_prune,
     SetMaxBatchSize: _set_max_batch_size,
     SetBackend: _set_backend,
     CaptureGraphs: _capture_graphs,

@@ -21,6 +21,7 @@ from .errors import IRError
 from .json_fields import (expect_bool, expect_int, expect_list, expect_object, expect_scalar,
                           expect_str, expect_topology, fail)
 from .model_spec import ModelSpec
+from .prune import prune_from_json
 from .program import (SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec, KernelsSpec, Models,
                       Program, VerifySpec)
 from .transforms import transformation_from_obj, transformation_to_obj
@@ -77,6 +78,26 @@ def _model_to_obj(m: ModelSpec, path: str) -> Dict[str, Any]:
     return obj
 
 
+def _verify_to_obj(p: Program) -> Dict[str, Any]:
+    obj = {"mask": p.verify.mask, "acceptance": p.verify.acceptance}
+    # Fields added after the first schema are written only when they differ from their default,
+    # so Programs that do not use them keep their text and id.
+    if p.verify.prune is not None:
+        obj["prune"] = p.verify.prune.to_json()
+    return obj
+
+
+def _batch_to_obj(p: Program) -> Dict[str, Any]:
+    b = p.batch
+    obj = {"layout": b.layout, "max_batch_size": b.max_batch_size,
+           "draft_length_policy": b.draft_length_policy}
+    if b.token_budget is not None:
+        obj["token_budget"] = b.token_budget
+    if b.refill != BatchSpec.refill:
+        obj["refill"] = b.refill
+    return obj
+
+
 def program_to_obj(p: Program, *, include_history: bool = True) -> Dict[str, Any]:
     """The Program as plain JSON-ready data (the shape of its canonical JSON)."""
     overrides = _pairs_to_object(p.kernels.overrides, "kernels.overrides")
@@ -86,10 +107,9 @@ def program_to_obj(p: Program, *, include_history: bool = True) -> Dict[str, Any
         "models": {"target": _model_to_obj(p.models.target, "models.target"),
                    "drafter": _model_to_obj(p.models.drafter, "models.drafter")},
         "draft": {"drafter": p.draft.drafter, "topology": p.draft.topology.to_json()},
-        "verify": {"mask": p.verify.mask, "acceptance": p.verify.acceptance},
+        "verify": _verify_to_obj(p),
         "commit": {"kv": p.commit.kv},
-        "batch": {"layout": p.batch.layout, "max_batch_size": p.batch.max_batch_size,
-                  "draft_length_policy": p.batch.draft_length_policy},
+        "batch": _batch_to_obj(p),
         "kernels": {"backend": p.kernels.backend, "capture_graphs": p.kernels.capture_graphs,
                     "overrides": {node: _pairs_to_object(params, f"kernels.overrides[{node}]")
                                   for node, params in overrides.items()}},
@@ -145,10 +165,11 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                             "batch", "kernels", "history"))
     models = expect_object(obj["models"], "models", ("target", "drafter"))
     draft = expect_object(obj["draft"], "draft", ("drafter", "topology"))
-    verify_ = expect_object(obj["verify"], "verify", ("mask", "acceptance"))
+    verify_ = expect_object(obj["verify"], "verify", ("mask", "acceptance"), optional=("prune",))
     commit = expect_object(obj["commit"], "commit", ("kv",))
     batch = expect_object(obj["batch"], "batch",
-                          ("layout", "max_batch_size", "draft_length_policy"))
+                          ("layout", "max_batch_size", "draft_length_policy"),
+                          optional=("token_budget", "refill"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
     history = expect_list(obj["history"], "history")
@@ -160,12 +181,17 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
         draft=DraftSpec(drafter=expect_str(draft["drafter"], "draft.drafter"),
                         topology=expect_topology(draft["topology"], "draft.topology")),
         verify=VerifySpec(mask=expect_str(verify_["mask"], "verify.mask"),
-                          acceptance=expect_str(verify_["acceptance"], "verify.acceptance")),
+                          acceptance=expect_str(verify_["acceptance"], "verify.acceptance"),
+                          prune=(prune_from_json(verify_["prune"], "verify.prune")
+                                 if "prune" in verify_ else None)),
         commit=CommitSpec(kv=expect_str(commit["kv"], "commit.kv")),
         batch=BatchSpec(layout=expect_str(batch["layout"], "batch.layout"),
                         max_batch_size=expect_int(batch["max_batch_size"], "batch.max_batch_size"),
                         draft_length_policy=expect_str(batch["draft_length_policy"],
-                                                       "batch.draft_length_policy")),
+                                                       "batch.draft_length_policy"),
+                        token_budget=(expect_int(batch["token_budget"], "batch.token_budget")
+                                      if "token_budget" in batch else None),
+                        refill=expect_str(batch.get("refill", BatchSpec.refill), "batch.refill")),
         kernels=KernelsSpec(
             backend=expect_str(kernels["backend"], "kernels.backend"),
             capture_graphs=expect_bool(kernels["capture_graphs"], "kernels.capture_graphs"),

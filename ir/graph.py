@@ -28,7 +28,7 @@ import networkx as nx
 from .formats import DTYPE_BYTES, weight_bytes
 from .model_spec import ModelSpec, layer_linear_names
 from .program import Program
-from .topology import Tree
+from .topology import Chain, DynamicTree
 
 
 def linear_weight_bytes(model: ModelSpec, linear: str) -> int:
@@ -53,25 +53,34 @@ def _add(g: nx.DiGraph, name: str, kind: str, role: Optional[str], tokens: int,
                weight_bytes_by_format=by_format, **extra)
 
 
+def _structure(topo) -> str:
+    if isinstance(topo, Chain):
+        return "chain"
+    return "dynamic_tree" if isinstance(topo, DynamicTree) else "tree"
+
+
 def dataflow_graph(program: Program) -> nx.DiGraph:
     """The per-step dataflow of `program` as a DiGraph (see the module docstring for its nodes
     and attributes). Graph attributes: topology (str), draft_tokens, verify_tokens."""
     target, drafter = program.models.target, program.models.drafter
     topo = program.draft.topology
-    shape = topo.shape()
-    width_at = [1] + [shape.depths.count(d) for d in range(1, shape.max_depth + 1)]
-    verify_tokens = shape.num_nodes + 1  # the drafted tokens plus the last committed one
+    widths = topo.level_widths()
+    # Forward d runs on the nodes of depth d-1 (the root first); a dynamic tree's levels hold
+    # the kept candidates, of which `budget` reach the target.
+    width_at = [1] + list(widths)
+    num_nodes = topo.num_nodes
+    verify_tokens = num_nodes + 1  # the drafted tokens plus the last committed one
 
-    g = nx.DiGraph(topology=str(topo), draft_tokens=shape.num_nodes, verify_tokens=verify_tokens)
+    g = nx.DiGraph(topology=str(topo), draft_tokens=num_nodes, verify_tokens=verify_tokens)
     order = []
-    for depth in range(1, shape.max_depth + 1):
+    for depth in range(1, len(widths) + 1):
         name = f"draft.forward[{depth}]"
         # Forward `depth` runs on the tokens of depth-1 (the root first) to propose their children.
         _add(g, name, "drafter_forward", "drafter", width_at[depth - 1], drafter, drafter.linears,
              depth=depth)
         order.append(name)
-    _add(g, "draft.build", "build_draft", None, shape.num_nodes,
-         structure="tree" if isinstance(topo, Tree) else "chain")
+    _add(g, "draft.build", "build_draft", None, num_nodes,
+         structure=_structure(topo))
     order.append("draft.build")
 
     embed_bytes = verify_tokens * target.hidden_size * DTYPE_BYTES[target.dtype]

@@ -8,7 +8,7 @@ from __future__ import annotations
 from typing import Any, Iterable, Optional
 
 from .errors import IRError
-from .topology import Chain, Topology, Tree
+from .topology import TOPOLOGY_KINDS, Chain, DynamicTree, SparseTree, Topology, Tree
 
 
 def _kind(value: Any) -> str:
@@ -24,14 +24,17 @@ def fail(path: str, message: str) -> IRError:
     return IRError(f"{path or 'program'}: {message}")
 
 
-def expect_object(value: Any, path: str, keys: Optional[Iterable[str]] = None) -> dict:
-    """`value` as a dict; with `keys`, exactly those keys must be present (missing or extra named)."""
+def expect_object(value: Any, path: str, keys: Optional[Iterable[str]] = None,
+                  optional: Iterable[str] = ()) -> dict:
+    """`value` as a dict; with `keys`, exactly those keys must be present (missing or extra
+    named), besides any of `optional` (fields whose default is left out of canonical JSON)."""
     if not isinstance(value, dict):
         raise fail(path, f"expected object, got {_kind(value)}")
     if keys is not None:
         wanted = set(keys)
+        allowed = wanted | set(optional)
         missing = sorted(wanted - set(value))
-        extra = sorted(set(value) - wanted)
+        extra = sorted(set(value) - allowed)
         where = (path + ".") if path else ""
         if missing:
             raise IRError(f"{where}{missing[0]}: missing field"
@@ -39,7 +42,7 @@ def expect_object(value: Any, path: str, keys: Optional[Iterable[str]] = None) -
         if extra:
             raise IRError(f"{where}{extra[0]}: unknown field"
                           + (f" (also unknown: {', '.join(extra[1:])})" if extra[1:] else "")
-                          + f"; expected only {', '.join(sorted(wanted))}")
+                          + f"; expected only {', '.join(sorted(allowed))}")
     return value
 
 
@@ -90,18 +93,31 @@ def expect_scalar(value: Any, path: str):
 
 
 def expect_topology(value: Any, path: str) -> Topology:
-    """A `{"kind": "chain", "k": K}` or `{"kind": "tree", "branching": [...]}` object."""
+    """A topology object: `{"kind": "chain", "k": K}`, `{"kind": "tree", "branching": [...]}`,
+    `{"kind": "sparse_tree", "paths": [[0], [1], [0, 0], ...]}` or
+    `{"kind": "dynamic_tree", "budget": N, "depth": D, "width": W}`."""
     obj = expect_object(value, path)
     if "kind" not in obj:
         raise fail(f"{path}.kind", "missing field")
-    kind = expect_choice(obj.get("kind"), f"{path}.kind", ("chain", "tree"))
+    kind = expect_choice(obj.get("kind"), f"{path}.kind", TOPOLOGY_KINDS)
     try:
         if kind == "chain":
             expect_object(obj, path, ("kind", "k"))
             return Chain(expect_int(obj["k"], f"{path}.k"))
-        expect_object(obj, path, ("kind", "branching"))
-        items = expect_list(obj["branching"], f"{path}.branching")
-        return Tree(tuple(expect_int(b, f"{path}.branching[{i}]") for i, b in enumerate(items)))
+        if kind == "tree":
+            expect_object(obj, path, ("kind", "branching"))
+            items = expect_list(obj["branching"], f"{path}.branching")
+            return Tree(tuple(expect_int(b, f"{path}.branching[{i}]") for i, b in enumerate(items)))
+        if kind == "sparse_tree":
+            expect_object(obj, path, ("kind", "paths"))
+            paths = expect_list(obj["paths"], f"{path}.paths")
+            return SparseTree(tuple(
+                tuple(expect_int(r, f"{path}.paths[{i}][{j}]")
+                      for j, r in enumerate(expect_list(q, f"{path}.paths[{i}]")))
+                for i, q in enumerate(paths)))
+        expect_object(obj, path, ("kind", "budget", "depth", "width"))
+        return DynamicTree(*(expect_int(obj[name], f"{path}.{name}")
+                             for name in ("budget", "depth", "width")))
     except IRError as exc:
         if str(exc).startswith(path):
             raise

@@ -7,10 +7,11 @@ built, inspected and reported); `verify(program)` is the well-formedness check.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Mapping, Tuple, Union
+from typing import Mapping, Optional, Tuple, Union
 
 from .model_spec import ModelSpec, canonical_pairs
-from .topology import Chain, Tree
+from .prune import Prune
+from .topology import Topology
 
 SCHEMA_VERSION = 1
 
@@ -19,7 +20,8 @@ MASKS = ("causal", "tree")
 ACCEPTANCE_RULES = ("greedy",)
 KV_COMMITS = ("in_place", "compact")
 BATCH_LAYOUTS = ("padded", "ragged")
-DRAFT_LENGTH_POLICIES = ("fixed",)
+DRAFT_LENGTH_POLICIES = ("fixed", "per_request_adaptive")
+REFILL_POLICIES = ("drain", "continuous")
 BACKENDS = ("torch", "generated")
 
 OverrideValue = Union[int, str, bool]
@@ -44,14 +46,17 @@ class Models:
 class DraftSpec:
     """How tokens are proposed: by a drafter model, laid out as `topology`."""
     drafter: str
-    topology: Union[Chain, Tree]
+    topology: Topology
 
 
 @dataclass(frozen=True)
 class VerifySpec:
-    """How the target checks a proposal: attention mask over the drafted tokens, acceptance rule."""
+    """How the target checks a proposal: attention mask over the drafted tokens, acceptance rule,
+    and optionally a cheaper verifier that prunes the drafted tree first (two-level
+    verification, see ir/prune.py; None verifies the whole tree with the target alone)."""
     mask: str
     acceptance: str
+    prune: Optional[Prune] = None
 
 
 @dataclass(frozen=True)
@@ -63,9 +68,24 @@ class CommitSpec:
 
 @dataclass(frozen=True)
 class BatchSpec:
+    """How requests share a decode step.
+
+    layout: `padded` (every request's verify tokens padded to the longest) or `ragged` (packed
+        without padding, the kernels take per-request offsets).
+    draft_length_policy: `fixed` (every request drafts the topology's chain length) or
+        `per_request_adaptive` (each request's chain length follows its own recent acceptance,
+        the batch's verified tokens per step capped at `token_budget`; chains only).
+    token_budget: tokens (roots + drafts) verified per step over the whole batch, for
+        `per_request_adaptive`; None otherwise.
+    refill: `drain` (a batch runs until all its requests finish, then the next batch starts) or
+        `continuous` (a finished request's slot takes the next queued request at once, whose
+        prefill shares a step with the others' decoding).
+    """
     layout: str
     max_batch_size: int
     draft_length_policy: str
+    token_budget: Optional[int] = None
+    refill: str = "drain"
 
 
 def _canonical_overrides(value) -> Tuple:

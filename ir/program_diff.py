@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields, is_dataclass
 from typing import Any, List
 
 from .program import Program
-from .topology import Chain, Tree
+from .topology import TOPOLOGIES
 from .transforms import Transformation
 
 # Program sections in reading order (the dataclass puts schema_version last for its default).
@@ -55,7 +55,7 @@ def _diff_value(path: str, a: Any, b: Any, out: List[Change]) -> None:
         _diff_keyed(path, _as_map(a), _as_map(b), out, 1)
     elif name == "overrides":
         _diff_keyed(path, _as_map(a), _as_map(b), out, 2)
-    elif is_dataclass(a) and type(a) is type(b) and not isinstance(a, (Chain, Tree)):
+    elif is_dataclass(a) and type(a) is type(b) and not isinstance(a, TOPOLOGIES):
         for f in fields(a):
             _diff_value(f"{path}.{f.name}", getattr(a, f.name), getattr(b, f.name), out)
     else:
@@ -76,12 +76,13 @@ def diff(a: Program, b: Program) -> List[Change]:
 
 
 def format_value(value: Any) -> str:
-    """How a leaf value reads in a diff: plain strings, lowercase booleans, chain(4)/tree([..])."""
+    """How a leaf value reads in a diff: plain strings, lowercase booleans, chain(4)/tree([..]),
+    a prune spec as layer_skip(...)/low_precision(...)."""
     if value is None:
         return "absent"
     if isinstance(value, bool):
         return "true" if value else "false"
-    if isinstance(value, (Chain, Tree, Transformation)):
+    if isinstance(value, TOPOLOGIES + (Transformation,)):
         return str(value)
     if isinstance(value, tuple):
         return json.dumps(list(value), ensure_ascii=False)

@@ -21,12 +21,20 @@ from .errors import IRError
 from .formats import WEIGHT_FORMATS
 from .formats import may_change_output as _format_may_change_output
 from .json_fields import expect_bool, expect_int, expect_object, expect_str, expect_topology
-from .topology import Chain, Tree
+from .prune import PRUNES, prune_from_json
+from .topology import TOPOLOGIES, TOPOLOGY_NAMES
 
 TRANSFORMATIONS: Dict[str, Type["Transformation"]] = {}
 
+def _expect_prune_or_null(value, path):
+    return None if value is None else prune_from_json(value, path)
+
+
 _READERS = {"int": expect_int, "str": expect_str, "bool": expect_bool,
-            "topology": expect_topology}
+            "topology": expect_topology, "prune": _expect_prune_or_null}
+# Param kinds whose values are IR objects (written with their `to_json`).
+_OBJECT_KINDS = {"topology": (TOPOLOGIES, TOPOLOGY_NAMES),
+                 "prune": (PRUNES + (type(None),), "LayerSkipPrune, LowPrecisionPrune or None")}
 
 
 def register(cls):
@@ -39,16 +47,17 @@ def register(cls):
 
 class Transformation:
     """Base of the records. Subclasses are frozen dataclasses whose fields are the params;
-    `PARAMS` maps each field to its JSON kind ("int", "str", "bool" or "topology")."""
+    `PARAMS` maps each field to its JSON kind ("int", "str", "bool", "topology" or "prune")."""
     name: ClassVar[str]
     PARAMS: ClassVar[Dict[str, str]]
 
     def __post_init__(self):
         for field_name, kind in self.PARAMS.items():
             value = getattr(self, field_name)
-            if kind == "topology":
-                if not isinstance(value, (Chain, Tree)):
-                    raise IRError(f"{self.name}.{field_name}: expected Chain or Tree, got {value!r}")
+            if kind in _OBJECT_KINDS:
+                types, names = _OBJECT_KINDS[kind]
+                if not isinstance(value, types):
+                    raise IRError(f"{self.name}.{field_name}: expected {names}, got {value!r}")
                 continue
             object.__setattr__(self, field_name,
                                _READERS[kind](value, f"{self.name}.{field_name}"))
@@ -62,7 +71,7 @@ class Transformation:
         out = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            out[f.name] = value.to_json() if isinstance(value, (Chain, Tree)) else value
+            out[f.name] = value.to_json() if hasattr(value, "to_json") else value
         return out
 
     def __str__(self) -> str:
@@ -77,9 +86,9 @@ class Transformation:
 @register
 @dataclass(frozen=True)
 class SetTopology(Transformation):
-    """Lay the draft out as `topology`; the verify mask and KV commit follow it (tree: tree mask
-    and compaction; chain: causal mask and in-place commit)."""
-    topology: Union[Chain, Tree]
+    """Lay the draft out as `topology`; the verify mask and KV commit follow it (any tree: tree
+    mask and compaction; chain: causal mask and in-place commit)."""
+    topology: object
     name: ClassVar[str] = "SetTopology"
     PARAMS: ClassVar[Dict[str, str]] = {"topology": "topology"}
 
@@ -119,6 +128,38 @@ class SetBatchLayout(Transformation):
     layout: str
     name: ClassVar[str] = "SetBatchLayout"
     PARAMS: ClassVar[Dict[str, str]] = {"layout": "str"}
+
+
+@register
+@dataclass(frozen=True)
+class SetDraftLengthPolicy(Transformation):
+    """`fixed` (token_budget 0: none) or `per_request_adaptive`: each request's chain length
+    follows its own recent acceptance, at most `token_budget` tokens verified per step."""
+    policy: str
+    token_budget: int
+    name: ClassVar[str] = "SetDraftLengthPolicy"
+    PARAMS: ClassVar[Dict[str, str]] = {"policy": "str", "token_budget": "int"}
+
+
+@register
+@dataclass(frozen=True)
+class SetRefill(Transformation):
+    """`drain` or `continuous`: whether a finished request's slot waits for the whole batch or
+    takes the next queued request at once."""
+    refill: str
+    name: ClassVar[str] = "SetRefill"
+    PARAMS: ClassVar[Dict[str, str]] = {"refill": "str"}
+
+
+@register
+@dataclass(frozen=True)
+class SetVerifyPrune(Transformation):
+    """Two-level verification: prune the drafted tree with a cheaper path through the target
+    (`LayerSkipPrune` / `LowPrecisionPrune`) before the full target verifies the survivors;
+    None verifies with the target alone."""
+    prune: object
+    name: ClassVar[str] = "SetVerifyPrune"
+    PARAMS: ClassVar[Dict[str, str]] = {"prune": "prune"}
 
 
 @register

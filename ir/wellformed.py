@@ -10,12 +10,13 @@ from __future__ import annotations
 import re
 
 from .errors import IllFormed
-from .formats import DTYPES, PPM, WEIGHT_FORMATS
+from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
 from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
-                      KV_COMMITS, MASKS, SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec,
-                      KernelsSpec, Models, Program, VerifySpec)
-from .topology import Chain, Tree
+                      KV_COMMITS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec, CommitSpec,
+                      DraftSpec, KernelsSpec, Models, Program, VerifySpec)
+from .prune import PRUNES, LayerSkipPrune
+from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation
 
 # Kernel override keys and string values reach generated source, so they are restricted to
@@ -114,22 +115,43 @@ def _verify_speculation(p: Program) -> None:
     _require(isinstance(p.draft, DraftSpec), "draft", "expected a DraftSpec")
     _require_choice(p.draft.drafter, "draft.drafter", DRAFTERS)
     topo = p.draft.topology
-    _require(isinstance(topo, (Chain, Tree)), "draft.topology",
-             f"expected Chain or Tree, got {topo!r}")
+    _require(isinstance(topo, TOPOLOGIES), "draft.topology",
+             f"expected {TOPOLOGY_NAMES}, got {topo!r}")
 
     _require(isinstance(p.verify, VerifySpec), "verify", "expected a VerifySpec")
     _require_choice(p.verify.mask, "verify.mask", MASKS)
     _require_choice(p.verify.acceptance, "verify.acceptance", ACCEPTANCE_RULES)
-    needed = "tree" if isinstance(topo, Tree) else "causal"
+    needed = "causal" if isinstance(topo, Chain) else "tree"
     _require(p.verify.mask == needed, "verify.mask",
              f"{topo} needs the {needed} mask, got {p.verify.mask!r}")
+    _verify_prune(p)
 
     _require(isinstance(p.commit, CommitSpec), "commit", "expected a CommitSpec")
     _require_choice(p.commit.kv, "commit.kv", KV_COMMITS)
-    if isinstance(topo, Tree):
+    if not isinstance(topo, Chain):
         _require(p.commit.kv == "compact", "commit.kv",
                  f"{topo} needs 'compact' (the accepted path is scattered over the tree's slots), "
                  f"got {p.commit.kv!r}")
+
+
+def _verify_prune(p: Program) -> None:
+    prune = p.verify.prune
+    if prune is None:
+        return
+    _require(isinstance(prune, PRUNES), "verify.prune",
+             f"expected None, LayerSkipPrune or LowPrecisionPrune, got {prune!r}")
+    target = p.models.target
+    if isinstance(prune, LayerSkipPrune):
+        last = prune.keep_layers[-1]
+        _require(last < target.num_layers, "verify.prune.keep_layers",
+                 f"layer {last} does not exist (the target has {target.num_layers} layers)")
+        _require(len(prune.keep_layers) < target.num_layers, "verify.prune.keep_layers",
+                 "keeps every layer of the target: the pruning pass would cost a full "
+                 "verification; skip at least one layer")
+    else:
+        _require_choice(prune.dtype, "verify.prune.dtype", DTYPES)
+        _require(DTYPE_BYTES[prune.dtype] < DTYPE_BYTES[target.dtype], "verify.prune.dtype",
+                 f"{prune.dtype} is not a lower precision than the target's {target.dtype}")
 
 
 def _verify_batch_and_kernels(p: Program) -> None:
@@ -139,6 +161,16 @@ def _verify_batch_and_kernels(p: Program) -> None:
     _require(_is_int(b.max_batch_size) and b.max_batch_size >= 1, "batch.max_batch_size",
              f"expected an int >= 1, got {b.max_batch_size!r}")
     _require_choice(b.draft_length_policy, "batch.draft_length_policy", DRAFT_LENGTH_POLICIES)
+    if b.draft_length_policy == "per_request_adaptive":
+        _require(isinstance(p.draft.topology, Chain), "batch.draft_length_policy",
+                 f"per_request_adaptive adapts a chain's length; the draft is {p.draft.topology}")
+        _require(_is_int(b.token_budget) and b.token_budget >= b.max_batch_size,
+                 "batch.token_budget", f"expected an int >= max_batch_size ({b.max_batch_size}: "
+                 f"every request verifies at least its last token), got {b.token_budget!r}")
+    else:
+        _require(b.token_budget is None, "batch.token_budget",
+                 f"only per_request_adaptive takes a token budget, got {b.token_budget!r}")
+    _require_choice(b.refill, "batch.refill", REFILL_POLICIES)
 
     k = p.kernels
     _require(isinstance(k, KernelsSpec), "kernels", "expected a KernelsSpec")

@@ -9,14 +9,18 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import Program
+from specpilot.ir.prune import LowPrecisionPrune
 from specpilot.ir.errors import SpecPilotError
 
+from .acceptance import greedy_accept
 from .ar import ARResult, generate_ar
 from .checkpoint import check_same_vocabulary, load_tokenizer
 from .errors import CheckpointError
-from .forcing import ForcingReport, force_tokens
+from .forcing import ForcingReport
 from .model import Transformer
-from .speculative import SpecResult, speculative_generate
+from .mechanisms import force_program_decode, run_program_decode
+from .speculative import SpecResult
+from .torch_backend import TorchBackend
 
 
 class UnsupportedProgram(SpecPilotError):
@@ -47,34 +51,92 @@ def default_device() -> str:
 
 
 def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32",
-              device: Optional[str] = None) -> ModelPair:
-    """Load target (and drafter) for decoding; a clear error if they do not share a vocabulary."""
+              device: Optional[str] = None, program: Optional[Program] = None,
+              kernel_cache=None) -> ModelPair:
+    """Load target (and drafter) for decoding; a clear error if they do not share a vocabulary.
+
+    With `program`, each model is built the way the Program runs it: in the Program's dtype,
+    with its kernel backend (`generated`: the Program's own kernels, built into `kernel_cache`)
+    and its per-linear weight formats. Without, both use the torch backend with dense weights.
+    """
     device = device or default_device()
-    target = Transformer.from_checkpoint(target_dir, dtype, device)
+    if program is not None:
+        check_runnable(program)
+        if dtype != program.models.target.dtype:
+            raise SpecPilotError(f"dtype {dtype} disagrees with the Program's dtype "
+                                 f"{program.models.target.dtype}")
+
+    def model(folder: str, role: str) -> Transformer:
+        if program is None:
+            return Transformer.from_checkpoint(folder, dtype, device)
+        spec = getattr(program.models, role)
+        return Transformer.from_checkpoint(folder, spec.dtype, device,
+                                           backend=make_backend(program, role, kernel_cache),
+                                           weight_formats=spec.formats())
+
+    target = model(target_dir, "target")
     tokenizer = load_tokenizer(target_dir)
     drafter = None
     if drafter_dir is not None:
-        drafter = Transformer.from_checkpoint(drafter_dir, dtype, device)
+        drafter = model(drafter_dir, "drafter")
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
     return ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
 
 
+def make_backend(program: Program, role: str, kernel_cache=None):
+    """The op backend that runs `role`'s model of `program` (kernels.backend)."""
+    if program.kernels.backend == "torch":
+        return TorchBackend()
+    # Lowering and the kernel builders are only needed, and only imported, for generated kernels.
+    from specpilot.codegen.lower import lower_program
+
+    from .generated_backend import GeneratedBackend
+    return GeneratedBackend(lower_program(program), kernel_cache, role=role)
+
+
 def check_runnable(program: Program) -> None:
     """Refuse, with the reason, Programs whose mechanisms this runtime does not execute."""
-    if program.kernels.backend != "torch":
-        raise UnsupportedProgram(f"kernels.backend {program.kernels.backend!r}: this runtime "
-                                 f"executes the 'torch' backend only")
-    if program.batch.layout != "padded":
-        raise UnsupportedProgram(f"batch.layout {program.batch.layout!r}: only 'padded' is implemented")
+    backend = program.kernels.backend
+    if backend not in ("torch", "generated"):
+        raise UnsupportedProgram(f"kernels.backend {backend!r}: this runtime executes the 'torch' "
+                                 f"and 'generated' backends")
+    if isinstance(program.verify.prune, LowPrecisionPrune) and backend == "generated":
+        raise UnsupportedProgram("verify.prune low_precision casts dense torch weights: it runs with "
+                                 "kernels.backend 'torch' only")
     if program.verify.acceptance != "greedy":
         raise UnsupportedProgram(f"verify.acceptance {program.verify.acceptance!r}: only 'greedy'")
     for role in ("target", "drafter"):
         spec = getattr(program.models, role)
         for linear, fmt in spec.weight_formats:
-            if fmt not in ("bf16", "fp32"):
-                raise UnsupportedProgram(f"models.{role}.weight_formats[{linear}] = {fmt!r}: the torch "
-                                         f"backend runs dense formats only")
+            if fmt in ("bf16", "fp32"):
+                continue
+            if fmt != "lossless12" or backend != "generated":
+                raise UnsupportedProgram(
+                    f"models.{role}.weight_formats[{linear}] = {fmt!r}: the {backend} backend runs "
+                    "dense formats only; packed formats need kernels.backend 'generated'")
+            if spec.dtype != "bfloat16":
+                raise UnsupportedProgram(f"models.{role}.weight_formats[{linear}] = 'lossless12' "
+                                         f"packs bfloat16 weights, but the {role} computes in {spec.dtype}")
+
+
+def check_pair_runs(program: Program, pair: ModelPair) -> None:
+    """Refuse a pair whose models were built for another backend than the Program's."""
+    for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        built = getattr(getattr(model, "backend", None), "name", None)
+        if model is not None and built is not None and built != program.kernels.backend:
+            raise UnsupportedProgram(
+                f"the {role} was loaded with the {built} backend but the Program runs "
+                f"kernels.backend {program.kernels.backend!r}: load the pair with "
+                "load_pair(..., program=program)")
+
+
+def acceptance_rule(program: Program, pair: ModelPair):
+    """The Program's greedy acceptance: the generated kernel where the target runs generated
+    kernels, else the torch rule."""
+    if program.kernels.backend == "generated":
+        return pair.target.backend.accept_greedy
+    return greedy_accept
 
 
 def _batches(items: Sequence, size: int):
@@ -124,45 +186,27 @@ def timed_ar(pair: ModelPair, prompts, max_new_tokens: int, batch_size: int = 1)
 
 
 def timed_program(program: Program, pair: ModelPair, prompts, max_new_tokens: int) -> TimedRun:
-    """Decode with the Program's topology in batches of `batch.max_batch_size`."""
+    """Decode with the Program's topology and batching mechanisms (runtime/mechanisms.py)."""
     check_runnable(program)
     if pair.drafter is None:
         raise SpecPilotError("this Program speculates: give a drafter checkpoint")
-    shape = program.draft.topology.shape()
-    tokens, forwards, steps_total, accepted_total = [], 0, 0, 0.0
+    check_pair_runs(program, pair)
+    accept = acceptance_rule(program, pair)
     _sync(pair.target.device)
     start = time.perf_counter()
-    for _, chunk in _batches(list(prompts), program.batch.max_batch_size):
-        r: SpecResult = speculative_generate(pair.target, pair.drafter, chunk, max_new_tokens,
-                                             shape, pair.eos_ids)
-        tokens += r.tokens
-        forwards += r.target_forwards
-        n = sum(len(a) for a in r.accepted_lengths)
-        steps_total += n
-        accepted_total += r.mean_accepted * n
+    r: SpecResult = run_program_decode(program, pair.target, pair.drafter, list(prompts),
+                                       max_new_tokens, pair.eos_ids, acceptance=accept)
     _sync(pair.target.device)
-    mean = accepted_total / steps_total if steps_total else 0.0
-    return TimedRun(tokens, time.perf_counter() - start, forwards, mean)
+    return TimedRun(r.tokens, time.perf_counter() - start, r.target_forwards, r.mean_accepted)
 
 
 def force_program(program: Program, pair: ModelPair, prompts, reference: ARResult,
                   tolerance: Optional[float] = None) -> ForcingReport:
     """Token-force the Program against `reference` (see runtime/forcing.py)."""
     check_runnable(program)
-    shape = program.draft.topology.shape()
-    report = None
-    for start, chunk in _batches(list(prompts), program.batch.max_batch_size):
-        ref = ARResult(reference.tokens[start:start + len(chunk)],
-                       reference.margins[start:start + len(chunk)], 0)
-        part = force_tokens(pair.target, pair.drafter, chunk, shape, ref, tolerance=tolerance)
-        report = part if report is None else _merge_reports(report, part, start)
-    return report
+    check_pair_runs(program, pair)
+    accept = acceptance_rule(program, pair)
+    return force_program_decode(program, pair.target, pair.drafter, list(prompts), reference,
+                                tolerance, acceptance=accept)
 
 
-def _merge_reports(a: ForcingReport, b: ForcingReport, offset: int) -> ForcingReport:
-    """One report over two batches; b's prompt indices are shifted by `offset`."""
-    shift = [d._replace(prompt=d.prompt + offset) for d in b.near_tie_flips]
-    viol = [d._replace(prompt=d.prompt + offset) for d in b.violations]
-    return ForcingReport(a.positions_compared + b.positions_compared,
-                         a.positions_expected + b.positions_expected, a.exact + b.exact,
-                         a.tolerance, a.near_tie_flips + shift, a.violations + viol)

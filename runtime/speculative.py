@@ -16,22 +16,23 @@ forward writes itself, so the target never needs a separate catch-up.
 
 Forced mode (`force_reference`, used by token forcing): the candidate still drafts, verifies and
 accepts on its own, but each proposed token is recorded and the REFERENCE token is committed in
-its place; at the first disagreement within a step the rest of that step's proposal is dropped
-(it was conditioned on a token that is not the reference's), so every reference position is
-proposed exactly once, always after the reference prefix.
+its place (see runtime/request_state.py).
+
+The batching mechanisms (ragged layout, per-request draft lengths, continuous refill) and the
+dynamic / two-level verification run in runtime/step_loop.py; this loop is the stock one.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
-
-from specpilot.ir.errors import SpecPilotError
 
 from .acceptance import AcceptedPath, greedy_accept
 from .checkpoint import check_same_vocabulary
 from .drafting import draft_tree
+from .request_state import Request
+from .request_state import check_path, commit_proposal, reference_tokens
 from .steps import append_step, check_capacity
 from .tree_plan import TreePlan
 from .verify_tree import compact_path, verify_tree
@@ -47,22 +48,8 @@ class SpecResult:
     compactions: int = 0               # target KV compaction copies (never for chains)
     # forced mode only: the token the candidate proposed at each reference position
     proposals: List[List[int]] = field(default_factory=list)
-
-
-@dataclass
-class _Request:
-    committed: List[int]
-    prompt_length: int
-    reference: Optional[List[int]]
-    target_len: int = 0                # leading committed tokens with K/V in the target cache
-    drafter_len: int = 0               # ... in the drafter cache
-    done: bool = False
-    accepted: List[int] = field(default_factory=list)
-    proposals: List[int] = field(default_factory=list)
-
-    @property
-    def generated(self) -> List[int]:
-        return self.committed[self.prompt_length:]
+    # counters of the mechanism decode loop (runtime/step_loop.py), e.g. verified_tokens
+    stats: Dict[str, int] = field(default_factory=dict)
 
 
 @torch.no_grad()
@@ -83,21 +70,21 @@ def speculative_generate(target, drafter, prompts: Sequence[Sequence[int]], max_
     plan = TreePlan.build(shape)
     check_same_vocabulary(target.config, drafter.config)
     eos = set(eos_ids)
-    references = _reference_tokens(force_reference, prompts)
+    references = reference_tokens(force_reference, prompts)
     if references is not None:
         max_new_tokens, eos = max(len(r) for r in references), set()
     capacity = max(check_capacity(m, prompts, max_new_tokens, slack=plan.num_nodes + 2)
                    for m in (target, drafter))
     b, device = len(prompts), target.device
     t_cache, d_cache = target.new_cache(b, capacity), drafter.new_cache(b, capacity)
-    reqs = [_Request(list(p), len(p), None if references is None else references[i])
+    reqs = [Request(list(p), len(p), None if references is None else references[i])
             for i, p in enumerate(prompts)]
 
     logits = append_step(target, t_cache, torch.zeros(b, dtype=torch.int64, device=device),
                          [r.committed for r in reqs])          # prefill: first token, as in AR
     for r, tok in zip(reqs, torch.argmax(logits, dim=-1).tolist()):
         r.target_len = r.prompt_length
-        _commit(r, [tok], eos, max_new_tokens)
+        commit_proposal(r, [tok], eos, max_new_tokens)
     target_forwards, drafter_forwards, compactions = 1, 0, 0
 
     while not all(r.done for r in reqs):
@@ -120,11 +107,12 @@ def speculative_generate(target, drafter, prompts: Sequence[Sequence[int]], max_
             if r.done:
                 continue
             path = acceptance(plan, nodes, logits[row])
-            _check_path(plan, path)
+            check_path(plan.children, path)
             root = len(r.committed) - 1
             compactions += compact_path(t_cache, row, root, path.nodes)
             r.accepted.append(path.length)
-            kept = _commit(r, [nodes[n] for n in path.nodes] + [path.bonus], eos, max_new_tokens)
+            kept = commit_proposal(r, [nodes[n] for n in path.nodes] + [path.bonus], eos,
+                                   max_new_tokens)
             r.target_len = root + 1 + kept
 
     steps = [n + 1 for r in reqs for n in r.accepted]
@@ -134,46 +122,3 @@ def speculative_generate(target, drafter, prompts: Sequence[Sequence[int]], max_
                       mean_accepted=sum(steps) / len(steps) if steps else 0.0,
                       compactions=compactions,
                       proposals=[r.proposals for r in reqs] if references is not None else [])
-
-
-def _commit(r: _Request, proposal: List[int], eos: set, max_new_tokens: int) -> int:
-    """Commit a step's proposal (accepted drafts + bonus); returns how many of its leading path
-    tokens stay valid in the target cache. Forced: commit reference tokens instead, stopping
-    after the first disagreement."""
-    for j, tok in enumerate(proposal):
-        if r.reference is None:
-            r.committed.append(tok)
-            if tok in eos or len(r.generated) >= max_new_tokens:
-                r.done = True
-                break
-            continue
-        ref = r.reference[len(r.generated)]
-        r.proposals.append(tok)
-        r.committed.append(ref)
-        if len(r.generated) >= len(r.reference):
-            r.done = True
-            break
-        if tok != ref:
-            return j
-    return len(proposal) - 1
-
-
-def _check_path(plan: TreePlan, path: AcceptedPath) -> None:
-    parent = -1
-    for node in path.nodes:
-        if node not in plan.children(parent):
-            raise SpecPilotError(f"acceptance rule returned path {list(path.nodes)}, but node "
-                                 f"{node} is not a child of {parent}: a path must descend the tree")
-        parent = node
-
-
-def _reference_tokens(reference, prompts) -> Optional[List[List[int]]]:
-    if reference is None:
-        return None
-    tokens = [list(t) for t in reference.tokens]
-    if len(tokens) != len(prompts):
-        raise SpecPilotError(f"the reference has {len(tokens)} requests but {len(prompts)} prompts "
-                             f"were given: force with the prompts the reference was decoded from")
-    if any(not t for t in tokens):
-        raise SpecPilotError("a reference request has no tokens: nothing to force")
-    return tokens

@@ -13,17 +13,18 @@ from typing import Tuple, Union
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.topology import Chain, Tree, TreeShape
+from specpilot.ir.topology import STATIC_TOPOLOGIES, Chain, SparseTree, Tree, TreeShape
 
 
-def as_tree_shape(topology: Union[TreeShape, Chain, Tree]) -> TreeShape:
-    """Accept a TreeShape or a topology value (`Chain`, `Tree`) and return the TreeShape."""
+def as_tree_shape(topology: Union[TreeShape, Chain, Tree, SparseTree]) -> TreeShape:
+    """Accept a TreeShape or a static topology value (`Chain`, `Tree`, `SparseTree`) and return
+    the TreeShape."""
     if isinstance(topology, TreeShape):
         return topology
-    if isinstance(topology, (Chain, Tree)):
+    if isinstance(topology, STATIC_TOPOLOGIES):
         return topology.shape()
-    raise SpecPilotError(f"expected a TreeShape, Chain or Tree as the draft topology, "
-                         f"got {type(topology).__name__}")
+    raise SpecPilotError(f"expected a TreeShape, Chain, Tree or SparseTree as the draft "
+                         f"topology, got {type(topology).__name__}")
 
 
 @dataclass(frozen=True)
@@ -43,7 +44,7 @@ class TreePlan:
     depth_offsets: torch.Tensor                # [N+1] int64: 0 for the root, depths[i] for node i
 
     @classmethod
-    def build(cls, topology: Union[TreeShape, Chain, Tree]) -> "TreePlan":
+    def build(cls, topology: Union[TreeShape, Chain, Tree, SparseTree]) -> "TreePlan":
         shape = as_tree_shape(topology)
         n = shape.num_nodes
         if n == 0:

@@ -37,7 +37,7 @@ CASES = [
     (_set(("draft", "topology"), {"kind": "chain", "k": 4, "width": 2}),
      "draft.topology.width: unknown field"),
     (_set(("draft", "topology"), {"kind": "ring", "k": 4}),
-     "draft.topology.kind: expected one of chain, tree, got 'ring'"),
+     "draft.topology.kind: expected one of chain, tree, sparse_tree, dynamic_tree, got 'ring'"),
     (_set(("draft", "topology"), {"k": 4}), "draft.topology.kind: missing field"),
     (_set(("draft", "topology"), {"kind": "tree", "branching": [2, True]}),
      "draft.topology.branching[1]: expected int, got bool True"),

@@ -30,7 +30,8 @@ def test_record_json_round_trip(t):
 def test_registry_names_every_record():
     assert set(TRANSFORMATIONS) == {"SetTopology", "SetDraftLength", "SetWeightFormat",
                                     "SetBatchLayout", "SetMaxBatchSize", "SetBackend",
-                                    "CaptureGraphs"}
+                                    "CaptureGraphs", "SetDraftLengthPolicy", "SetRefill",
+                                    "SetVerifyPrune"}
     for name, cls in TRANSFORMATIONS.items():
         assert cls.name == name
 
@@ -47,7 +48,7 @@ def test_record_text():
     (lambda: SetDraftLength(True), "SetDraftLength.k: expected int, got bool True"),
     (lambda: CaptureGraphs(1), "CaptureGraphs.on: expected bool, got int 1"),
     (lambda: SetWeightFormat("target.*", None), "SetWeightFormat.fmt: expected str, got null"),
-    (lambda: SetTopology([4, 2]), "SetTopology.topology: expected Chain or Tree"),
+    (lambda: SetTopology([4, 2]), "SetTopology.topology: expected Chain, Tree, SparseTree or DynamicTree"),
 ])
 def test_mistyped_record_is_an_ir_error(make, message):
     with pytest.raises(IRError) as info:
