@@ -115,15 +115,22 @@ def compare_to_reference(proposals: Sequence[Sequence[int]], reference,
     return report
 
 
+def resolve_tolerance(tolerance: Optional[float], dtype: torch.dtype) -> float:
+    """The near-tie tolerance to use: `default_tolerance(dtype)` for None, else the value given
+    (which must be >= 0; 0.0 tolerates nothing)."""
+    if tolerance is None:
+        return default_tolerance(dtype)
+    if tolerance < 0:
+        raise SpecPilotError(f"the forcing tolerance must be >= 0, got {tolerance}")
+    return float(tolerance)
+
+
 def force_tokens(target, drafter, prompts: Sequence[Sequence[int]], shape, reference,
                  acceptance=greedy_accept, tolerance: Optional[float] = None) -> ForcingReport:
     """Run the candidate (target, drafter, draft topology, acceptance rule) forced on the
     reference and report every disagreement. tolerance=None uses
     `default_tolerance(target.dtype)`; pass 0.0 to tolerate nothing."""
-    if tolerance is None:
-        tolerance = default_tolerance(target.dtype)
-    if tolerance < 0:
-        raise SpecPilotError(f"the forcing tolerance must be >= 0, got {tolerance}")
+    tolerance = resolve_tolerance(tolerance, target.dtype)
     longest = max((len(t) for t in reference.tokens), default=0)
     forced = speculative_generate(target, drafter, prompts, longest, shape,
                                   acceptance=acceptance, force_reference=reference)

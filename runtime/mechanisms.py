@@ -26,7 +26,7 @@ from .acceptance import AcceptedPath, greedy_accept
 from .adaptive_draft import AdaptiveChainProposer
 from .ar import ARResult
 from .dynamic_tree import DynamicProposer
-from .forcing import ForcingReport, compare_to_reference, default_tolerance
+from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .speculative import SpecResult, speculative_generate
 from .step_loop import decode_with_mechanisms
 from .tree_drafting import StaticProposer
@@ -115,10 +115,7 @@ def force_program_decode(program: Program, target, drafter, prompts: Sequence[Se
                          acceptance: Callable[..., AcceptedPath] = greedy_accept) -> ForcingReport:
     """Token-force the Program's mechanisms against `reference` (runtime/forcing.py): every
     reference position of every prompt is proposed once and compared."""
-    if tolerance is None:
-        tolerance = default_tolerance(target.dtype)
-    if tolerance < 0:
-        raise SpecPilotError(f"the forcing tolerance must be >= 0, got {tolerance}")
+    tolerance = resolve_tolerance(tolerance, target.dtype)
     longest = max((len(t) for t in reference.tokens), default=0)
     forced = run_program_decode(program, target, drafter, prompts, longest,
                                 force_reference=reference, acceptance=acceptance)

@@ -7,46 +7,21 @@ itself (always right), the target with its top choice removed (always wrong) and
 small model.
 """
 import pytest
-import torch
 
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, Tree
 from specpilot.runtime.acceptance import AcceptedPath
 from specpilot.runtime.ar import generate_ar
-from specpilot.runtime.checkpoint import load_checkpoint
 from specpilot.runtime.errors import CapacityError, TokenizerMismatch
 from specpilot.runtime.model import Transformer
 from specpilot.runtime.speculative import speculative_generate
 
+from mechanism_setup import ContraryDrafter, noisy_copy
 from hf_factory import hf_greedy, load_hf, make_checkpoint, make_pair, random_prompts
 
 MAX_NEW = 24
 TOPOLOGIES = [Chain(1), Chain(2), Chain(4), Chain(7),
               Tree((2, 2)), Tree((3, 1, 1)), Tree((4, 2, 2, 1)), Tree((1, 3))]
-
-
-def noisy_copy(checkpoint_dir, scale, seed):
-    """The checkpoint's model with Gaussian noise (`scale` x each matrix's std) on every matrix."""
-    ckpt = load_checkpoint(checkpoint_dir)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {name: t + scale * t.std() * torch.randn(t.shape, generator=gen)
-               if t.dim() == 2 else t for name, t in ckpt.tensors.items()}
-    return Transformer(ckpt.config, tensors, torch.float32)
-
-
-class ContraryDrafter:
-    """The target with its own top choice forbidden: it never drafts the target's next token."""
-
-    def __init__(self, model):
-        self.model, self.config = model, model.config
-        self.device, self.dtype = model.device, model.dtype
-
-    def new_cache(self, batch, capacity):
-        return self.model.new_cache(batch, capacity)
-
-    def forward(self, *args, **kwargs):
-        logits = self.model.forward(*args, **kwargs)
-        return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf"))
 
 
 def pick_eos(tokens):
