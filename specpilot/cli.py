@@ -16,6 +16,10 @@ SUBCOMMAND_MODULES = [
     "specpilot.cli_force",
     "specpilot.cli_zoo",
     "specpilot.cli_bench",
+    "specpilot.cli_cost",
+    "specpilot.cli_compile",
+    "specpilot.cli_report",
+    "specpilot.cli_export",
 ]
 
 

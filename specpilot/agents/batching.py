@@ -1,0 +1,63 @@
+"""Batching agent: the batch layout, how finished slots are refilled, and the draft-length
+policy, as far as the IR names them and the runtime executes them. Only a batch of more than
+one request has anything to gain."""
+from __future__ import annotations
+
+from typing import List
+
+from specpilot.ir import (Chain, Program, SetBatchLayout, SetDraftLengthPolicy, SetRefill,
+                          Transformation)
+from specpilot.ir import program as ir_program
+
+from .base import Agent, Budget, rank_by_prediction
+
+
+def _policy_records(program: Program) -> List[Transformation]:
+    """Per-request adaptive chain lengths with a few token budgets: as many verified tokens per
+    step as the fixed chain verifies, and half of that (adaptive lengths spend it where
+    acceptance is high)."""
+    topology = program.draft.topology
+    batch = program.batch.max_batch_size
+    out: List[Transformation] = []
+    if program.batch.draft_length_policy != "fixed":
+        out.append(SetDraftLengthPolicy("fixed", 0))
+    if isinstance(topology, Chain):
+        full = batch * (topology.k + 1)
+        for budget in sorted({full, max(batch, full // 2)}, reverse=True):
+            out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
+    return out
+
+
+class BatchingAgent(Agent):
+    direction = "batching"
+    categories = ("batching_waste",)
+
+    def __init__(self, cost_model=None, acceptance=None):
+        super().__init__()
+        self.cost_model, self.acceptance = cost_model, acceptance
+
+    def propose(self, program: Program, cost_report, memory,
+                budget: Budget) -> List[Transformation]:
+        self._reset()
+        if program.batch.max_batch_size <= 1:
+            self.notes.append("batch size 1: no batching mechanism applies")
+            return []
+        proposals: List[Transformation] = [
+            SetBatchLayout(layout) for layout in ir_program.BATCH_LAYOUTS
+            if layout != program.batch.layout]
+        proposals += [SetRefill(refill) for refill in ir_program.REFILL_POLICIES
+                      if refill != program.batch.refill]
+        proposals += _policy_records(program)
+        legal = self._legal(program, proposals, memory)
+        if not legal:
+            self.notes.append("the runtime executes no other batch layout, refill or "
+                              "draft-length policy for this Program")
+            return []
+        if self.cost_model is not None:
+            # The roofline sees refill (idle slots) but not layout or adaptive lengths: those
+            # keep their order after the ones it predicts a gain for.
+            ranked = rank_by_prediction(program, legal, self.cost_model, self.acceptance,
+                                        program.batch.max_batch_size, min_gain=-1.0)
+            order = [t for _, t in ranked]
+            legal = order + [t for t in legal if t not in order]
+        return legal[:budget.max_proposals]

@@ -1,0 +1,259 @@
+"""CostModel: a GPU spec plus a calibration; costs Programs per step, per token and per
+workload, and writes CostReports.
+
+Steady-state step of a Program at batch B and context C (`step_nodes`): its predicted time is
+the calibrated sum of the nodes' roofline and overhead times; tokens per step are
+B x (1 - idle) x (mean accepted + 1), idle being the share of batch rows already finished while
+others still decode (padded batches). The ceiling is the best ideal time per token over the
+candidate topologies (cost/topologies.py), so the gap says both how far this Program's kernels
+and formats are from the hardware and how far its topology is from the best one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Iterable, List, Optional, Sequence
+
+from specpilot.ir import Program, program_id
+
+from .acceptance import is_dynamic
+from .calibrate import Calibration, CalibrationPoint
+from .gpu_specs import GpuSpec
+from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
+from .roofline import ACCEPT_OPS, forward_cost, gap_parts, step_nodes, time_parts
+from .topologies import candidate_topologies, shaped_topologies
+
+DEFAULT_CONTEXT = 512
+REPORTED_NODES = 5
+
+
+@dataclass(frozen=True)
+class WorkloadPrediction:
+    """Roofline and overhead seconds of a whole workload run, and their calibrated sum."""
+    roofline_s: float
+    overhead_s: float
+    seconds: float
+    tokens: int
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.seconds if self.seconds > 0 else float("inf")
+
+
+def idle_fraction(lengths: Optional[List[List[int]]], batch: int) -> Optional[float]:
+    """Share of (step, row) slots of padded batches of `batch` whose request already finished;
+    requests are cycled to fill whole batches. None when per-request lengths are unknown."""
+    if lengths is None:
+        return None
+    steps = [len(row) for row in lengths if row]
+    if not steps or batch <= 1:
+        return 0.0
+    padded = -(-len(steps) // batch) * batch
+    order = [steps[i % len(steps)] for i in range(padded)]
+    busy = total = 0
+    for start in range(0, padded, batch):
+        group = order[start:start + batch]
+        busy += sum(group)
+        total += batch * max(group)
+    return 1.0 - busy / total if total else 0.0
+
+
+def batch_idle(program: Program, acceptance, batch: int) -> Optional[float]:
+    """The idle share of batch rows for `program`: none with continuous refill (a finished
+    request's slot takes the next one at once), `idle_fraction` when batches drain."""
+    if getattr(program.batch, "refill", "drain") != "drain":
+        return 0.0
+    return idle_fraction(acceptance.accepted_lengths(program.draft.topology), batch)
+
+
+def unmodelled(program: Program) -> List[str]:
+    """Mechanisms of `program` the roofline does not cost (measurement decides on them)."""
+    notes = []
+    if getattr(program.verify, "prune", None) is not None:
+        notes.append(f"two-level verification ({program.verify.prune}) is not modelled: costed "
+                     "as if the target verified every drafted node")
+    if is_dynamic(program.draft.topology):
+        notes.append(f"{program.draft.topology} picks its tree every step: its acceptance is "
+                     "estimated by the best static tree of its budget, depth and width")
+    if program.batch.draft_length_policy != "fixed":
+        notes.append(f"draft length policy {program.batch.draft_length_policy} is not modelled: "
+                     "costed as its fixed chain")
+    return notes
+
+
+class CostModel:
+    def __init__(self, gpu: GpuSpec, calibration: Calibration = Calibration()):
+        self.gpu = gpu
+        self.calibration = calibration
+
+    # ------------------------------------------------------------------ steps
+
+    def step_seconds(self, program: Program, batch: int, context: int,
+                     mean_accepted: float) -> float:
+        nodes = step_nodes(program, self.gpu, batch, context, mean_accepted)
+        return self.calibration.predict(sum(n.roofline_s(self.gpu) for n in nodes),
+                                        sum(n.overhead_s(self.gpu) for n in nodes))
+
+    @property
+    def ceiling_alpha(self) -> float:
+        """The roofline scale of the ceiling: the calibrated one where the device beats the
+        measured roofline (caches), never worse than the roofline itself."""
+        return min(self.calibration.alpha, 1.0)
+
+    def ideal_step_seconds(self, program: Program, batch: int, context: int,
+                           mean_accepted: float) -> float:
+        nodes = step_nodes(program, self.gpu, batch, context, mean_accepted)
+        return self.ceiling_alpha * sum(n.ideal_s(self.gpu) for n in nodes)
+
+    def predicted_tokens_per_s(self, program: Program, acceptance, batch: Optional[int] = None,
+                               context: int = DEFAULT_CONTEXT) -> float:
+        """Steady-state decode tokens/s of `program` (ranking candidates without a report)."""
+        batch = batch or program.batch.max_batch_size
+        accepted = acceptance.mean_accepted(program.draft.topology)
+        idle = batch_idle(program, acceptance, batch) or 0.0
+        step = self.step_seconds(program, batch, context, accepted)
+        return batch * (1 - idle) * (accepted + 1) / step
+
+    def _ceiling(self, program: Program, acceptance, batch: int, context: int,
+                 topologies: Iterable):
+        """(best ideal seconds per token, its topology) over `topologies` and the Program's."""
+        best, best_topology = float("inf"), program.draft.topology
+        seen = set()
+        for topology in (program.draft.topology, *topologies):
+            if topology in seen:
+                continue
+            seen.add(topology)
+            variant = replace(program, draft=replace(program.draft, topology=topology))
+            accepted = acceptance.mean_accepted(topology)
+            per_token = (self.ideal_step_seconds(variant, batch, context, accepted)
+                         / (batch * (accepted + 1)))
+            if per_token < best:
+                best, best_topology = per_token, topology
+        return best, best_topology
+
+    # ------------------------------------------------------------------ report
+
+    def report(self, program: Program, acceptance, batch: Optional[int] = None,
+               context: int = DEFAULT_CONTEXT, topologies: Optional[Sequence] = None,
+               notes: Sequence[str] = ()) -> CostReport:
+        """The CostReport of `program` at `batch` (default: its max batch size) and `context`,
+        with `acceptance` (an acceptance model, cost/acceptance.py)."""
+        gpu, cal = self.gpu, self.calibration
+        batch = batch or program.batch.max_batch_size
+        topology = program.draft.topology
+        accepted = acceptance.mean_accepted(topology)
+        notes = list(notes) + unmodelled(program)
+        idle = batch_idle(program, acceptance, batch)
+        if idle is None:
+            idle = 0.0
+            if batch > 1:
+                notes.append("batching waste unknown: the acceptance model has no per-request "
+                             "lengths for this topology")
+        nodes = step_nodes(program, gpu, batch, context, accepted)
+        step = cal.predict(sum(n.roofline_s(gpu) for n in nodes),
+                           sum(n.overhead_s(gpu) for n in nodes))
+        per_step_tokens = batch * (accepted + 1)
+        useful_tokens = per_step_tokens * (1 - idle)
+
+        breakdown = dict.fromkeys(CATEGORIES, 0.0)
+        gap = dict.fromkeys(GAP_CATEGORIES, 0.0)
+        for node in nodes:
+            for c, s in time_parts(node, gpu, cal.alpha, cal.beta).items():
+                breakdown[c] += s / useful_tokens
+            for c, s in gap_parts(node, gpu, cal.alpha, cal.beta, self.ceiling_alpha).items():
+                gap[c] += s / per_step_tokens
+        waste = step * idle / useful_tokens if idle < 1 else 0.0
+        breakdown["batching_waste"] = gap["batching_waste"] = waste
+
+        ideal_step = self.ceiling_alpha * sum(n.ideal_s(gpu) for n in nodes)
+        program_ceiling = ideal_step / per_step_tokens
+        if topologies is None:
+            topologies = candidate_topologies() + shaped_topologies(acceptance)
+        ceiling, ceiling_topology = self._ceiling(program, acceptance, batch, context, topologies)
+        gap["topology"] = max(0.0, program_ceiling - ceiling)
+        dominant = max(GAP_CATEGORIES, key=lambda c: gap[c])
+
+        def efficiency(n):
+            total = cal.predict(n.roofline_s(gpu), n.overhead_s(gpu))
+            return (n.bytes / gpu.memory_bandwidth) / total if total > 0 else 1.0
+
+        heavy = [n for n in nodes if n.bytes > 0]
+        heavy.sort(key=efficiency)
+        summaries = [NodeSummary(n.name, n.kind, cal.predict(n.roofline_s(gpu), n.overhead_s(gpu)),
+                                 n.bound(gpu), efficiency(n)) for n in heavy[:REPORTED_NODES]]
+        if gpu.source == "nominal":
+            notes.append(f"{gpu.name} figures are nominal, not measured: run on the device "
+                         "(compile measures it) for a meaningful scale")
+        return CostReport(
+            program_id=program_id(program), topology=str(topology), gpu=gpu.to_json(),
+            batch_size=batch, context=context, acceptance=acceptance.label,
+            mean_accepted=accepted, idle_fraction=idle, step_s=step,
+            tokens_per_s=useful_tokens / step if step > 0 else float("inf"),
+            breakdown_per_token_s=breakdown, ceiling_tokens_per_s=1.0 / ceiling,
+            ceiling_topology=str(ceiling_topology),
+            program_ceiling_tokens_per_s=1.0 / program_ceiling,
+            gap_per_token_s=gap, dominant=dominant, nodes=summaries,
+            calibration={"alpha": cal.alpha, "beta": cal.beta, "points": len(cal.points)},
+            notes=notes)
+
+    # ------------------------------------------------------------------ workloads
+
+    def _prefill(self, program: Program, role: str, rows: int, tokens: int):
+        model = getattr(program.models, role)
+        node = forward_cost(f"{role}.prefill", "prefill", model, rows, tokens, 0, self.gpu)
+        return node.roofline_s(self.gpu), node.overhead_s(self.gpu)
+
+    def predict_speculative_run(self, program: Program, acceptance,
+                                prompt_lengths: Sequence[int],
+                                new_tokens: Sequence[int]) -> WorkloadPrediction:
+        """Seconds of decoding every prompt with `program` in batches of its max batch size
+        (prefills included), with per-request accepted lengths from `acceptance` (which must
+        give them: a measured rank profile)."""
+        lengths = acceptance.accepted_lengths(program.draft.topology)
+        if lengths is None:
+            raise ValueError("a workload prediction needs per-request accepted lengths")
+        batch = program.batch.max_batch_size
+        roof = over = 0.0
+        for start in range(0, len(prompt_lengths), batch):
+            rows = list(range(start, min(start + batch, len(prompt_lengths))))
+            longest = max(prompt_lengths[r] for r in rows)
+            for role in ("target", "drafter"):
+                r, o = self._prefill(program, role, len(rows), longest)
+                roof, over = roof + r, over + o
+            steps = [lengths[r] for r in rows]
+            count = max(len(s) for s in steps)
+            if count == 0:
+                continue
+            flat = [a for s in steps for a in s]
+            accepted = sum(flat) / len(flat)
+            context = longest + max(new_tokens[r] for r in rows) // 2
+            nodes = step_nodes(program, self.gpu, len(rows), context, accepted)
+            roof += count * sum(n.roofline_s(self.gpu) for n in nodes)
+            over += count * sum(n.overhead_s(self.gpu) for n in nodes)
+        return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
+                                  sum(new_tokens))
+
+    def predict_ar_run(self, program: Program, prompt_lengths: Sequence[int],
+                       new_tokens: Sequence[int], batch: int) -> WorkloadPrediction:
+        """Seconds of plain greedy AR with the target of `program` over the workload."""
+        roof = over = 0.0
+        target = program.models.target
+        for start in range(0, len(prompt_lengths), batch):
+            rows = list(range(start, min(start + batch, len(prompt_lengths))))
+            longest = max(prompt_lengths[r] for r in rows)
+            r, o = self._prefill(program, "target", len(rows), longest)
+            roof, over = roof + r, over + o
+            count = max(new_tokens[r] for r in rows) - 1
+            context = longest + count // 2
+            node = forward_cost("target.decode", "ar_step", target, len(rows), 1, context, self.gpu)
+            roof += count * node.roofline_s(self.gpu)
+            over += count * (node.overhead_s(self.gpu) + ACCEPT_OPS * self.gpu.launch_overhead_s)
+        return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
+                                  sum(new_tokens))
+
+    # ------------------------------------------------------------------ calibration
+
+    def calibrated(self, label: str, measured_s: float,
+                   prediction: WorkloadPrediction) -> "CostModel":
+        """A model refitted with one more measurement of a predicted run."""
+        point = CalibrationPoint(label, measured_s, prediction.roofline_s, prediction.overhead_s)
+        return CostModel(self.gpu, self.calibration.with_point(point))

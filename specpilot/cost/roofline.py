@@ -1,0 +1,223 @@
+"""Roofline cost of every node of one speculative step (the nodes of `ir.dataflow_graph`).
+
+For each node: bytes moved (weights in their IR format, KV cache reads and writes, logits), FLOPs,
+and kernel launches; its roofline time is max(bytes / bandwidth, FLOPs / matmul rate), and its
+overhead launches x launch overhead. Next to what the Program does, each node carries what an
+ideal decoder of the same pair and topology would do (the ceiling): weights at the smallest
+lossless format, FLOPs only for the tokens that end up accepted, no launch overhead, no KV
+compaction copy.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, List
+
+from specpilot.ir import Program
+from specpilot.ir.formats import DTYPE_BYTES, WEIGHT_FORMATS, weight_bytes
+from specpilot.ir.model_spec import ModelSpec
+
+from .gpu_specs import GpuSpec
+
+# Ops one layer issues in eager decode: input norm, q/k/v, rope, attention, o_proj, residual add
+# (attention part); post norm, gate, up, activation-multiply, down, residual add (MLP part).
+ATTENTION_OPS = 8
+QK_NORM_OPS = 2
+MLP_OPS = 6
+HEAD_OPS = 2          # final norm + lm_head
+# Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
+ACCEPT_OPS = 2
+
+
+@dataclass(frozen=True)
+class NodeCost:
+    """One node of the step. `weight_bytes`/`kv_bytes`/`other_bytes` split `bytes`; the
+    `ideal_*` fields describe the ceiling decoder (see the module docstring)."""
+    name: str
+    kind: str
+    role: str
+    weight_bytes: float
+    kv_bytes: float
+    other_bytes: float
+    flops: float
+    launches: int
+    ideal_weight_bytes: float
+    ideal_kv_bytes: float
+    ideal_flops: float
+    flops_rate: float
+
+    @property
+    def bytes(self) -> float:
+        return self.weight_bytes + self.kv_bytes + self.other_bytes
+
+    @property
+    def ideal_bytes(self) -> float:
+        return self.ideal_weight_bytes + self.ideal_kv_bytes + self.other_bytes
+
+    def roofline_s(self, gpu: GpuSpec) -> float:
+        return max(self.bytes / gpu.memory_bandwidth, self.flops / self.flops_rate)
+
+    def ideal_s(self, gpu: GpuSpec) -> float:
+        return max(self.ideal_bytes / gpu.memory_bandwidth, self.ideal_flops / self.flops_rate)
+
+    def overhead_s(self, gpu: GpuSpec) -> float:
+        return self.launches * gpu.launch_overhead_s
+
+    def bound(self, gpu: GpuSpec) -> str:
+        """"memory" or "compute": which side of the roofline the node sits on."""
+        return ("memory" if self.bytes / gpu.memory_bandwidth >= self.flops / self.flops_rate
+                else "compute")
+
+
+def smallest_lossless_bytes(model: ModelSpec, linear: str) -> int:
+    """Bytes of one linear in the smallest lossless format its dtype allows (measured escapes,
+    or none when unmeasured: a ceiling may be optimistic, never pessimistic)."""
+    out_features, in_features = model.linear_shape(linear)
+    return min(weight_bytes(name, out_features, in_features, model.escape_ppm(linear) or 0)
+               for name, fmt in WEIGHT_FORMATS.items()
+               if fmt.lossless and fmt.dtype == model.dtype)
+
+
+def _linear_params(model: ModelSpec, linears) -> int:
+    total = 0
+    for name in linears:
+        out_features, in_features = model.linear_shape(name)
+        total += out_features * in_features
+    return total
+
+
+def kv_row_bytes(model: ModelSpec) -> int:
+    """K and V bytes of one token in one layer."""
+    return 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[model.dtype]
+
+
+def attention_flops(model: ModelSpec, rows: int, keys: int) -> float:
+    """QK^T and PV of one layer: `rows` query tokens against `keys` positions each."""
+    return 4.0 * rows * keys * model.num_heads * model.head_dim
+
+
+def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: float, context: float,
+                 gpu: GpuSpec) -> NodeCost:
+    """A whole-model forward of `tokens` new tokens per request after `context` positions."""
+    rows = batch * tokens
+    keys = context + tokens
+    dtype_bytes = DTYPE_BYTES[model.dtype]
+    weights = sum(_weight_bytes(model, n) for n in model.linears)
+    ideal = sum(smallest_lossless_bytes(model, n) for n in model.linears)
+    kv = model.num_layers * batch * keys * kv_row_bytes(model)
+    flops = (2.0 * rows * _linear_params(model, model.linears)
+             + model.num_layers * attention_flops(model, rows, keys))
+    launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS + (QK_NORM_OPS if model.qk_norm else 0))
+                + HEAD_OPS + 1)
+    return NodeCost(name, kind, model.role, weights, kv, rows * model.hidden_size * dtype_bytes,
+                    flops, launches, ideal, kv, flops, gpu.flops_for(model.dtype))
+
+
+def _weight_bytes(model: ModelSpec, linear: str) -> int:
+    out_features, in_features = model.linear_shape(linear)
+    return weight_bytes(model.format_of(linear), out_features, in_features,
+                        model.escape_ppm(linear))
+
+
+def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
+               mean_accepted: float) -> List[NodeCost]:
+    """Every node of one steady-state speculative step of `batch` requests with `context`
+    committed tokens each, when `mean_accepted` drafts are accepted per step on average."""
+    from specpilot.ir import dataflow_graph
+
+    target, drafter = program.models.target, program.models.drafter
+    graph = dataflow_graph(program)
+    # share of the verified tokens that are kept
+    useful = (mean_accepted + 1.0) / (program.draft.topology.num_nodes + 1)
+    t_rate = gpu.flops_for(target.dtype)
+    out: List[NodeCost] = []
+    for name, a in graph.nodes(data=True):
+        kind, tokens = a["kind"], a["tokens"]
+        rows = batch * tokens
+        if kind == "drafter_forward":
+            # The first forward re-feeds what the previous step committed (accepted + bonus).
+            width = mean_accepted + 1.0 if a["depth"] == 1 else tokens
+            node = forward_cost(name, kind, drafter, batch, width, context, gpu)
+        elif kind in ("attention", "mlp", "lm_head", "embed"):
+            linears = a["linears"]
+            ideal_w = sum(smallest_lossless_bytes(target, n) for n in linears)
+            flops = 2.0 * rows * _linear_params(target, linears)
+            kv = 0
+            if kind == "attention":
+                kv = batch * (context + tokens) * kv_row_bytes(target)
+                flops += attention_flops(target, rows, context + tokens)
+                launches = ATTENTION_OPS + (QK_NORM_OPS if target.qk_norm else 0)
+            elif kind == "mlp":
+                launches = MLP_OPS
+            elif kind == "lm_head":
+                launches = HEAD_OPS
+            else:
+                ideal_w, launches = a["weight_bytes"], 1
+            node = NodeCost(name, kind, "target", a["weight_bytes"], kv, 0, flops, launches,
+                            ideal_w, kv, flops * useful, t_rate)
+        elif kind == "accept":
+            logits = rows * target.vocab_size * 4
+            node = NodeCost(name, kind, "step", 0, 0, logits, rows * target.vocab_size,
+                            ACCEPT_OPS, 0, 0, rows * target.vocab_size, t_rate)
+        elif kind == "commit" and a.get("kv") == "compact":
+            moved = 2 * target.num_layers * batch * mean_accepted * kv_row_bytes(target)
+            node = NodeCost(name, kind, "step", 0, moved, 0, 0, target.num_layers, 0, 0, 0,
+                            t_rate)
+        else:   # build_draft, in-place commit: bookkeeping without device work of its own
+            node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
+        out.append(node)
+    return out
+
+
+def gap_parts(node: NodeCost, gpu: GpuSpec, alpha: float, beta: float,
+              ceiling_alpha: float) -> Dict[str, float]:
+    """The node's predicted time (alpha x roofline + beta x overhead) above its ideal time
+    (ceiling_alpha x ideal roofline), split by category (seconds; all parts >= 0):
+
+    bytes above ideal        -> weight movement / attention & KV (drafting for drafter nodes)
+    FLOPs above ideal        -> verification compute (drafting for drafter nodes)
+    rate below the roofline  -> (alpha - ceiling_alpha) x ideal time, to the node's own kind
+    launches                 -> launch/sync overhead
+    """
+    bw, rate = gpu.memory_bandwidth, node.flops_rate
+    b, bi = node.bytes / bw, node.ideal_bytes / bw
+    f, fi = node.flops / rate, node.ideal_flops / rate
+    bytes_excess = alpha * (max(b, f) - max(bi, f))
+    compute_excess = alpha * (max(bi, f) - max(bi, fi))
+    slow = (alpha - ceiling_alpha) * max(bi, fi)
+    parts = {"launch_sync": beta * node.overhead_s(gpu)}
+    if node.role == "drafter":
+        parts["drafting"] = bytes_excess + compute_excess + slow
+        return parts
+    parts["verification_compute"] = compute_excess
+    extra_w = node.weight_bytes - node.ideal_weight_bytes
+    extra_kv = node.kv_bytes - node.ideal_kv_bytes
+    if extra_w + extra_kv > 0:
+        parts["weight_movement"] = bytes_excess * extra_w / (extra_w + extra_kv)
+        parts["attention_kv"] = bytes_excess * extra_kv / (extra_w + extra_kv)
+    if slow > 0:
+        if fi > bi:
+            parts["verification_compute"] += slow
+        elif node.ideal_bytes > 0:
+            for category, share in (("weight_movement", node.ideal_weight_bytes),
+                                    ("attention_kv", node.ideal_kv_bytes),
+                                    ("verification_compute", node.other_bytes)):
+                parts[category] = parts.get(category, 0.0) + slow * share / node.ideal_bytes
+    return parts
+
+
+def time_parts(node: NodeCost, gpu: GpuSpec, alpha: float, beta: float) -> Dict[str, float]:
+    """Where the node's predicted time goes, by category (seconds): the memory time split by
+    byte kind, compute beyond it, launches."""
+    bw, rate = gpu.memory_bandwidth, node.flops_rate
+    b, f = node.bytes / bw, node.flops / rate
+    parts = {"launch_sync": beta * node.overhead_s(gpu)}
+    if node.role == "drafter":
+        parts["drafting"] = alpha * max(b, f)
+        return parts
+    if node.bytes > 0:
+        for category, share in (("weight_movement", node.weight_bytes),
+                                ("attention_kv", node.kv_bytes),
+                                ("verification_compute", node.other_bytes)):
+            parts[category] = parts.get(category, 0.0) + alpha * b * share / node.bytes
+    parts["verification_compute"] = parts.get("verification_compute", 0.0) + alpha * max(0.0, f - b)
+    return parts

@@ -1,0 +1,12 @@
+"""The search: rounds of proposals, candidate evaluation (token forcing, then timing), the run
+folder, and resumable compiles.
+
+    settings.py    CompileSettings
+    evaluate.py    Evaluator: the stock reference, forcing and timing on the device
+    candidates.py  Candidate, Outcome; lowering and building in parallel
+    round.py       run_round: one round as a named list of steps
+    round_io.py    round 0 and what each round writes and records
+    run_folder.py  the run folder, written atomically, reconciled on resume
+    escapes.py     lossless12 escape rates measured from the checkpoints
+    compile.py     compile_deployment
+"""
