@@ -58,9 +58,9 @@ class RowTree:
 
     @property
     def max_depth(self) -> int:
-        return max(self.depths, default=0)
+        return self.shape.max_depth
 
-    @property
+    @cached_property
     def shape(self) -> TreeShape:
         return TreeShape(self.parents, self.ranks, self.depths)
 
@@ -70,16 +70,11 @@ class RowTree:
         return TreePlan.build(self.shape)
 
     def ancestors_or_self(self, node: int) -> Tuple[int, ...]:
-        out = []
-        while node != -1:
-            out.append(node)
-            node = self.parents[node]
-        return tuple(reversed(out))
+        return self.shape.ancestors_or_self(node)
 
     def children(self, node: int) -> Tuple[int, ...]:
         """Children of `node` (-1 = root) in rank order."""
-        kids = [i for i, p in enumerate(self.parents) if p == node]
-        return tuple(sorted(kids, key=lambda i: self.ranks[i]))
+        return tuple(sorted(self.shape.children(node), key=lambda i: self.ranks[i]))
 
     def subtree(self, keep: Sequence[int]) -> "RowTree":
         """The tree of nodes `keep` (each kept node's parent kept too), re-indexed in order."""

@@ -7,6 +7,8 @@ the result is `runtime.decoder.check_runnable`'s, and whether it is lossless is 
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass, field
 from typing import Iterable, List, Optional, Sequence, Tuple
 
@@ -41,7 +43,7 @@ def refusal(program: Program, t: Transformation) -> Optional[str]:
     return None
 
 
-class Agent:
+class Agent(ABC):
     """Base of the agents. `direction` names what it changes; `categories` are the gap
     categories (cost/report.py) it addresses, used to rank directions. After `propose`,
     `notes` says what it considered and left out, `refusals` what it turned down and why."""
@@ -52,9 +54,10 @@ class Agent:
         self.notes: List[str] = []
         self.refusals: List[Refusal] = []
 
+    @abstractmethod
     def propose(self, program: Program, cost_report, memory,
                 budget: Budget) -> List[Transformation]:
-        raise NotImplementedError
+        """Legal transformations worth trying on `program`, at most `budget.max_proposals`."""
 
     def _reset(self) -> None:
         self.notes, self.refusals = [], []

@@ -7,6 +7,8 @@ untimed state first (`setup`: graph capture), and checks its output against the 
 """
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
+
 from dataclasses import dataclass, replace
 from typing import List, Optional
 
@@ -31,7 +33,7 @@ class RunOutput:
     accepted_lengths: Optional[List[List[int]]] = None    # speculative systems only
 
 
-class System:
+class System(ABC):
     name = ""
     family = "ours"          # "ours" (token-forced) or "hf" (exact-match count only)
     description = ""
@@ -45,11 +47,13 @@ class System:
     def setup(self, batch_size: int, prompts, max_new_tokens: int) -> None:
         pass
 
+    @abstractmethod
     def run(self, prompts, batch_size: int, max_new_tokens: int) -> RunOutput:
-        raise NotImplementedError
+        """Decode `prompts` in batches of `batch_size`; the tokens and counters of the run."""
 
+    @abstractmethod
     def check(self, prompts, batch_size: int, reference, output: RunOutput) -> dict:
-        raise NotImplementedError
+        """How `output` compares with the stock AR `reference` (forcing or exact matches)."""
 
     def teardown(self) -> None:
         pass

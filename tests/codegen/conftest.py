@@ -25,3 +25,12 @@ def device():
     """Where kernel tests put their tensors: the GPU when kernels run natively, else the CPU."""
     from specpilot.codegen.cache import triton_interpreting
     return "cpu" if triton_interpreting() else "cuda"
+
+
+@pytest.fixture
+def require_nvcc():
+    """The CUDA templates must compile on every machine that runs this suite (the project's
+    machines carry nvcc 13.0 even without a GPU), so a missing nvcc is a failure, not a skip."""
+    from specpilot.codegen.cuda_build import find_nvcc
+    if find_nvcc() is None:
+        pytest.fail("nvcc (CUDA toolkit) is not on PATH: install it to compile the CUDA templates")

@@ -5,12 +5,12 @@ import pytest
 import torch
 
 from specpilot.codegen.cache import KernelCache
-from specpilot.codegen.cuda_build import build_cuda_module, compile_cuda_object, find_nvcc
+from specpilot.codegen.cuda_build import build_cuda_module, compile_cuda_object
 from specpilot.codegen.errors import BuildError, KernelArgumentError
 from specpilot.codegen.kernel_spec import get_family, kernel_spec, known_families
 from specpilot.codegen.render import render_kernel
 
-needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (CUDA toolkit) is not installed")
+needs_nvcc = pytest.mark.usefixtures("require_nvcc")
 CUDA_FAMILIES = [f for f in known_families() if get_family(f).backend == "cuda"]
 
 

@@ -13,13 +13,12 @@ from specpilot.codegen.formats.lossless12 import decode_main_planes, pack_lossle
 from specpilot.codegen.kernel_spec import kernel_spec
 from specpilot.codegen.render import render_kernel
 
-needs_nvcc = pytest.mark.skipif(find_nvcc() is None, reason="nvcc (CUDA toolkit) is not installed")
+needs_nvcc = pytest.mark.usefixtures("require_nvcc")
 
 
 @pytest.fixture(scope="module")
 def module(tmp_path_factory):
-    if find_nvcc() is None:
-        pytest.skip("nvcc (CUDA toolkit) is not installed")
+    assert find_nvcc() is not None, "nvcc (CUDA toolkit) is not on PATH"
     return build_cuda_module(kernel_spec("gemv_lossless12", M_MAX=2),
                              KernelCache(tmp_path_factory.mktemp("l12-cuda")))
 

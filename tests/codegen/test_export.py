@@ -219,7 +219,7 @@ def test_cli_reports_a_bad_override_without_writing(tmp_path, capsys):
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")
+@pytest.mark.usefixtures("require_nvcc")
 def test_exported_loader_compiles_a_cuda_kernel_without_specpilot(tmp_path):
     program = with_overrides(tiny_program(), {"target.lm_head": {"family": "gemv_bf16"}})
     export_program(program, tmp_path / "with_cuda")
