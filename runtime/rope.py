@@ -6,6 +6,7 @@ import math
 import torch
 
 from .config import ModelConfig
+from .reference_ops import rope_cos_sin
 
 
 def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
@@ -31,6 +32,4 @@ def inverse_frequencies(cfg: ModelConfig) -> torch.Tensor:
 
 def cos_sin(inv_freq: torch.Tensor, positions: torch.Tensor, dtype: torch.dtype):
     """cos, sin of shape [*positions.shape, D] (halves duplicated, HF's rotate-half layout)."""
-    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(positions.device)
-    emb = torch.cat((freqs, freqs), dim=-1)
-    return emb.cos().to(dtype), emb.sin().to(dtype)
+    return rope_cos_sin(positions, inv_freq.to(positions.device), dtype)

@@ -10,6 +10,8 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from .reference_ops import attention_ref, rmsnorm_ref, rope_ref
+
 
 class TorchBackend:
     name = "torch"
@@ -22,31 +24,22 @@ class TorchBackend:
         weight, bias = packed
         return F.linear(x, weight, bias)
 
+    # Norm, RoPE and attention are the kernel families' torch references themselves: the stock
+    # decoder and the generated kernels' tests share one definition of each op's numerics.
     def rmsnorm(self, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-        # HF computes the statistics in float32 and casts back before the weight multiply.
-        dtype = x.dtype
-        x32 = x.to(torch.float32)
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
-        return weight * x32.to(dtype)
+        return rmsnorm_ref(x, weight, eps)[0]
 
     def rope(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x [B, T, H, D]; cos/sin [B, T, D]."""
-        half = x.shape[-1] // 2
-        rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-        return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
+        b, t, h, d = x.shape
+        return rope_ref(x.reshape(b * t, h, d), cos.reshape(b * t, d),
+                        sin.reshape(b * t, d)).reshape(b, t, h, d)
 
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   mask: torch.Tensor, scale: float) -> torch.Tensor:
         """q [B, T, H, D] over cache [B, S, Hkv, D] with visibility mask [B, T, S] → [B, T, H*D]."""
         b, t, h, d = q.shape
-        hkv = k_cache.shape[2]
-        g = h // hkv
-        qg = q.reshape(b, t, hkv, g, d).to(torch.float32)
-        scores = torch.einsum("bthgd,bshd->bhgts", qg, k_cache.to(torch.float32)) * scale
-        scores = scores.masked_fill(~mask[:, None, None, :, :], float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.einsum("bhgts,bshd->bthgd", probs, v_cache.to(torch.float32))
-        return out.reshape(b, t, h * d).to(q.dtype)
+        return attention_ref(q, k_cache, v_cache, mask, scale).reshape(b, t, h * d)
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return F.silu(gate) * up

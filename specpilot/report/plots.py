@@ -35,14 +35,7 @@ def plot_tokens_per_round(records: List[dict], path: str) -> None:
     ar = (records[0].get("ar_timing") or {}).get("median_tokens_per_s")
     if ar:
         ax.axhline(ar, color="tab:red", linestyle=":", label=records[0].get("ar_label", "AR"))
-    ax.set_xticks(rounds)
-    ax.set_xlabel("round")
-    ax.set_ylabel("tokens/s (measured)")
-    ax.set_title("Tokens/s per round", fontsize=10)
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=110, format="png")
-    plt.close(fig)
+    _finish_round_plot(plt, fig, ax, rounds, "tokens/s (measured)", "Tokens/s per round", path)
 
 
 def plot_cost_breakdown(records: List[dict], path: str) -> None:
@@ -58,10 +51,16 @@ def plot_cost_breakdown(records: List[dict], path: str) -> None:
         bottom = [b + v for b, v in zip(bottom, values)]
     ceiling = [1e6 / rep["ceiling_tokens_per_s"] for rep in reports]
     ax.plot(rounds, ceiling, "k_", markersize=20, label="ceiling")
+    _finish_round_plot(plt, fig, ax, rounds, "predicted µs per token",
+                       "Cost breakdown per round (calibrated roofline)", path)
+
+
+def _finish_round_plot(plt, fig, ax, rounds, ylabel: str, title: str, path: str) -> None:
+    """Axes, legend outside the plot, and the PNG written: what every per-round plot shares."""
     ax.set_xticks(rounds)
     ax.set_xlabel("round")
-    ax.set_ylabel("predicted µs per token")
-    ax.set_title("Cost breakdown per round (calibrated roofline)", fontsize=10)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
     ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=110, format="png")
