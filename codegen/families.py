@@ -96,12 +96,16 @@ def _dtype_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
 MAX_FMA_TILE = 32768
 
 
-def check_matmul_tiles(p: Mapping[str, Value]) -> Optional[str]:
-    """Tile legality shared by the matmul families (tl.dot minimum sizes, register budget)."""
+def check_matmul_tiles(p: Mapping[str, Value], min_dot_k: int = 16) -> Optional[str]:
+    """Tile legality shared by the matmul families (tl.dot minimum sizes, register budget).
+    `min_dot_k`: the smallest BLOCK_K a family's dot accepts (a family that splits each K step
+    into two dots needs twice tl.dot's 16)."""
     if p["USE_DOT"]:
-        small = [n for n in ("BLOCK_M", "BLOCK_N", "BLOCK_K") if p[n] < 16]
+        small = [n for n in ("BLOCK_M", "BLOCK_N") if p[n] < 16] + (
+            ["BLOCK_K"] if p["BLOCK_K"] < min_dot_k else [])
         if small:
-            return f"USE_DOT needs BLOCK_M, BLOCK_N, BLOCK_K >= 16 (tl.dot), got {small} smaller"
+            return (f"USE_DOT needs BLOCK_M, BLOCK_N >= 16 and BLOCK_K >= {min_dot_k} (tl.dot), "
+                    f"got {small} smaller")
     elif p["BLOCK_M"] * p["BLOCK_N"] * p["BLOCK_K"] > MAX_FMA_TILE:
         return (f"without USE_DOT the tile BLOCK_M*BLOCK_N*BLOCK_K must be <= {MAX_FMA_TILE}, got "
                 f"{p['BLOCK_M'] * p['BLOCK_N'] * p['BLOCK_K']}")

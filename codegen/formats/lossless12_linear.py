@@ -19,21 +19,14 @@ from __future__ import annotations
 
 from typing import Mapping, Optional
 
-from specpilot.codegen.families import MAX_FMA_TILE
+from specpilot.codegen.families import check_matmul_tiles
 from specpilot.codegen.kernel_spec import register_family
 from specpilot.codegen.params import BoolParam, EnumParam, FamilySchema, IntParam, Value
 
 
 def _check_tiles(p: Mapping[str, Value]) -> Optional[str]:
-    if p["USE_DOT"]:
-        # The kernel splits each K step into even and odd columns: two dots of BLOCK_K / 2.
-        small = [n for n in ("BLOCK_M", "BLOCK_N") if p[n] < 16] + (["BLOCK_K"] if p["BLOCK_K"] < 32 else [])
-        if small:
-            return f"USE_DOT needs BLOCK_M, BLOCK_N >= 16 and BLOCK_K >= 32 (tl.dot), got {small} smaller"
-    elif p["BLOCK_M"] * p["BLOCK_N"] * p["BLOCK_K"] > MAX_FMA_TILE:
-        return (f"without USE_DOT the tile BLOCK_M*BLOCK_N*BLOCK_K must be <= {MAX_FMA_TILE}, got "
-                f"{p['BLOCK_M'] * p['BLOCK_N'] * p['BLOCK_K']}")
-    return None
+    # The kernel splits each K step into even and odd columns: two dots of BLOCK_K / 2.
+    return check_matmul_tiles(p, min_dot_k=32)
 
 
 LINEAR_LOSSLESS12 = register_family(FamilySchema(
