@@ -38,16 +38,23 @@ def launch_gemv_bf16(ext, spec, x, w, out, bias=None):
     for name, t in (("x", x), ("w", w)):
         _require(_aligned16(t) and (t.stride(0) % 8 == 0 or t.shape[0] == 1),
                  f"{name} rows must be 16-byte aligned")
-    if has_bias:
-        _require(bias is not None and tuple(bias.shape) == (N,) and bias.dtype == torch.bfloat16
-                 and bias.is_contiguous() and bias.device == x.device,
-                 "bias must be a contiguous bfloat16 [N] tensor on x's device")
-    else:
-        _require(bias is None, "this kernel was specialised without bias (HAS_BIAS=False)")
+    _check_bias(bias, has_bias, N, x)
     _require(w.device == x.device == out.device, "x, w and out must be on one device")
     stream = torch.cuda.current_stream(x.device).cuda_stream
     ext.gemv_bf16(x.data_ptr(), w.data_ptr(), bias.data_ptr() if has_bias else 0, out.data_ptr(),
                   M, N, K, x.stride(0), w.stride(0), out.stride(0), stream)
+
+
+def _check_bias(bias, has_bias: bool, n: int, x) -> None:
+    """The bias a kernel was specialised for: a contiguous bf16 [N] on x's device, or none."""
+    import torch
+
+    if has_bias:
+        _require(bias is not None and tuple(bias.shape) == (n,) and bias.dtype == torch.bfloat16
+                 and bias.is_contiguous() and bias.device == x.device,
+                 "bias must be a contiguous bfloat16 [N] tensor on x's device")
+    else:
+        _require(bias is None, "this kernel was specialised without bias (HAS_BIAS=False)")
 
 
 def launch_gemv_lossless12(ext, spec, x, w, out, bias=None):
@@ -85,12 +92,7 @@ def launch_gemv_lossless12(ext, spec, x, w, out, bias=None):
         _require(t.device == x.device, f"w.{name} is on {t.device}, x on {x.device}")
     _require(_aligned16(w.signmant) and w.expcode.data_ptr() % 8 == 0,
              "w.signmant must be 16-byte and w.expcode 8-byte aligned")
-    if has_bias:
-        _require(bias is not None and tuple(bias.shape) == (N,) and bias.dtype == torch.bfloat16
-                 and bias.is_contiguous() and bias.device == x.device,
-                 "bias must be a contiguous bfloat16 [N] tensor on x's device")
-    else:
-        _require(bias is None, "this kernel was specialised without bias (HAS_BIAS=False)")
+    _check_bias(bias, has_bias, N, x)
     _require(out.device == x.device, "x and out must be on one device")
     stream = torch.cuda.current_stream(x.device).cuda_stream
     ext.gemv_lossless12(x.data_ptr(), w.signmant.data_ptr(), w.expcode.data_ptr(), w.base.data_ptr(),
