@@ -122,3 +122,21 @@ def test_force_runs_a_generated_kernels_program_against_the_torch_reference(pair
                                    str(tmp_path / "prompts.txt"), "--max-new-tokens", "4",
                                    "--json", "--device", "cpu"])
     assert code == 0 and obj["passed"] and obj["positions_compared"] == 4
+
+
+def test_force_exits_1_and_lists_the_violation_when_the_report_fails(pair, tmp_path, capsys,
+                                                                     monkeypatch):
+    """The CLI's exit status follows the forcing report: a violation means exit 1 and the
+    violation printed (the rejection itself is tested in tests/runtime/test_forcing.py)."""
+    from specpilot.runtime import decoder
+    from specpilot.runtime.forcing import Disagreement, ForcingReport
+    target, drafter = pair
+    (tmp_path / "prompts.txt").write_text("w1 w2 w3\n")
+    bad = ForcingReport(positions_compared=4, positions_expected=4, exact=3, tolerance=1e-5,
+                        violations=[Disagreement(0, 2, 17, 23, 3.5)])
+    monkeypatch.setattr(decoder, "force_program", lambda *a, **k: bad)
+    code = main(["force", "--target", target, "--drafter", drafter, "--prompts",
+                 str(tmp_path / "prompts.txt"), "--max-new-tokens", "4", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert code == 1
+    assert "REJECTED" in out and "reference token 17, got 23" in out
