@@ -17,6 +17,7 @@ from .ar import ARResult, generate_ar
 from .checkpoint import check_same_vocabulary, load_tokenizer
 from .errors import CheckpointError
 from .forcing import ForcingReport
+from .graphed_program import decoder_for, force_graphed, graph_refusal, run_graphed
 from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
@@ -52,7 +53,7 @@ def default_device() -> str:
 
 def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32",
               device: Optional[str] = None, program: Optional[Program] = None,
-              kernel_cache=None) -> ModelPair:
+              kernel_cache=None, fuse_projections: Optional[bool] = None) -> ModelPair:
     """Load target (and drafter) for decoding; a clear error if they do not share a vocabulary.
 
     With `program`, each model is built the way the Program runs it: in the Program's dtype,
@@ -68,11 +69,13 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 
     def model(folder: str, role: str) -> Transformer:
         if program is None:
-            return Transformer.from_checkpoint(folder, dtype, device)
+            return Transformer.from_checkpoint(folder, dtype, device,
+                                               fuse_projections=fuse_projections)
         spec = getattr(program.models, role)
         return Transformer.from_checkpoint(folder, spec.dtype, device,
                                            backend=make_backend(program, role, kernel_cache),
-                                           weight_formats=spec.formats())
+                                           weight_formats=spec.formats(),
+                                           fuse_projections=fuse_projections)
 
     target = model(target_dir, "target")
     tokenizer = load_tokenizer(target_dir)
@@ -186,11 +189,21 @@ def timed_ar(pair: ModelPair, prompts, max_new_tokens: int, batch_size: int = 1)
 
 
 def timed_program(program: Program, pair: ModelPair, prompts, max_new_tokens: int) -> TimedRun:
-    """Decode with the Program's topology and batching mechanisms (runtime/mechanisms.py)."""
+    """Decode with the Program's topology and batching mechanisms (runtime/mechanisms.py), or,
+    where `kernels.capture_graphs` is on and the GPU can replay its rounds, with the graphed
+    runtime (runtime/graphed_program.py; capture happens before the clock starts)."""
     check_runnable(program)
     if pair.drafter is None:
         raise SpecPilotError("this Program speculates: give a drafter checkpoint")
     check_pair_runs(program, pair)
+    if graph_refusal(program, pair.target.device) is None:
+        prompts = list(prompts)
+        decoder_for(program, pair, prompts, max_new_tokens)
+        _sync(pair.target.device)
+        start = time.perf_counter()
+        r = run_graphed(program, pair, prompts, max_new_tokens)
+        _sync(pair.target.device)
+        return TimedRun(r.tokens, time.perf_counter() - start, r.target_forwards, r.mean_accepted)
     accept = acceptance_rule(program, pair)
     _sync(pair.target.device)
     start = time.perf_counter()
@@ -205,6 +218,8 @@ def force_program(program: Program, pair: ModelPair, prompts, reference: ARResul
     """Token-force the Program against `reference` (see runtime/forcing.py)."""
     check_runnable(program)
     check_pair_runs(program, pair)
+    if graph_refusal(program, pair.target.device) is None:
+        return force_graphed(program, pair, list(prompts), reference, tolerance)
     accept = acceptance_rule(program, pair)
     return force_program_decode(program, pair.target, pair.drafter, list(prompts), reference,
                                 tolerance, acceptance=accept)

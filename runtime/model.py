@@ -24,6 +24,9 @@ DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32, "float16": torch
 
 LINEARS = ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
            "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj")
+# Projections that read the same input, and the name of their concatenation when fused.
+FUSED_GROUPS = {"self_attn.qkv_proj": ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj"),
+                "mlp.gate_up_proj": ("mlp.gate_proj", "mlp.up_proj")}
 
 
 @dataclass
@@ -37,7 +40,14 @@ class LayerWeights:
 
 class Transformer:
     def __init__(self, config: ModelConfig, tensors: Dict[str, torch.Tensor], dtype: torch.dtype,
-                 device="cpu", backend=None, weight_formats: Optional[Dict[str, str]] = None):
+                 device="cpu", backend=None, weight_formats: Optional[Dict[str, str]] = None,
+                 fuse_projections: bool = False, consume_tensors: bool = False):
+        """`fuse_projections` concatenates q/k/v and gate/up into one matrix each (one GEMV
+        instead of three or two: fewer launches, and a wider matrix streams closer to the
+        bandwidth limit). It needs the torch backend and dense weights; the outputs are the same
+        dot products, though a GEMM library may block a wider matrix differently, so logits can
+        differ in the last bits. `consume_tensors` pops each tensor from `tensors` once used,
+        so fusing does not hold two copies of the weights on the device."""
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -45,7 +55,8 @@ class Transformer:
         formats = weight_formats or {}
 
         def get(name):
-            return tensors[name].to(device=self.device, dtype=dtype)
+            t = tensors.pop(name) if consume_tensors else tensors[name]
+            return t.to(device=self.device, dtype=dtype)
 
         def bias(name, present):
             # Biases follow the config, as in HF: a stray bias tensor in the file is ignored.
@@ -59,11 +70,29 @@ class Transformer:
                     "self_attn.v_proj": config.attention_bias, "self_attn.o_proj": config.o_bias,
                     "mlp.gate_proj": config.mlp_bias, "mlp.up_proj": config.mlp_bias,
                     "mlp.down_proj": config.mlp_bias}
+        self.fused = bool(fuse_projections)
+        if self.fused and getattr(self.backend, "name", None) != "torch":
+            raise SpecPilotError("fuse_projections needs the torch backend (a generated backend "
+                                 "has one kernel per checkpoint linear)")
         self.layers: List[LayerWeights] = []
         for i in range(config.num_layers):
             p = f"model.layers.{i}."
             linears = {}
+            fusing = {}
+            if self.fused:
+                fusing = {fused: parts for fused, parts in FUSED_GROUPS.items()
+                          if all(formats.get(f"layers.{i}.{x}", "dense") in ("dense", "bf16", "fp32",
+                                                                            "fp16")
+                                 for x in parts)}
+            fused_parts = {x for parts in fusing.values() for x in parts}
+            for fused, parts in fusing.items():
+                biases = [bias(p + x + ".bias", has_bias[x]) for x in parts]
+                linears[fused] = self.backend.prepare_linear(
+                    f"layers.{i}.{fused}", torch.cat([get(p + x + ".weight") for x in parts]),
+                    None if biases[0] is None else torch.cat(biases), "dense")
             for lin in LINEARS:
+                if lin in fused_parts:
+                    continue
                 name = f"layers.{i}.{lin}"
                 linears[lin] = self.backend.prepare_linear(
                     name, get(p + lin + ".weight"), bias(p + lin + ".bias", has_bias[lin]),
@@ -79,7 +108,7 @@ class Transformer:
 
     @classmethod
     def from_checkpoint(cls, checkpoint, dtype="float32", device="cpu", backend=None,
-                        weight_formats=None) -> "Transformer":
+                        weight_formats=None, fuse_projections: bool = False) -> "Transformer":
         """Load a checkpoint folder (or an already loaded Checkpoint) as a model in `dtype`
         ("float32", "bfloat16", "float16" or a torch dtype); errors name what to fix."""
         if isinstance(dtype, str) and dtype not in DTYPES:
@@ -87,7 +116,8 @@ class Transformer:
                                  f"{', '.join(sorted(DTYPES))}")
         torch_dtype = DTYPES[dtype] if isinstance(dtype, str) else dtype
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
-        return cls(ckpt.config, ckpt.tensors, torch_dtype, device, backend, weight_formats)
+        return cls(ckpt.config, ckpt.tensors, torch_dtype, device, backend, weight_formats,
+                   fuse_projections=fuse_projections)
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.config
@@ -118,9 +148,13 @@ class Transformer:
         for i, layer in enumerate(self.layers):
             lin = layer.linears
             y = be.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-            q = be.linear(y, lin["self_attn.q_proj"]).view(b, t, h, hd)
-            k = be.linear(y, lin["self_attn.k_proj"]).view(b, t, hkv, hd)
-            v = be.linear(y, lin["self_attn.v_proj"]).view(b, t, hkv, hd)
+            if "self_attn.qkv_proj" in lin:
+                q, k, v = be.linear(y, lin["self_attn.qkv_proj"]).split([h * hd, hkv * hd, hkv * hd], -1)
+            else:
+                q = be.linear(y, lin["self_attn.q_proj"])
+                k = be.linear(y, lin["self_attn.k_proj"])
+                v = be.linear(y, lin["self_attn.v_proj"])
+            q, k, v = q.reshape(b, t, h, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
             if layer.q_norm is not None:
                 q = be.rmsnorm(q, layer.q_norm, cfg.rms_norm_eps)
                 k = be.rmsnorm(k, layer.k_norm, cfg.rms_norm_eps)
@@ -132,7 +166,10 @@ class Transformer:
             a = be.attention(q, cache.k[i], cache.v[i], layer_mask, self.scale)
             x = x + be.linear(a, lin["self_attn.o_proj"])
             y = be.rmsnorm(x, layer.post_norm, cfg.rms_norm_eps)
-            act = be.mlp_gate_up(y, lin["mlp.gate_proj"], lin["mlp.up_proj"])
+            if "mlp.gate_up_proj" in lin:
+                act = be.silu_mul(*be.linear(y, lin["mlp.gate_up_proj"]).chunk(2, dim=-1))
+            else:
+                act = be.mlp_gate_up(y, lin["mlp.gate_proj"], lin["mlp.up_proj"])
             x = x + be.linear(act, lin["mlp.down_proj"])
         if logits_at is not None:
             x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))

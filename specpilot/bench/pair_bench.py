@@ -12,8 +12,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from specpilot.ir import load_program, program_id, stock_program
+from specpilot.ir import CaptureGraphs, apply, load_program, program_id, stock_program
 from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import ARResult
 from specpilot.runtime.decoder import load_pair
 
 from .hf_systems import HFAssisted, HFGreedy, HFModels
@@ -58,7 +59,12 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
 
     stock = stock_program(build_deployment(target_dir, drafter_dir, gpu=gpu, dtype=dtype))
     out = [ProgramSystem("stock", stock, pair,
-                         f"SpecPilot stock Program: {stock.draft.topology}, torch backend")]
+                         f"SpecPilot stock Program: {stock.draft.topology}, torch backend, eager")]
+    if torch.device(pair.target.device).type == "cuda":
+        graphed = apply(stock, CaptureGraphs(on=True))
+        out.append(ProgramSystem("stock_graphed", graphed, pair,
+                                 f"SpecPilot stock Program + CaptureGraphs: "
+                                 f"{graphed.draft.topology}, each round one CUDA graph"))
     for path in settings.programs:
         program = load_program(path)
         if program.models.target.dtype != dtype:
@@ -89,7 +95,11 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
     target_dir, drafter_dir = pair_dirs(settings.pair)
     progress(f"[bench] loading {settings.pair} ({dtype}, {device})")
     pair = load_pair(target_dir, drafter_dir, dtype, device)
+    # Larger batches take more distinct prompts than --prompts where the workload has them.
     prompts = encode_prompts(pair, settings.workload, settings.prompts)
+    if settings.prompts is not None and max(settings.batch_sizes) > settings.prompts:
+        more = encode_prompts(pair, settings.workload, None)
+        prompts = more[:max(settings.prompts, max(settings.batch_sizes))]
     progress(f"[bench] {len(prompts)} prompts; stock reference, {settings.max_new_tokens} "
              f"new tokens each")
     reference = stock_reference(pair, prompts, settings.max_new_tokens)
@@ -108,7 +118,9 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
     for i, system in enumerate(ordered):
         for b in settings.batch_sizes:
             progress(f"[bench] {system.name} at batch {b}")
-            row, output = measure(system, prompts, reference, b, settings.max_new_tokens,
+            n = workload_size(len(prompts), settings.prompts, b)
+            part = ARResult(reference.tokens[:n], reference.margins[:n], 0)
+            row, output = measure(system, prompts[:n], part, b, settings.max_new_tokens,
                                   settings.warmup, settings.repeats, device, progress)
             if row["status"] != "measured":
                 progress(f"  {row['status']}: {row['reason']}")
@@ -122,11 +134,14 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
         "kind": "measured", "name": settings.name or default_name(settings.pair),
         "environment": environment,
         "settings": {"pair": os.path.abspath(settings.pair), "workload": settings.workload,
-                     "prompts": len(prompts), "max_new_tokens": settings.max_new_tokens,
+                     "prompts": len(prompts), "base_prompts": settings.prompts,
+                     "max_new_tokens": settings.max_new_tokens,
                      "batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
                      "warmup": settings.warmup, "dtype": dtype, "device": device,
                      "systems": [s.name for s in systems]},
-        "reference": {"decoder": "stock: runtime.ar.generate_ar, torch backend, batch 1",
+        "reference": {"decoder": ("stock: greedy AR, torch backend, batch 1" +
+                                  (", decode steps replayed from a CUDA graph"
+                                   if device == "cuda" else "")),
                       "requests": len(reference.tokens),
                       "tokens": sum(len(t) for t in reference.tokens)},
         "systems": [{"name": s.name, "family": s.family, "description": s.description,
@@ -134,6 +149,15 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
         "rows": rows,
     }
     return doc, profiles
+
+
+def workload_size(available: int, base: Optional[int], batch: int) -> int:
+    """Prompts measured at `batch`: `base` (all when None), but at least one batch of distinct
+    prompts where the workload has them, so large batches are not repeats of a few prompts
+    while the slow batch-1 baselines stay affordable."""
+    if base is None:
+        return available
+    return min(available, max(base, batch))
 
 
 def default_name(pair: str) -> str:

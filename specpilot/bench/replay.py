@@ -19,7 +19,9 @@ batch costs
     + verify(B, topology) + accept(B, topology)
 
 where the catch-up width is the largest (accepted + 1) of the previous step over the rows still
-active (1 on the first step; finished rows pad with 1). Plain AR decodes each request's new_tokens - 1 tokens
+active (1 on the first step; finished rows pad with 1). Where the costs hold a measured graphed
+round for a chain at this batch size (the graphed runtime: drafter, verification, acceptance
+and commit in one CUDA graph), one step costs that round instead, and the figure says so. Plain AR decodes each request's new_tokens - 1 tokens
 after its prefill, one target(B, 1) step per token of the batch's longest request. Every figure
 computed here is labelled "replayed acceptance".
 """
@@ -31,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from specpilot.ir.errors import IRError, SpecPilotError
-from specpilot.ir.topology import Topology, topology_from_json
+from specpilot.ir.topology import Chain, Topology, topology_from_json
 from specpilot.runtime.tree_plan import TreePlan
 
 PROFILE_FORMAT = "specpilot-acceptance-profile"
@@ -133,6 +135,7 @@ class ReplayFigure:
     ar_seconds: float
     mean_accepted: float
     label: str = REPLAYED
+    step_model: str = "sum of step costs"
 
     @property
     def tokens_per_s(self) -> float:
@@ -152,7 +155,7 @@ class ReplayFigure:
                 "spec_seconds": self.spec_seconds, "ar_steps": self.ar_steps,
                 "ar_seconds": self.ar_seconds, "tokens_per_s": self.tokens_per_s,
                 "ar_tokens_per_s": self.ar_tokens_per_s, "speedup_vs_ar": self.speedup,
-                "mean_accepted": self.mean_accepted}
+                "mean_accepted": self.mean_accepted, "step_model": self.step_model}
 
 
 def spec_step_seconds(costs, batch: int, topology: Topology, plan: TreePlan,
@@ -173,6 +176,10 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     padded = math.ceil(count / batch) * batch
     order = [i % count for i in range(padded)]
     ar_step = costs.target(batch, 1)
+    graphed_round = None
+    if isinstance(profile.topology, Chain) and getattr(costs, "has_round", None) \
+            and costs.has_round(batch, profile.topology.k):
+        graphed_round = costs.round(batch, profile.topology.k)
     tokens = spec_steps = ar_steps = 0
     spec_seconds = 0.0
     for start in range(0, padded, batch):
@@ -180,7 +187,8 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
         seqs = [profile.accepted_lengths[r] for r in rows]
         widths = [1] * batch
         for s in range(max(len(q) for q in seqs)):
-            spec_seconds += spec_step_seconds(costs, batch, profile.topology, plan, max(widths))
+            spec_seconds += (graphed_round if graphed_round is not None else
+                             spec_step_seconds(costs, batch, profile.topology, plan, max(widths)))
             # A row still active next step re-feeds what it committed; a finished row pads with 1.
             widths = [q[s] + 1 if s + 1 < len(q) else 1 for q in seqs]
             spec_steps += 1
@@ -191,4 +199,6 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
         raise ProfileError("the acceptance profile has no decode steps (every request ended at "
                            "its prefill): measure it with more new tokens")
     return ReplayFigure(batch, padded, tokens, spec_steps, spec_seconds, ar_steps,
-                        ar_steps * ar_step, profile.mean_accepted)
+                        ar_steps * ar_step, profile.mean_accepted,
+                        step_model="sum of step costs" if graphed_round is None else
+                        "graphed round (one CUDA graph per round)")

@@ -166,4 +166,6 @@ def build_preset(name: str, device="cuda", dtype: torch.dtype = torch.bfloat16,
     """A random-weight Transformer of preset `name` at `scale`, with its weights on `device`."""
     config = get_preset(name).config(scale)
     tensors = random_tensors(config, device, dtype, seed)
-    return Transformer(config, tensors, dtype, device)
+    # Fused q/k/v and gate/up, as load_pair builds CUDA models; consumed so no copy lingers.
+    fuse = torch.device(device).type == "cuda"
+    return Transformer(config, tensors, dtype, device, fuse_projections=fuse, consume_tensors=fuse)

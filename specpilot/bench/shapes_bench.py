@@ -19,13 +19,15 @@ from specpilot.runtime.tree_plan import TreePlan
 
 from .replay import REPLAYED, AcceptanceProfile, replay
 from .shapes import build_preset, parse_shapes
-from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_tree_verify)
+from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_round,
+                         measure_tree_verify)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = drafter catch-up "
                 "+ drafter tree levels + target verification + accept/commit, each at its "
-                "measured cost (forwards CUDA-graphed on a GPU); host work of the decode loop "
-                "beyond accept/commit is not counted; AR = one target step per token")
+                "measured cost (forwards CUDA-graphed on a GPU), or, for a chain on a GPU, one "
+                "measured graphed round (all of that in one CUDA graph); host work of the "
+                "decode loop beyond that is not counted; AR = one graphed target step per token")
 
 
 @dataclass
@@ -78,7 +80,6 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
         for shape in dict.fromkeys([topology, *trees]):
             costs.accept_costs.setdefault(str(shape), {})[b] = measure_accept(
                 target, b, shape, settings.context, settings.warmup, settings.repeats)
-    del target
     _release(dev)
 
     progress(f"[bench] building {drafter_preset.name} (scale {settings.scale}) on {device}")
@@ -87,7 +88,15 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
         progress(f"[bench] drafter steps at batch {b}")
         costs.drafter_costs[b] = measure_forwards(drafter, b, drafter_widths, settings.context,
                                                   graphed, settings.warmup, settings.repeats)
-    del drafter
+    if isinstance(topology, Chain) and graphed:
+        # The graphed runtime's whole round (both models resident, as when decoding).
+        for b in settings.batch_sizes:
+            progress(f"[bench] graphed chain({topology.k}) round at batch {b}")
+            costs.round_costs.setdefault(topology.k, {})[b] = measure_round(
+                target, drafter, b, topology.k, settings.context, graphed, settings.warmup,
+                settings.repeats)
+            _release(dev)
+    del target, drafter
     _release(dev)
     return costs
 

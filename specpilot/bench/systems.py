@@ -17,6 +17,8 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import ARResult, generate_ar
 from specpilot.runtime.cuda_graphs import GraphedAR, GraphsUnavailable, require_cuda
 from specpilot.runtime.decoder import ModelPair, check_runnable, force_program
+from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
+                                               run_graphed)
 from specpilot.runtime.speculative import speculative_generate
 from specpilot.runtime.steps import check_capacity
 
@@ -128,7 +130,8 @@ class StrongAR(System):
 
 class ProgramSystem(System):
     """A speculative Program run at the bench's batch size (its `batch.max_batch_size` is
-    replaced by it; everything else is the Program's)."""
+    replaced by it; everything else is the Program's). With `kernels.capture_graphs` on a GPU
+    its rounds are CUDA graphs (runtime/graphed_program.py), captured in `setup`."""
 
     def __init__(self, name: str, program: Program, pair: ModelPair, description: str = ""):
         super().__init__()
@@ -143,9 +146,10 @@ class ProgramSystem(System):
             self.refusal = str(exc)
         if pair.drafter is None:
             self.refusal = "this Program speculates and the pair has no drafter"
-        if program.kernels.capture_graphs:
-            self.notes.append("kernels.capture_graphs is on, but speculative steps run eagerly "
-                              "(graph capture is implemented for the AR decode step only)")
+        refusal = graph_refusal(program, pair.target.device)
+        self.graphed = refusal is None
+        if program.kernels.capture_graphs and not self.graphed:
+            self.notes.append(f"kernels.capture_graphs is on, but rounds run eagerly: {refusal}")
 
     def unavailable(self, batch_size):
         return self.refusal
@@ -153,7 +157,15 @@ class ProgramSystem(System):
     def at_batch(self, batch_size: int) -> Program:
         return replace(self.program, batch=replace(self.program.batch, max_batch_size=batch_size))
 
+    def setup(self, batch_size, prompts, max_new_tokens):
+        if self.graphed:   # capture once per batch size, outside the timed runs
+            decoder_for(self.at_batch(batch_size), self.pair, prompts, max_new_tokens)
+
     def run(self, prompts, batch_size, max_new_tokens):
+        if self.graphed:
+            r = run_graphed(self.at_batch(batch_size), self.pair, list(prompts), max_new_tokens)
+            return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
+                             r.accepted_lengths)
         shape = self.program.draft.topology.shape()
         out = RunOutput(tokens=[], target_forwards=0, drafter_forwards=0, accepted_lengths=[])
         weighted, steps = 0.0, 0
@@ -173,3 +185,7 @@ class ProgramSystem(System):
     def check(self, prompts, batch_size, reference, output):
         report = force_program(self.at_batch(batch_size), self.pair, prompts, reference)
         return {"forcing": forcing_json(report)}
+
+    def teardown(self):
+        if self.graphed:
+            release_decoders()

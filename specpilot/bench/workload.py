@@ -35,8 +35,28 @@ def batches(items: Sequence, batch_size: int):
 
 def stock_reference(pair: ModelPair, prompts: Sequence[Sequence[int]],
                     max_new_tokens: int) -> ARResult:
-    """The stock decoder's output (greedy AR of the target, one prompt at a time) with margins."""
-    return run_reference(pair, prompts, max_new_tokens, batch_size=1)
+    """The stock decoder's output (greedy AR of the target, one prompt at a time) with margins.
+
+    On a GPU each decode step is replayed from a CUDA graph of the same forward (same kernels,
+    same shapes), which makes the reference of a large workload affordable."""
+    import torch
+
+    if pair.target.device.type != "cuda":
+        return run_reference(pair, prompts, max_new_tokens, batch_size=1)
+    from specpilot.runtime.cuda_graphs import GraphedAR
+    from specpilot.runtime.steps import check_capacity
+
+    capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
+    decoder = GraphedAR(pair.target, 1, capacity)
+    out = ARResult([], [], 0)
+    for p in prompts:
+        r = decoder.generate([p], max_new_tokens, pair.eos_ids, record_margins=True)
+        out.tokens += r.tokens
+        out.margins += r.margins
+        out.target_forwards += r.target_forwards
+    del decoder
+    torch.cuda.empty_cache()
+    return out
 
 
 def filled_reference(reference: ARResult, batch_size: int) -> ARResult:

@@ -79,5 +79,7 @@ def test_pair_bench_measures_strong_ar_and_forces_it(tmp_path):
             if bb == b:
                 assert r["speedup_vs_strong_ar"] == pytest.approx(
                     r["tokens_per_s"]["median"] / strong["tokens_per_s"]["median"])
-        for system in ("ar_torch", "stock"):
+        for system in ("ar_torch", "stock", "stock_graphed"):
             assert rows[(system, b)]["forcing"]["violation_count"] == 0
+        assert rows[("stock_graphed", b)]["mean_accepted"] == pytest.approx(
+            rows[("stock", b)]["mean_accepted"], rel=0.2)

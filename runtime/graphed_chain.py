@@ -1,0 +1,312 @@
+"""Greedy chain speculation with every round on the device, captured as one CUDA graph.
+
+A round of chain(k) speculation has fixed shapes for a fixed batch: the drafter's catch-up step
+(2 tokens), k - 1 more drafter steps (1 token), the target's verification of k + 1 tokens, the
+greedy acceptance and the commit. `GraphedChainDecoder` keeps the decode state on the device
+(position, last and previous committed token, tokens generated, active flag, per request) and
+writes the round as pure tensor operations on it, so the whole round is captured once as a CUDA
+graph and replayed with one launch. Acceptance needs no host round trip: with greedy
+verification the committed tokens are exactly the target's argmaxes g_0..g_n, where n is the
+number of leading drafts that equal the target's argmax before them. The host only learns,
+one round behind, whether every request has finished.
+
+Why the drafter's first step takes 2 tokens: after a round that accepted n drafts, the drafter
+has K/V for the drafts it ran, but not for the last accepted draft when all k were accepted,
+nor for the bonus token. Feeding (previous token, last token) every round fills both cases with
+one fixed shape; rewriting the previous token's K/V is harmless (same token, same position).
+
+Forced mode (token forcing): drafts are the reference tokens, everything is committed, and the
+target's argmax at every verified position is recorded as the decoder's proposal there. The
+verification forward is the same (k + 1 tokens, same kernels), so what is checked is what
+decides the output. `capture=False` runs the same round eagerly on any device (CPU tests).
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Sequence
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .cuda_graphs import WARMUP_RUNS, require_cuda
+from .errors import CapacityError
+from .speculative import SpecResult
+from .steps import append_step, check_capacity
+
+
+class GraphedChainDecoder:
+    """Chain(k) greedy speculation for up to `batch` requests in caches of `capacity` slots.
+
+    Build it once (graphs are captured on first use of each mode) and call `generate` or
+    `force` for any prompts that fit. Outputs equal greedy AR of the target token for token,
+    up to near-ties that the wider verification forward may round differently in low precision.
+    """
+
+    def __init__(self, target, drafter, batch: int, capacity: int, k: int,
+                 eos_ids: Sequence[int] = (), capture: bool = True):
+        if capture:
+            require_cuda(target.device)
+        if k < 1:
+            raise SpecPilotError(f"chain length must be at least 1, got {k}")
+        if target.device != drafter.device:
+            raise SpecPilotError(f"target on {target.device} but drafter on {drafter.device}: "
+                                 "load both on one device")
+        self.target, self.drafter, self.k, self.batch = target, drafter, k, batch
+        self.capture = capture
+        dev = self.device = target.device
+        self.tcache = target.new_cache(batch, capacity)
+        self.dcache = drafter.new_cache(batch, capacity)
+        # Output/reference rows: a request may overshoot its limit by k within its last round.
+        self.width = capacity + k + 1
+        i64 = dict(dtype=torch.int64, device=dev)
+        self.length = torch.ones(batch, **i64)      # position of `last` (not yet in the target cache)
+        self.last = torch.zeros(batch, **i64)
+        self.prev = torch.zeros(batch, **i64)       # token at position length - 1
+        self.count = torch.zeros(batch, **i64)      # tokens generated so far
+        self.limit = torch.zeros(batch, **i64)      # tokens wanted per request
+        self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.out = torch.zeros((batch, self.width), **i64)   # tokens (or forced proposals)
+        self.ref = torch.zeros((batch, self.width), **i64)   # forced mode: the reference tokens
+        self.accepted = torch.full((self.width, batch), -1, **i64)  # per round: drafts accepted
+        self.round_index = torch.zeros((), **i64)
+        self.finished = torch.zeros(self.width, dtype=torch.bool, device=dev)
+        self.eos = torch.tensor(sorted(set(eos_ids)), **i64) if eos_ids else None
+        self.slot_ids = torch.arange(capacity, device=dev)[None, None, :]
+        self.chain = torch.arange(k + 1, device=dev)
+        self.catch_up_offsets = torch.tensor([-1, 0], **i64)
+        self.catch_up_logit = torch.ones((batch, 1), **i64)
+        self._graphs: Dict[bool, Optional[torch.cuda.CUDAGraph]] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self.tcache.capacity
+
+    # ---- the round, as device tensor operations on the state --------------------------------
+
+    def _mask(self, positions: torch.Tensor) -> torch.Tensor:
+        return self.slot_ids <= positions[:, :, None]
+
+    def _base(self) -> torch.Tensor:
+        """Each row's position of `last`. A finished row keeps running with the batch; its
+        positions are clamped so its (discarded) writes stay inside the cache."""
+        return self.length.clamp(max=self.capacity - self.k - 1)
+
+    def _draft(self) -> torch.Tensor:
+        """k drafter argmaxes after (prev, last): [B, k]."""
+        base = self._base()
+        pos = base[:, None] + self.catch_up_offsets
+        tokens = torch.stack([self.prev, self.last], dim=1)
+        logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
+                                      self.catch_up_logit)
+        drafts = [torch.argmax(logits[:, 0], dim=-1)]
+        for i in range(1, self.k):
+            pos = (base + i)[:, None]
+            logits = self.drafter.forward(drafts[-1][:, None], pos, pos, self._mask(pos), self.dcache)
+            drafts.append(torch.argmax(logits[:, 0], dim=-1))
+        return torch.stack(drafts, dim=1)
+
+    def _verify(self, drafts: torch.Tensor) -> torch.Tensor:
+        """The target's argmax after each of (last, d_1..d_k): [B, k + 1]."""
+        pos = self._base()[:, None] + self.chain
+        tokens = torch.cat([self.last[:, None], drafts], dim=1)
+        logits = self.target.forward(tokens, pos, pos, self._mask(pos), self.tcache)
+        return torch.argmax(logits, dim=-1)
+
+    def _write(self, values: torch.Tensor, upto: torch.Tensor) -> None:
+        """out[count + j] = values[j] for j <= upto, on active rows. Indices past the row end
+        are clamped to its last column, which no kept entry reaches (width = capacity + k + 1)."""
+        idx = (self.count[:, None] + self.chain).clamp(max=self.width - 1)
+        keep = self.active[:, None] & (self.chain[None, :] <= upto[:, None])
+        self.out.scatter_(1, idx, torch.where(keep, values, self.out.gather(1, idx)))
+
+    @staticmethod
+    def _accepted(drafts: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+        """n per row: the leading drafts equal to the target's argmax before them. The round
+        commits g_0..g_n (g_j = d_{j+1} for j < n, and g_n is the target's own next token)."""
+        return torch.cumprod((drafts == g[:, :-1]).to(torch.int64), dim=1).sum(dim=1)
+
+    def _round(self) -> None:
+        drafts = self._draft()
+        g = self._verify(drafts)
+        n = self._accepted(drafts, g)
+        self._write(g, n)
+        before = self.active.clone()
+        step = torch.where(before, n + 1, torch.zeros_like(n))
+        last = g.gather(1, n[:, None])[:, 0]
+        prev = torch.where(n > 0, g.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0], self.last)
+        self.last.copy_(torch.where(before, last, self.last))
+        self.prev.copy_(torch.where(before, prev, self.prev))
+        self.length.add_(step)
+        self.count.add_(step)
+        still = before & (self.count < self.limit)
+        if self.eos is not None:
+            kept = self.chain[None, :] <= n[:, None]
+            hit = ((g[:, :, None] == self.eos[None, None, :]).any(-1) & kept).any(-1)
+            still = still & ~hit
+        self.active.copy_(still)
+        self._log_round(torch.where(before, n, torch.full_like(n, -1)))
+
+    def _forced_round(self) -> None:
+        idx = (self.count[:, None] + self.chain[:-1]).clamp(max=self.width - 1)
+        g = self._verify(self.ref.gather(1, idx))
+        self._write(g, torch.full_like(self.count, self.k))
+        before = self.active.clone()
+        step = torch.where(before, torch.full_like(self.count, self.k + 1),
+                           torch.zeros_like(self.count))
+        self.length.add_(step)
+        self.count.add_(step)
+        self.last.copy_(self.ref.gather(1, (self.count - 1)[:, None])[:, 0])
+        self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
+        self.active.copy_(before & (self.count < self.limit))
+        self._log_round(torch.where(before, torch.full_like(step, self.k), torch.full_like(step, -1)))
+
+    def _log_round(self, accepted: torch.Tensor) -> None:
+        r = self.round_index.clamp(max=self.width - 1)
+        self.accepted.index_copy_(0, r[None], accepted[None])
+        self.finished.index_copy_(0, r[None], (~self.active.any())[None])
+        self.round_index.add_(1)
+
+    # ---- capture and the host loop ------------------------------------------------------------
+
+    def _runner(self, forced: bool):
+        body = self._forced_round if forced else self._round
+        if not self.capture:
+            return body
+        if forced not in self._graphs:
+            # Capture runs the round a few times on whatever the state holds: every request is
+            # inactive here (set by _reset), so only cache slots that prefill overwrites change.
+            self._reset(0)
+            graph = torch.cuda.CUDAGraph()
+            current = torch.cuda.current_stream(self.device)
+            side = torch.cuda.Stream(device=self.device)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    body()
+            current.wait_stream(side)
+            with torch.cuda.graph(graph):
+                body()
+            self._graphs[forced] = graph
+        return self._graphs[forced].replay
+
+    def timing_round(self, context: int):
+        """A callable running one unforced round with every row active after `context`
+        positions of (stale) cache, for measuring a round's cost; each call moves every row on
+        by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
+        if context < 1 or context + 2 * (self.k + 1) > self.capacity:
+            raise CapacityError(f"a timing context of {context} does not fit a cache of "
+                                f"{self.capacity} slots with chains of {self.k}")
+        replay = self._runner(forced=False)
+        self._reset(self.batch)
+        self.length.fill_(context)
+        self.count.fill_(1)
+        self.limit.fill_(self.width)
+        self.active.fill_(True)
+        return replay
+
+    def _reset(self, n: int) -> None:
+        self.active.zero_()
+        self.count.zero_()
+        self.limit.zero_()
+        self.length.fill_(1)
+        self.accepted.fill_(-1)
+        self.finished.zero_()
+        self.round_index.zero_()
+
+    def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
+        """Prefill both models with every prompt (rows past the prompts repeat the first one and
+        stay inactive); returns the target's first argmax per row."""
+        n, dev = len(prompts), self.device
+        rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
+        zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
+        g0 = torch.argmax(append_step(self.target, self.tcache, zeros, rows), dim=-1)
+        append_step(self.drafter, self.dcache, zeros, rows)
+        self.length.copy_(torch.tensor([len(p) for p in rows], dtype=torch.int64).to(dev))
+        self.prev.copy_(torch.tensor([p[-1] for p in rows], dtype=torch.int64).to(dev))
+        self.limit.copy_(torch.tensor(limits + [0] * (self.batch - n), dtype=torch.int64).to(dev))
+        self.out[:, 0] = g0
+        self.count.fill_(1)
+        return g0
+
+    def _check(self, prompts, max_new_tokens: int) -> None:
+        if not prompts or len(prompts) > self.batch:
+            raise SpecPilotError(f"{len(prompts)} prompts for a decoder built for batch "
+                                 f"{self.batch}: give 1..{self.batch} prompts per call")
+        needed = check_capacity(self.target, prompts, max_new_tokens + self.k + 1, slack=0)
+        if needed > self.capacity:
+            raise CapacityError(f"prompts of up to {needed - max_new_tokens - self.k - 1} tokens "
+                                f"plus {max_new_tokens} new tokens and a chain of {self.k} need "
+                                f"{needed} cache slots; this decoder has {self.capacity}")
+
+    def _loop(self, replay) -> int:
+        """Replay rounds until every request is done; returns the rounds run. The host reads
+        the `finished` flag of round r - 1 after queueing round r, so the GPU never waits on it."""
+        host = torch.zeros(self.width, dtype=torch.bool, pin_memory=self.device.type == "cuda")
+        cuda = self.device.type == "cuda"
+        events = []
+        rounds = 0
+        for r in range(self.width):
+            replay()
+            rounds += 1
+            host[r:r + 1].copy_(self.finished[r:r + 1], non_blocking=cuda)
+            if cuda:
+                events.append(torch.cuda.Event())
+                events[-1].record()
+            if r >= 1:
+                if cuda:
+                    events[r - 1].synchronize()
+                if bool(host[r - 1]):
+                    break
+        return rounds
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
+        """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
+        self._check(prompts, max_new_tokens)
+        replay = self._runner(forced=False)
+        n = len(prompts)
+        self._reset(n)
+        g0 = self._prefill(prompts, [max_new_tokens] * n)
+        self.last.copy_(g0)
+        active = self.count < self.limit
+        if self.eos is not None:
+            active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
+        self.active.copy_(active)
+        rounds = self._loop(replay)
+        tokens = self._collect(n, [max_new_tokens] * n, trim_eos=True)
+        accepted = self.accepted[:rounds, :n].T.tolist()
+        accepted = [[a for a in row if a >= 0] for row in accepted]
+        steps = sum(len(a) for a in accepted)
+        mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
+        return SpecResult(tokens, 1 + rounds, 1 + rounds * self.k, accepted, mean)
+
+    @torch.no_grad()
+    def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:
+        """What the decoder proposes at each reference position, committing the reference."""
+        if len(reference) != len(prompts) or any(not r for r in reference):
+            raise SpecPilotError("force needs one non-empty reference token list per prompt")
+        longest = max(len(r) for r in reference)
+        self._check(prompts, longest)
+        replay = self._runner(forced=True)
+        n = len(prompts)
+        self._reset(n)
+        table = torch.zeros((self.batch, self.width), dtype=torch.int64)
+        for row, ref in enumerate(reference):
+            table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
+        self.ref.copy_(table.to(self.device))
+        self._prefill(prompts, [len(r) for r in reference])
+        self.last.copy_(self.ref[:, 0])
+        self.active.copy_(self.count < self.limit)
+        self._loop(replay)
+        return self._collect(n, [len(r) for r in reference], trim_eos=False)
+
+    def _collect(self, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
+        counts = self.count[:n].tolist()
+        rows = self.out[:n].tolist()
+        eos = set(self.eos.tolist()) if (trim_eos and self.eos is not None) else set()
+        tokens = []
+        for row, c, limit in zip(rows, counts, limits):
+            toks = row[:min(c, limit)]
+            cut = next((i for i, t in enumerate(toks) if t in eos), None)
+            tokens.append(toks if cut is None else toks[:cut + 1])
+        return tokens

@@ -1,0 +1,143 @@
+"""The device-resident chain decoder of runtime/graphed_chain.py, its round run eagerly
+(capture=False) on CPU in float32 against greedy AR; capture itself is covered by tests/gpu."""
+import pytest
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.errors import CapacityError
+from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.speculative import speculative_generate
+from specpilot.ir.topology import Chain
+
+from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_caught, assert_clean, noisy_copy,
+                             pair_setup)
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("k,batch", [(1, 4), (3, 4), (4, 2), (6, 3)])
+def test_equals_greedy_ar_with_requests_ending_at_different_times(seed, k, batch):
+    s = pair_setup(seed)
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], batch, 48, k, s["eos"], capture=False)
+    tokens, accepted = [], []
+    for start in range(0, len(s["prompts"]), batch):
+        r = decoder.generate(s["prompts"][start:start + batch], MAX_NEW)
+        tokens += r.tokens
+        accepted += r.accepted_lengths
+        assert 1.0 <= r.mean_accepted <= k + 1
+    assert tokens == s["reference"].tokens
+    # A well-matched drafter gets drafts accepted, and never more than k per round.
+    assert all(0 <= a <= k for row in accepted for a in row)
+    assert sum(a for row in accepted for a in row) > 0
+
+
+def test_acceptance_counts_match_the_eager_chain_decoder():
+    s = pair_setup(11)
+    prompts = s["prompts"]
+    want = speculative_generate(s["target"], s["drafter"], prompts, MAX_NEW, Chain(3))
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], len(prompts), 48, 3, capture=False)
+    got = decoder.generate(prompts, MAX_NEW)
+    assert got.tokens == want.tokens == s["plain"].tokens
+    assert got.accepted_lengths == want.accepted_lengths
+    assert got.target_forwards == want.target_forwards + 1  # one round past the end is queued
+
+
+def test_always_wrong_drafter_still_gives_ar_output():
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
+                                  capture=False)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["reference"].tokens
+    assert all(a == 0 for row in r.accepted_lengths for a in row) and r.mean_accepted == 1.0
+
+
+def test_perfect_drafter_accepts_whole_chains():
+    s = pair_setup(11)
+    decoder = GraphedChainDecoder(s["target"], s["target"], 4, 48, 3, capture=False)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["plain"].tokens
+    # 1 token from prefill, then rounds of 4 (the last round may overshoot and is cut).
+    assert all(row[:-1] == [3] * (len(row) - 1) for row in r.accepted_lengths)
+
+
+def test_forcing_is_clean_and_catches_a_wrong_target():
+    s = pair_setup(11)
+    ref = s["reference"]
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 4, capture=False)
+    assert_clean(compare_to_reference(decoder.force(s["prompts"], ref.tokens), ref,
+                                      default_tolerance(torch.float32)), ref)
+    wrong = GraphedChainDecoder(noisy_copy(s["target_dir"], 0.3, seed=5), s["drafter"], 4, 48, 4,
+                                capture=False)
+    assert_caught(compare_to_reference(wrong.force(s["prompts"], ref.tokens), ref,
+                                       default_tolerance(torch.float32)), ref)
+
+
+def test_an_acceptance_that_trusts_one_draft_too_many_is_caught():
+    """Mutation: accept one draft past the first mismatch. Exactness catches it."""
+    s = pair_setup(4)
+
+    class OffByOne(GraphedChainDecoder):
+        @staticmethod
+        def _accepted(drafts, g):
+            return torch.clamp(GraphedChainDecoder._accepted(drafts, g) + 1, max=drafts.shape[1])
+
+    decoder = OffByOne(s["target"], s["drafter"], 4, 48, 4, capture=False)
+    assert decoder.generate(s["prompts"], MAX_NEW).tokens != s["plain"].tokens
+
+
+def test_one_decoder_serves_calls_of_fewer_prompts_and_other_lengths():
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], 3, 40, 2, capture=False)
+    for prompts in (s["prompts"][:3], s["prompts"][3:], s["prompts"][1:3]):
+        assert decoder.generate(prompts, 12).tokens == generate_ar(s["target"], prompts, 12).tokens
+
+
+def test_bad_requests_are_refused_with_the_fix():
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], 2, 24, 4, capture=False)
+    with pytest.raises(SpecPilotError, match="batch 2"):
+        decoder.generate(s["prompts"][:3], 4)
+    with pytest.raises(CapacityError, match="cache slots"):
+        decoder.generate(s["prompts"][:1], 20)
+    with pytest.raises(SpecPilotError, match="at least 1"):
+        GraphedChainDecoder(s["target"], s["drafter"], 2, 24, 0, capture=False)
+
+
+def test_programs_route_to_the_graphed_runtime_only_where_it_applies(tmp_path):
+    from dataclasses import replace
+
+    from specpilot.deploy import build_deployment
+    from specpilot.ir import CaptureGraphs, SetTopology, Tree, apply, stock_program
+    from specpilot.runtime.graphed_program import force_graphed, graph_refusal, run_graphed
+    from specpilot.runtime.decoder import ModelPair
+
+    s = pair_setup(11)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    graphed = apply(stock, CaptureGraphs(on=True))
+    assert "capture_graphs is off" in graph_refusal(stock, "cpu")
+    assert "CUDA" in graph_refusal(graphed, "cpu")
+    tree = apply(graphed, SetTopology(Tree((2, 1))))
+    if torch.cuda.is_available():
+        assert "chains only" in graph_refusal(tree, "cuda")
+    # The graphed runtime itself (rounds run eagerly here) decodes and forces a Program.
+    program = replace(graphed, batch=replace(graphed.batch, max_batch_size=3))
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens and r.target_forwards > 2
+    report = force_graphed(program, pair, s["prompts"], s["reference"], capture=False)
+    assert_clean(report, s["reference"])
+
+
+def test_round_timing_runs_every_row_on(tmp_path):
+    from specpilot.bench.step_costs import measure_round
+
+    s = pair_setup(4)
+    assert 0 < measure_round(s["target"], s["drafter"], 2, 3, context=8, graphed=False,
+                             warmup=1, repeats=2) < 5.0
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], 2, 40, 3, capture=False)
+    run = decoder.timing_round(8)
+    run()
+    assert bool(decoder.active.all()) and (decoder.length > 8).all()
+    with pytest.raises(CapacityError):
+        decoder.timing_round(38)
