@@ -3,8 +3,8 @@
 Rounds of: cost report -> agents propose -> candidates built -> token forcing, then timing ->
 winners combined -> memory updated. Writes runs/NAME/round-K/ per round, runs/NAME/best/ (and
 runs/NAME/program.json) for the best Program, and runs/NAME/report.md with plots. Without
---target/--drafter it compiles the built-in default: the zoo's tiny pair, trained once on this
-machine and cached. Rerunning a killed compile with the same --out resumes it.
+--target/--drafter it compiles the built-in default: the zoo's pair (gpu-small on a CUDA GPU,
+tiny elsewhere), trained once on this machine and cached. Rerunning a killed compile with the same --out resumes it.
 """
 from __future__ import annotations
 
@@ -21,11 +21,12 @@ def add_parser(sub) -> None:
     p = sub.add_parser("compile", help="compile a tuned, token-forced speculative decoder",
                        description=__doc__.split("\n\n", 1)[1])
     p.add_argument("--target", metavar="DIR", help="target HF checkpoint folder "
-                   "(default: the zoo's tiny pair, see --preset)")
+                   "(default: the zoo's pair, see --preset)")
     p.add_argument("--drafter", metavar="DIR", help="drafter HF checkpoint folder")
     p.add_argument("--default", action="store_true",
                    help="compile the zoo's pair (the same as leaving out --target/--drafter)")
-    p.add_argument("--preset", default="tiny", help="zoo preset of the default pair (tiny)")
+    p.add_argument("--preset", help="zoo preset of the default pair (default: gpu-small on a "
+                   "CUDA GPU, tiny elsewhere)")
     p.add_argument("--gpu", default="auto", help="GPU name, 'cpu', or 'auto' (detect; default)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"),
                    help="compute dtype (default: bfloat16 on a GPU, float32 on a CPU)")
@@ -57,6 +58,13 @@ def _say(message: str) -> None:
     print(message, file=sys.stderr, flush=True)
 
 
+def default_preset() -> str:
+    """The zoo pair `compile` uses by default: the GPU pair where there is a CUDA GPU."""
+    import torch
+
+    return "gpu-small" if torch.cuda.is_available() else "tiny"
+
+
 def _pair(args):
     from specpilot.ir.errors import SpecPilotError
 
@@ -69,7 +77,8 @@ def _pair(args):
         from specpilot.zoo import ensure_pair
     except ImportError:
         from specpilot.zoo.cache import ensure_pair
-    target, drafter = ensure_pair(args.preset, seed=0, progress=_say)
+    preset = args.preset or default_preset()
+    target, drafter = ensure_pair(preset, seed=0, progress=_say)
     return str(target), str(drafter)
 
 

@@ -2,8 +2,10 @@
 
 `ensure_pair(preset, seed)` returns (target_dir, drafter_dir), two HF checkpoint folders sharing a
 tokenizer, training them once and reusing the cached pair afterwards. Presets are data
-(`PRESETS`); the modules, in pipeline order: corpus, tokenizer, llama_train_model, train,
-evaluate, save_hf, pair (one training run), cache (reuse and atomic placement).
+(`PRESETS`); the modules, in pipeline order: corpus (and env_corpus, the larger corpus of the
+GPU preset), tokenizer, llama_train_model, train (with stage_clock, the per-stage time limit),
+evaluate, save_hf, speculation_eval (chain speculation of the saved pair on HumanEval prompts),
+pair (one training run), cache (reuse and atomic placement).
 """
 
 _EXPORTS = {

@@ -13,7 +13,8 @@ import sys
 import tempfile
 from pathlib import Path
 
-from specpilot.zoo.pair import REPORT_FILE, train_pair
+from specpilot.zoo.corpus import corpus_fingerprint
+from specpilot.zoo.pair import REPORT_FILE, resolve_device, train_pair
 from specpilot.zoo.presets import ZooError, ZooPreset, get_preset
 
 # Bump when a change to the training code changes the weights a preset produces.
@@ -30,9 +31,14 @@ def default_cache_dir() -> Path:
 
 
 def pair_key(preset: ZooPreset, seed: int) -> str:
-    """`<preset>-seed<N>-<hash>`; the hash covers the preset definition, the code version and the
-    Python minor version (the corpus is that version's standard library)."""
-    material = "\n".join([preset.to_json(), ZOO_CODE_VERSION, "%d.%d" % sys.version_info[:2]])
+    """`<preset>-seed<N>-<hash>`; the hash covers the preset definition, the code version, the
+    Python minor version (the "stdlib" corpus is that version's standard library) and, for the
+    "python-env" corpus, the installed distributions."""
+    parts = [preset.to_json(), ZOO_CODE_VERSION, "%d.%d" % sys.version_info[:2]]
+    fingerprint = corpus_fingerprint(preset.corpus)
+    if fingerprint:  # absent for "stdlib", so those keys are what they always were
+        parts.append(fingerprint)
+    material = "\n".join(parts)
     digest = hashlib.sha256(material.encode()).hexdigest()[:12]
     return f"{preset.name}-seed{seed}-{digest}"
 
@@ -85,6 +91,7 @@ def ensure_pair(preset="tiny", seed: int = 0, cache_dir=None, progress=print, fo
     else:
         if entry.exists() and not force:  # not ours to judge what is inside: refuse, not overwrite
             raise ZooError(f"cache entry {entry} exists but is incomplete; delete it or pass force")
+        resolve_device(preset)  # no GPU for a GPU preset: say so before creating anything
         progress(f"[zoo] training preset {preset.name!r} seed {seed} into {entry}")
         _train_into(entry, preset, seed, progress, replace=force)
     return entry / "target", entry / "drafter"

@@ -1,4 +1,5 @@
-"""The zoo's training corpus: the Python standard library's own source files.
+"""The zoo's training corpus: the Python standard library's own source files (the "stdlib" source;
+the larger "python-env" source, which adds site-packages, is in env_corpus.py).
 
 The standard library is on every machine that runs us, is real Python written by many hands,
 and needs no download. Selection is deterministic: files are ordered by a hash of their relative
@@ -8,7 +9,7 @@ taken first, then training files until the byte cap.
 import hashlib
 import os
 import sysconfig
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from specpilot.zoo.presets import ZooError
@@ -34,6 +35,7 @@ class Corpus:
 
     train: tuple
     heldout: tuple
+    skipped: dict = field(default_factory=dict)  # files left out, by reason (python-env only)
 
     @property
     def train_bytes(self) -> int:
@@ -93,3 +95,24 @@ def load_corpus(max_bytes: int, holdout_files: int, root: Path = None) -> Corpus
         raise ZooError(f"too few Python source files under {root} to build the zoo corpus "
                        f"({len(train)} training, {len(heldout)} held out)")
     return Corpus(train=tuple(train), heldout=tuple(heldout))
+
+
+def load_source_corpus(source: str, max_bytes: int, holdout_files: int) -> Corpus:
+    """The corpus of a preset's `corpus` source: "stdlib" or "python-env"."""
+    if source == "stdlib":
+        return load_corpus(max_bytes, holdout_files)
+    if source == "python-env":
+        from specpilot.zoo.env_corpus import load_python_env_corpus
+
+        return load_python_env_corpus(max_bytes, holdout_files)
+    raise ZooError(f"unknown zoo corpus source {source!r}; use 'stdlib' or 'python-env'")
+
+
+def corpus_fingerprint(source: str) -> str:
+    """What besides the preset decides the corpus, for the cache key ("" for "stdlib", whose
+    content the Python minor version already pins)."""
+    if source == "python-env":
+        from specpilot.zoo.env_corpus import environment_fingerprint
+
+        return environment_fingerprint()
+    return ""

@@ -11,6 +11,7 @@ import math
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.torch_version import TorchVersion
 
 from specpilot.zoo.presets import ModelDims
 
@@ -46,6 +47,27 @@ def apply_rope(x, cos, sin):
     return x * cos + _rotate_half(x) * sin
 
 
+# torch 2.5 added `enable_gqa`: flash attention then reads each kv head for its whole query group
+# instead of a copy of the keys and values per query head.
+SDPA_HAS_GQA = TorchVersion(torch.__version__) >= (2, 5)
+
+
+def causal_attention(q, k, v, native_gqa: bool):
+    """Causal softmax attention of q (B, heads, T, d) over k, v (B, kv_heads, T, d).
+
+    Query head h reads kv head h // (heads // kv_heads), as HF's repeat_kv does; `native_gqa`
+    lets SDPA do that grouping itself (torch >= 2.5) rather than repeating k and v first.
+    """
+    heads, kv_heads = q.shape[1], k.shape[1]
+    if heads == kv_heads:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+    if native_gqa:
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True)
+    group = heads // kv_heads
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    return F.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
 class Attention(nn.Module):
     def __init__(self, dims: ModelDims):
         super().__init__()
@@ -60,12 +82,13 @@ class Attention(nn.Module):
         q = self.q_proj(x).view(b, t, self.heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.kv_heads, self.head_dim).transpose(1, 2)
+        # In q's dtype, as HF does: under bf16 autocast the rotation stays in bf16 (a no-op cast
+        # in float32).
+        cos, sin = cos.to(q.dtype), sin.to(q.dtype)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
-        if self.kv_heads != self.heads:
-            # Same grouping as HF's repeat_kv: query head h reads kv head h // group.
-            group = self.heads // self.kv_heads
-            k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
-        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        # Native grouping on CUDA only: there it saves the copies; on CPU the explicit repeat keeps
+        # the arithmetic, hence the CPU presets' weights, exactly what they were.
+        y = causal_attention(q, k, v, native_gqa=SDPA_HAS_GQA and q.is_cuda)
         return self.o_proj(y.transpose(1, 2).reshape(b, t, self.heads * self.head_dim))
 
 

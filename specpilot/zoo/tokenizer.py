@@ -8,6 +8,8 @@ decoding (skipping the special token) gives back exactly the text that was encod
 import json
 from pathlib import Path
 
+import numpy as np
+import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
 
 SPECIAL_TOKEN = "<|endoftext|>"
@@ -44,6 +46,35 @@ def encode_documents(tok: Tokenizer, texts) -> list:
         stream.append(SPECIAL_TOKEN_ID)
         stream.extend(enc.ids)
     return stream
+
+
+def encode_stream(tok: Tokenizer, texts, docs_per_batch: int = 1024) -> torch.Tensor:
+    """`encode_documents` as an int64 tensor, for corpora of hundreds of MB.
+
+    Documents are encoded `docs_per_batch` at a time with `encode_batch` (parallel in the
+    tokenizers library) and copied into numpy right away, so neither the library's per-token
+    records nor a Python list of every token id is ever held for the whole corpus.
+    """
+    texts = list(texts)
+    parts = []
+    for start in range(0, len(texts), docs_per_batch):
+        for enc in tok.encode_batch(texts[start:start + docs_per_batch], add_special_tokens=False):
+            parts.append(np.array([SPECIAL_TOKEN_ID], dtype=np.int64))
+            parts.append(np.asarray(enc.ids, dtype=np.int64))
+    return torch.from_numpy(np.concatenate(parts) if parts else np.zeros(0, dtype=np.int64))
+
+
+def leading_texts(texts, max_bytes):
+    """The first texts of `texts` holding at least `max_bytes` UTF-8 bytes in all (all if None)."""
+    if max_bytes is None:
+        return list(texts)
+    out, used = [], 0
+    for text in texts:
+        if used >= max_bytes:
+            break
+        out.append(text)
+        used += len(text.encode("utf-8"))
+    return out
 
 
 def tokenizer_config(model_max_length: int) -> dict:

@@ -1,8 +1,9 @@
 """Training loops of the zoo: target pre-training (next-token loss) and drafter distillation.
 
 Both loops are deterministic given their generators on CPU (fixed data order, fixed init, fixed
-thread count chosen by the caller). On CUDA they use bf16 autocast and fused AdamW; weights stay
-float32 either way so checkpoints are float32.
+thread count chosen by the caller) and no wall-clock limit. On CUDA they use bf16 autocast, fused
+AdamW and page-locked batches (the caller allows TF32); weights stay float32 either way so
+checkpoints are float32.
 """
 import contextlib
 import math
@@ -12,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.zoo.presets import StageSchedule
+from specpilot.zoo.stage_clock import StageClock, StageResult
 
 
 class WindowBatches:
@@ -69,24 +71,28 @@ def autocast_for(device: torch.device):
 
 
 def _run_stage(label, model, sched, batches, micro_batch_size, device, loss_fn, progress, log_every,
-               clip=1.0):
-    """Optimise `model`'s parameters on `loss_fn(inputs, labels)` for `sched.steps` steps.
+               max_seconds=None, clip=1.0) -> StageResult:
+    """Optimise `model`'s parameters on `loss_fn(inputs, labels)` for `sched.steps` steps, or
+    fewer when `max_seconds` (a wall-clock limit, see stage_clock.py) cuts the stage short.
 
     Each step's batch is split into micro-batches of `micro_batch_size` windows whose gradients
     accumulate: on CPU, activations past a few MiB are fresh pages on every step (the allocator
     maps and unmaps them) and page faults then cost more than the arithmetic.
-
-    Returns the mean training loss over the last logged window of steps.
     """
     model.train()
     opt = make_optimizer(model, sched, device)
+    clock = StageClock(max_seconds, device, sched)
+    planned = sched.steps
     window_loss = torch.zeros((), device=device)
     window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
-    last_loss = float("nan")
-    for step in range(sched.steps):
+    last_loss, tokens, stopped_at, step = float("nan"), 0, None, 0
+    while step < sched.steps:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, sched)
-        batch = batches.next().to(device, non_blocking=True)
+        batch = batches.next()
+        if device.type == "cuda":  # page-locked, so the copy overlaps the previous step's kernels
+            batch = batch.pin_memory()
+        batch = batch.to(device, non_blocking=True)
         opt.zero_grad(set_to_none=True)
         for chunk in batch.split(micro_batch_size):
             inputs, labels = chunk[:, :-1], chunk[:, 1:]
@@ -98,15 +104,29 @@ def _run_stage(label, model, sched, batches, micro_batch_size, device, loss_fn, 
         torch.nn.utils.clip_grad_norm_(model.parameters(), clip)
         opt.step()
         window_steps += 1
-        if (step + 1) % log_every == 0 or step + 1 == sched.steps:
-            last_loss = window_loss.item() / window_steps  # the only host sync of the loop
+        step += 1
+        sched, stop = clock.after_step(step, sched, label, progress)
+        if stop:
+            stopped_at = step
+        if step % log_every == 0 or step == sched.steps or stop:
+            last_loss = window_loss.item() / window_steps  # host sync (else only the clock probe)
             elapsed = time.perf_counter() - window_start
-            progress(f"[{label}] step {step + 1}/{sched.steps} loss {last_loss:.4f} "
-                     f"lr {lr_at(step, sched):.2e} {window_tokens / max(elapsed, 1e-9):.0f} tok/s")
+            progress(f"[{label}] step {step}/{sched.steps} loss {last_loss:.4f} "
+                     f"lr {lr_at(step - 1, sched):.2e} {window_tokens / max(elapsed, 1e-9):.0f} tok/s")
+            tokens += window_tokens
             window_loss.zero_()
             window_steps, window_tokens, window_start = 0, 0, time.perf_counter()
+        if stop:
+            break
     model.eval()
-    return last_loss
+    return StageResult(final_loss=last_loss, planned_steps=planned, steps=step, tokens=tokens,
+                       seconds=clock.elapsed(), rescheduled_to=clock.rescheduled_to,
+                       stopped_early_at_step=stopped_at)
+
+
+def maybe_compile(model, enabled: bool):
+    """`torch.compile(model)` when `enabled` (the callable used for training), else `model`."""
+    return torch.compile(model) if enabled else model
 
 
 def lm_loss(model, inputs, labels):
@@ -116,10 +136,11 @@ def lm_loss(model, inputs, labels):
 
 
 def train_target(model, sched: StageSchedule, batches: WindowBatches, micro_batch_size: int, device,
-                 progress, log_every: int) -> float:
-    """Pre-train `model` on next-token prediction; returns its final training loss."""
+                 progress, log_every: int, max_seconds=None, compile: bool = False) -> StageResult:
+    """Pre-train `model` on next-token prediction (see `_run_stage` for `max_seconds`)."""
+    forward = maybe_compile(model, compile)
     return _run_stage("target", model, sched, batches, micro_batch_size, device,
-                      lambda x, y: lm_loss(model, x, y), progress, log_every)
+                      lambda x, y: lm_loss(forward, x, y), progress, log_every, max_seconds)
 
 
 def distillation_loss(drafter, target, inputs, labels, kl_weight: float, temperature: float):
@@ -142,15 +163,17 @@ def distillation_loss(drafter, target, inputs, labels, kl_weight: float, tempera
 
 
 def distil_drafter(drafter, target, sched: StageSchedule, batches: WindowBatches, micro_batch_size: int,
-                   device, progress, log_every: int, kl_weight: float, temperature: float) -> float:
-    """Train `drafter` to match frozen `target`'s next-token distribution; returns its final loss."""
+                   device, progress, log_every: int, kl_weight: float, temperature: float,
+                   max_seconds=None, compile: bool = False) -> StageResult:
+    """Train `drafter` to match frozen `target`'s next-token distribution."""
     target.eval()
     for p in target.parameters():
         p.requires_grad_(False)
+    student, teacher = maybe_compile(drafter, compile), maybe_compile(target, compile)
     try:
         return _run_stage("drafter", drafter, sched, batches, micro_batch_size, device,
-                          lambda x, y: distillation_loss(drafter, target, x, y, kl_weight, temperature),
-                          progress, log_every)
+                          lambda x, y: distillation_loss(student, teacher, x, y, kl_weight, temperature),
+                          progress, log_every, max_seconds)
     finally:
         for p in target.parameters():
             p.requires_grad_(True)

@@ -155,3 +155,98 @@ def test_cuda_preset_without_gpu_is_a_clear_error(tmp_path, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ZooError, match="CUDA"):
         train_pair(dataclasses.replace(MICRO, device="cuda"), 0, tmp_path, progress=lambda line: None)
+
+
+def _reference_chain(target, drafter, prompt, k, max_new_tokens, eos):
+    """Greedy chain speculation by full recomputation with the training module: (tokens, accepted
+    length + 1 per step), and greedy AR tokens the same way."""
+    def argmax_after(model, seq):
+        with torch.no_grad():
+            return model(torch.tensor([seq])).argmax(-1)[0].tolist()
+
+    seq, out, steps = list(prompt), [], []
+    out.append(argmax_after(target, seq)[-1])
+    seq.append(out[-1])
+    while len(out) < max_new_tokens and out[-1] not in eos:
+        drafts = []
+        for _ in range(k):
+            drafts.append(argmax_after(drafter, seq + drafts)[-1])
+        verdict = argmax_after(target, seq + drafts)[len(seq) - 1:]
+        accepted = 0
+        while accepted < k and drafts[accepted] == verdict[accepted]:
+            accepted += 1
+        steps.append(accepted + 1)
+        for tok in drafts[:accepted] + [verdict[accepted]]:
+            out.append(tok)
+            seq.append(tok)
+            if tok in eos or len(out) >= max_new_tokens:
+                break
+    ar = list(prompt)
+    while len(ar) - len(prompt) < max_new_tokens and (len(ar) == len(prompt) or ar[-1] not in eos):
+        ar.append(argmax_after(target, ar)[-1])
+    return out, steps, ar[len(prompt):]
+
+
+def _check_against_reference(result, target_dir, drafter_dir, prompts):
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(str(target_dir / "tokenizer.json"))
+    target, drafter = load_train_model(target_dir), load_train_model(drafter_dir)
+    ids = [tok.encode(p).ids for p in prompts]
+    assert result["prompts"] == len(ids) and result["prompt_tokens"] == sum(map(len, ids))
+    for k, got in result["chain"].items():
+        runs = [_reference_chain(target, drafter, p, int(k), result["max_new_tokens"], {0}) for p in ids]
+        for out, _, ar in runs:
+            assert out == ar  # greedy speculation is lossless
+        steps = [s for _, st, _ in runs for s in st]
+        new_tokens = sum(len(out) for out, _, _ in runs)
+        assert got["mean_accepted"] == pytest.approx(sum(steps) / len(steps), abs=1e-12)
+        assert got["new_tokens"] == new_tokens
+        assert got["target_forwards"] == 1 + max(len(st) for _, st, _ in runs)
+        request_forwards = sum(1 + len(st) for _, st, _ in runs)  # prefill + one per step
+        assert got["tokens_per_target_forward"] == pytest.approx(new_tokens / request_forwards)
+        assert 1.0 <= got["mean_accepted"] <= int(k) + 1
+
+
+def test_report_gives_chain_acceptance_on_humaneval_prompts(micro_pair):
+    from specpilot.prompts import humaneval_prompts
+
+    spec = micro_pair["report"]["speculation"]
+    assert sorted(spec["chain"], key=int) == [str(k) for k in MICRO.spec_eval_draft_lengths] == ["4", "8"]
+    assert spec["max_new_tokens"] == MICRO.spec_eval_new_tokens and spec["dtype"] == "float32"
+    _check_against_reference(spec, micro_pair["target"], micro_pair["drafter"],
+                             humaneval_prompts(MICRO.spec_eval_prompts))
+    assert "speculation_eval" in micro_pair["report"]["seconds"]
+    assert any("greedy chain k=8: mean accepted" in line for line in micro_pair["lines"])
+
+
+def test_chain_acceptance_of_a_partly_agreeing_pair(micro_pair, tmp_path):
+    """The trained micro pair agrees everywhere on these prompts (both emit blank lines), so
+    this pair is built to agree only sometimes: a random target with sharp logits and, as the
+    drafter, that target with noise added. The measured figures must equal the reference count."""
+    import copy
+
+    from tokenizers import Tokenizer
+
+    from specpilot.prompts import humaneval_prompts
+    from specpilot.zoo.llama_train_model import TrainLlama
+    from specpilot.zoo.save_hf import save_checkpoint
+    from specpilot.zoo.speculation_eval import chain_acceptance
+
+    tok = Tokenizer.from_file(str(micro_pair["target"] / "tokenizer.json"))
+    target = TrainLlama(MICRO.target, tok.get_vocab_size())
+    target.init_weights(torch.Generator().manual_seed(int(torch.randint(0, 2**31, ()))))
+    drafter = copy.deepcopy(target)
+    with torch.no_grad():
+        for name, p in target.named_parameters():
+            if "norm" not in name:
+                p.mul_(6.0)  # far from uniform attention and logits: no near-ties
+        for p, q in zip(drafter.parameters(), target.parameters()):
+            p.copy_(q + torch.randn_like(q) * q.std() * 0.07)
+    save_checkpoint(target, tok, tmp_path / "target")
+    save_checkpoint(drafter, tok, tmp_path / "drafter")
+    prompts = humaneval_prompts(3)
+    result = chain_acceptance(tmp_path / "target", tmp_path / "drafter", prompts, (2, 5), 24,
+                              "float32", "cpu")
+    _check_against_reference(result, tmp_path / "target", tmp_path / "drafter", prompts)
+    assert all(1.0 < r["mean_accepted"] < int(k) + 1 for k, r in result["chain"].items())

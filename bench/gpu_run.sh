@@ -1,0 +1,102 @@
+#!/usr/bin/env bash
+# The GPU measurements, in phases that can be spread over several calls of one warm machine
+# (the trained pair stays in $PAIR between them).
+#
+#   OUT=/path/to/empty/dir bash bench/gpu_run.sh PHASE...      (from the repository root)
+#
+# Phases, run in the order given:
+#   tests      the GPU tests (tests/gpu), junit XML kept
+#   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair)
+#   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
+#   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
+#   compile1   specpilot compile of the pair at batch 1     compile16   the same at batch 16
+#   mechanisms specpilot bench --pair $PAIR of the mechanism Programs in bench/programs/
+#   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
+#
+# Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
+# BATCHES (1,4,16,64), REPEATS (3), RESULTS (default /tmp/specpilot-results, kept between
+# calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
+# Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
+set -uo pipefail
+: "${OUT:?set OUT to an empty output folder}"
+export PYTHONUNBUFFERED=1
+PAIR=${PAIR:-/tmp/specpilot-pair}
+RESULTS=${RESULTS:-/tmp/specpilot-results}
+MEMORY=${MEMORY:-/tmp/specpilot-memory.sqlite}
+mkdir -p "$RESULTS"
+status=0
+
+step() {  # step NAME COMMAND...: run and time one phase, its output in $OUT/NAME.log
+    local name=$1; shift
+    echo "=== $name: $*" | tee -a "$OUT/$name.log"
+    local start=$SECONDS
+    "$@" >>"$OUT/$name.log" 2>&1
+    local rc=$?
+    echo "=== $name: exit $rc after $((SECONDS - start)) s" | tee -a "$OUT/$name.log"
+    [ $rc -eq 0 ] || status=1
+    return $rc
+}
+
+setup() {
+    if ls .whl/*.whl >/dev/null 2>&1; then
+        python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+            --target /tmp/site .whl/*.whl >/dev/null 2>&1
+        export PYTHONPATH=/tmp/site
+    fi
+    python3 -c "import specpilot._C" 2>/dev/null ||
+        python3 -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 ||
+        { echo "install failed"; exit 1; }
+    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
+}
+
+phase() {
+    case $1 in
+    tests)
+        step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
+            --junitxml="$RESULTS/gpu_tests.xml" tests/gpu ;;
+    train)
+        if [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/drafter/config.json" ]; then
+            echo "=== train: $PAIR already holds a pair"
+        else
+            step train timeout 420 python3 -m specpilot zoo train --preset gpu-small --out "$PAIR"
+        fi
+        cp "$PAIR/train_report.json" "$RESULTS/train_report.json" 2>/dev/null ;;
+    smoke)
+        step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
+            --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;
+    bench)
+        step bench timeout 540 python3 -m specpilot bench --pair "$PAIR" \
+            --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
+            --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-3}" \
+            --out-dir "$RESULTS" --name gpu-small ;;
+    shapes)
+        local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
+        [ -f "$profile" ] || profile=$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)
+        step shapes timeout 400 python3 -m specpilot bench --shapes llama-3.1-8b:llama-3.2-1b \
+            --acceptance "$profile" --batch-sizes "${BATCHES:-1,4,16,64}" --repeats 10 \
+            --out-dir "$RESULTS" --name llama8b-1b-replayed ;;
+    compile1|compile16)
+        local b=${1#compile}
+        step "$1" timeout 560 python3 -m specpilot compile --target "$PAIR/target" \
+            --drafter "$PAIR/drafter" --batch-size "$b" --rounds "${ROUNDS:-3}" \
+            --prompts "$(( b > 8 ? b : 8 ))" --max-new-tokens "${COMPILE_NEW:-128}" \
+            --memory "$MEMORY" --out "$RESULTS/compile-b$b" ;;
+    mechanisms)
+        step mechanisms timeout 560 python3 -m specpilot bench --pair "$PAIR" \
+            --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
+            --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
+            --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed}" \
+            --program bench/programs/*.json --out-dir "$RESULTS" --name mechanisms ;;
+    *)
+        echo "unknown phase $1"; status=1 ;;
+    esac
+}
+
+setup
+for p in "$@"; do
+    phase "$p"
+done
+# Results stay on the machine for later phases; a copy of all of them comes back each call.
+tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
+echo "gpu run $([ $status -eq 0 ] && echo passed || echo FAILED)"
+exit $status
