@@ -52,7 +52,7 @@ setup() {
 phase() {
     case $1 in
     tests)
-        step tests timeout 240 python3 -m pytest -q -p no:cacheprovider -x \
+        step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -x \
             --junitxml="$RESULTS/gpu_tests.xml" tests/gpu ;;
     train)
         if [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/drafter/config.json" ]; then
