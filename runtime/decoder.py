@@ -68,8 +68,15 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
                                  f"{program.models.target.dtype}")
 
     def model(folder: str, role: str) -> Transformer:
-        if program is None:
-            return Transformer.from_checkpoint(folder, dtype, device,
+        if program is None or program.kernels.backend == "torch":
+            # On CUDA the torch backend runs fused kernels (runtime/fast_ops.py) as well.
+            backend = TorchBackend(fast_ops=fuse_projections)
+            if program is None:
+                return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
+                                                   fuse_projections=fuse_projections)
+            spec = getattr(program.models, role)
+            return Transformer.from_checkpoint(folder, spec.dtype, device, backend=backend,
+                                               weight_formats=spec.formats(),
                                                fuse_projections=fuse_projections)
         spec = getattr(program.models, role)
         return Transformer.from_checkpoint(folder, spec.dtype, device,

@@ -155,7 +155,8 @@ class GraphedChainDecoder:
                            torch.zeros_like(self.count))
         self.length.add_(step)
         self.count.add_(step)
-        self.last.copy_(self.ref.gather(1, (self.count - 1)[:, None])[:, 0])
+        # Clamped: capture warms up on a reset state (count 0), where nothing is active.
+        self.last.copy_(self.ref.gather(1, (self.count - 1).clamp(min=0)[:, None])[:, 0])
         self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
         self.active.copy_(before & (self.count < self.limit))
         self._log_round(torch.where(before, torch.full_like(step, self.k), torch.full_like(step, -1)))

@@ -88,7 +88,9 @@ class EagerAR(System):
 
 class StrongAR(System):
     name = "strong_ar"
-    description = "SpecPilot greedy AR, torch backend, CUDA-graphed decode steps"
+    description = ("SpecPilot greedy AR, CUDA-graphed decode steps; torch backend with its CUDA "
+                   "fast path (cuBLAS GEMMs on fused q/k/v and gate/up, compiled norm/RoPE/SwiGLU, "
+                   "SDPA attention)")
 
     def __init__(self, pair: ModelPair):
         super().__init__()

@@ -39,3 +39,21 @@ def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fu
     proposals = graphed_decoder.force(prompts, reference.tokens)
     report = compare_to_reference(proposals, reference, default_tolerance(getattr(torch, dtype)))
     assert report.passed, report.format()
+
+
+@pytest.mark.parametrize("family", ["llama3", "mistral"])
+def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family):
+    from specpilot.bench.correctness import forced_ar_proposals
+    from specpilot.runtime.cuda_graphs import graphed_generate_ar
+    from specpilot.runtime.torch_backend import TorchBackend
+
+    folder = make_checkpoint(tmp_path, family, seed=84)
+    ref = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
+    fast = Transformer.from_checkpoint(folder, "bfloat16", "cuda",
+                                       backend=TorchBackend(fast_ops=True), fuse_projections=True)
+    prompts = random_prompts((4, 11, 1, 7), seed=85)
+    want = generate_ar(ref, prompts, 24)
+    report = compare_to_reference(forced_ar_proposals(fast, prompts, want.tokens), want,
+                                  default_tolerance(torch.bfloat16))
+    assert report.passed, report.format()
+    assert graphed_generate_ar(fast, prompts, 24).tokens == generate_ar(fast, prompts, 24).tokens
