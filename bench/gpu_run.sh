@@ -20,6 +20,8 @@
 set -uo pipefail
 : "${OUT:?set OUT to an empty output folder}"
 export PYTHONUNBUFFERED=1
+# Inductor compiles in-process: a pool of compile workers competes with the timed host loops.
+export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1}
 PAIR=${PAIR:-/tmp/specpilot-pair}
 RESULTS=${RESULTS:-/tmp/specpilot-results}
 MEMORY=${MEMORY:-/tmp/specpilot-memory.sqlite}

@@ -21,6 +21,7 @@ from .graphed_program import decoder_for, force_graphed, graph_refusal, run_grap
 from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
+from .fast_ops import fast_ops_enabled
 from .torch_backend import TorchBackend
 
 
@@ -70,7 +71,7 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
     def model(folder: str, role: str) -> Transformer:
         if program is None or program.kernels.backend == "torch":
             # On CUDA the torch backend runs fused kernels (runtime/fast_ops.py) as well.
-            backend = TorchBackend(fast_ops=fuse_projections)
+            backend = TorchBackend(fast_ops=fuse_projections and fast_ops_enabled())
             if program is None:
                 return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
                                                    fuse_projections=fuse_projections)

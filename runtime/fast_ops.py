@@ -14,8 +14,18 @@ the CPU and the tests run the same formulas uncompiled.
 """
 from __future__ import annotations
 
+import os
+
 import torch
 import torch.nn.functional as F
+
+FAST_OPS_ENV = "SPECPILOT_FAST_OPS"
+
+
+def fast_ops_enabled() -> bool:
+    """Whether CUDA models get the fast path (default on; SPECPILOT_FAST_OPS=0 turns it off,
+    e.g. to measure what it saves)."""
+    return os.environ.get(FAST_OPS_ENV, "1") != "0"
 
 
 def rmsnorm_formula(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
