@@ -73,9 +73,9 @@ phase() {
             --out-dir "$RESULTS" --name gpu-small ;;
     shapes)
         local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
-        [ -f "$profile" ] || profile=$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)
+        [ -f "$profile" ] || profile=${PROFILE:-$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)}
         step shapes timeout 400 python3 -m specpilot bench --shapes llama-3.1-8b:llama-3.2-1b \
-            --acceptance "$profile" --batch-sizes "${BATCHES:-1,4,16,64}" --repeats 10 \
+            --acceptance "$profile" --batch-sizes "${SHAPE_BATCHES:-1,4,16,64}" --repeats "${SHAPE_REPEATS:-10}" \
             --out-dir "$RESULTS" --name llama8b-1b-replayed ;;
     compile1|compile16)
         local b=${1#compile}
