@@ -12,6 +12,7 @@
 #   compile1   specpilot compile of the pair at batch 1     compile16   the same at batch 16
 #   mechanisms specpilot bench --pair $PAIR of the mechanism Programs in bench/programs/
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
+#   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BATCHES (1,4,16,64), REPEATS (3), RESULTS (default /tmp/specpilot-results, kept between
@@ -63,6 +64,8 @@ phase() {
             step train timeout 420 python3 -m specpilot zoo train --preset gpu-small --out "$PAIR"
         fi
         cp "$PAIR/train_report.json" "$RESULTS/train_report.json" 2>/dev/null ;;
+    profile)
+        step profile timeout 300 python3 bench/profile_decode.py --out "$RESULTS/profile.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;
@@ -70,7 +73,7 @@ phase() {
         step bench timeout 540 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-3}" \
-            --out-dir "$RESULTS" --name gpu-small ;;
+            --time-budget "${BENCH_BUDGET:-450}" --out-dir "$RESULTS" --name gpu-small ;;
     shapes)
         local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
         [ -f "$profile" ] || profile=${PROFILE:-$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)}

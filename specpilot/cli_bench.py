@@ -75,6 +75,9 @@ def add_parser(sub) -> None:
                    help="'humaneval' (default) or a prompts file (JSONL 'prompt' field or lines)")
     g.add_argument("--program", action="extend", nargs="+", default=[], metavar="P.json",
                    help="Program(s) to measure besides the stock one")
+    g.add_argument("--time-budget", type=float, metavar="S",
+                   help="stop starting new measurements after S seconds; the rest are recorded "
+                        "as skipped (results so far are kept in <name>.partial.json as it runs)")
     g.add_argument("--systems", type=_names, metavar="A,B,...",
                    help="subset of hf_ar,hf_assisted,ar_torch,strong_ar,stock,program:<stem> "
                         "(default all)")
@@ -116,17 +119,18 @@ def _progress(message: str) -> None:
 
 
 def _run_pair(args, device, env) -> int:
-    from specpilot.bench.pair_bench import PairBenchSettings, run_pair_bench
+    from specpilot.bench.pair_bench import PairBenchSettings, default_name, run_pair_bench
     from specpilot.bench.report_md import pair_markdown
-    from specpilot.bench.results import write_results
+    from specpilot.bench.results import PartialResults, write_results
 
     settings = PairBenchSettings(
         pair=args.pair, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
         prompts=args.prompts, workload=args.workload,
         repeats=args.repeats or 3, warmup=1 if args.warmup is None else args.warmup,
         programs=args.program, systems=args.systems, device=device, dtype=args.dtype,
-        name=args.name)
-    doc, profiles = run_pair_bench(settings, _progress, env)
+        name=args.name, time_budget_s=args.time_budget)
+    partial = PartialResults(args.out_dir, args.name or default_name(args.pair))
+    doc, profiles = run_pair_bench(settings, _progress, env, on_row=partial.write)
     extra = {}
     doc["acceptance_profiles"] = {}
     for system, profile in profiles.items():
@@ -136,6 +140,7 @@ def _run_pair(args, device, env) -> int:
     title = f"{doc['name']}: {doc['environment']['gpu']}, {doc['settings']['dtype']}"
     paths = write_results(doc, args.out_dir, pair_markdown(doc), title, extra_json=extra,
                           benchmarks_md=args.benchmarks_md)
+    partial.remove()
     for path in paths.values():
         print(path)
     return 0

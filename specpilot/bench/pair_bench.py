@@ -7,6 +7,7 @@ acceptance profiles of the speculative systems → one result document.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -18,7 +19,7 @@ from specpilot.runtime.ar import ARResult
 from specpilot.runtime.decoder import load_pair
 
 from .hf_systems import HFAssisted, HFGreedy, HFModels
-from .measure import add_speedups, measure
+from .measure import add_speedups, measure, skipped_row
 from .replay import AcceptanceProfile
 from .systems import EagerAR, ProgramSystem, StrongAR, System
 from .workload import encode_prompts, stock_reference
@@ -40,6 +41,7 @@ class PairBenchSettings:
     device: Optional[str] = None
     dtype: Optional[str] = None
     name: Optional[str] = None
+    time_budget_s: Optional[float] = None    # cells not started by then are recorded as skipped
 
 
 def pair_dirs(pair: str):
@@ -86,10 +88,12 @@ def select_systems(available: Dict[str, System], wanted: Optional[Sequence[str]]
 
 
 def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
-                   environment: dict) -> tuple:
-    """Run the bench; returns (result document, {system: AcceptanceProfile})."""
+                   environment: dict, on_row: Optional[Callable[[dict], None]] = None) -> tuple:
+    """Run the bench; returns (result document, {system: AcceptanceProfile}). `on_row` gets
+    the document as it stands after every measured cell (to keep partial results)."""
     from specpilot.deploy import detect_gpu
 
+    started = time.perf_counter()
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
     target_dir, drafter_dir = pair_dirs(settings.pair)
@@ -113,11 +117,39 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
     systems = select_systems(available, settings.systems)
 
     rows, profiles = [], {}
-    # HF systems first, so their models can be released before ours are timed.
-    ordered = sorted(systems, key=lambda s: s.family != "hf")
+
+    def document() -> dict:
+        return {
+            "kind": "measured", "name": settings.name or default_name(settings.pair),
+            "environment": environment,
+            "settings": {"pair": os.path.abspath(settings.pair), "workload": settings.workload,
+                         "prompts": len(prompts), "base_prompts": settings.prompts,
+                         "max_new_tokens": settings.max_new_tokens,
+                         "batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
+                         "warmup": settings.warmup, "dtype": dtype, "device": device,
+                         "systems": [s.name for s in systems],
+                         "time_budget_s": settings.time_budget_s},
+            "reference": {"decoder": ("stock: greedy AR, torch backend, batch 1" +
+                                      (", decode steps replayed from a CUDA graph"
+                                       if device == "cuda" else "")),
+                          "requests": len(reference.tokens),
+                          "tokens": sum(len(t) for t in reference.tokens)},
+            "systems": [{"name": s.name, "family": s.family, "description": s.description,
+                         "notes": list(s.notes)} for s in systems],
+            "rows": rows,
+        }
+
+    # Our systems first: their peak memory is then measured without the HF models resident,
+    # and a time budget that runs out cuts the (slow) HF baselines, not the systems under test.
+    ordered = sorted(systems, key=lambda s: s.family == "hf")
     for i, system in enumerate(ordered):
         for b in settings.batch_sizes:
-            progress(f"[bench] {system.name} at batch {b}")
+            elapsed = time.perf_counter() - started
+            if settings.time_budget_s is not None and elapsed > settings.time_budget_s:
+                rows.append(skipped_row(system, b, f"time budget of {settings.time_budget_s:.0f} s "
+                                                   f"spent ({elapsed:.0f} s elapsed)"))
+                continue
+            progress(f"[bench] {system.name} at batch {b} ({elapsed:.0f} s elapsed)")
             n = workload_size(len(prompts), settings.prompts, b)
             part = ARResult(reference.tokens[:n], reference.margins[:n], 0)
             row, output = measure(system, prompts[:n], part, b, settings.max_new_tokens,
@@ -127,28 +159,13 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             rows.append(row)
             if output is not None and output.accepted_lengths is not None and system.name not in profiles:
                 profiles[system.name] = _profile(system, output, settings, pair, b, dtype)
+            if on_row is not None:
+                add_speedups(rows)
+                on_row(document())
         if system.family == "hf" and all(s.family != "hf" for s in ordered[i + 1:]):
             hf.release()
     add_speedups(rows)
-    doc = {
-        "kind": "measured", "name": settings.name or default_name(settings.pair),
-        "environment": environment,
-        "settings": {"pair": os.path.abspath(settings.pair), "workload": settings.workload,
-                     "prompts": len(prompts), "base_prompts": settings.prompts,
-                     "max_new_tokens": settings.max_new_tokens,
-                     "batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
-                     "warmup": settings.warmup, "dtype": dtype, "device": device,
-                     "systems": [s.name for s in systems]},
-        "reference": {"decoder": ("stock: greedy AR, torch backend, batch 1" +
-                                  (", decode steps replayed from a CUDA graph"
-                                   if device == "cuda" else "")),
-                      "requests": len(reference.tokens),
-                      "tokens": sum(len(t) for t in reference.tokens)},
-        "systems": [{"name": s.name, "family": s.family, "description": s.description,
-                     "notes": list(s.notes)} for s in systems],
-        "rows": rows,
-    }
-    return doc, profiles
+    return document(), profiles
 
 
 def workload_size(available: int, base: Optional[int], batch: int) -> int:

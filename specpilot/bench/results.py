@@ -69,3 +69,22 @@ def _dump(obj, path: str, indent: Optional[int] = 1) -> None:
 def _text(text: str, path: str) -> None:
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
+
+
+class PartialResults:
+    """<out_dir>/<name>.partial.json, rewritten (atomically) with the document as it stands, so
+    a bench that is killed or times out still leaves what it measured."""
+
+    def __init__(self, out_dir: str, name: str):
+        self.path = os.path.join(out_dir, check_name(name) + ".partial.json")
+        self.out_dir = out_dir
+
+    def write(self, doc: dict) -> None:
+        os.makedirs(self.out_dir, exist_ok=True)
+        tmp = self.path + ".tmp"
+        _dump(dict(doc, complete=False), tmp)
+        os.replace(tmp, self.path)
+
+    def remove(self) -> None:
+        if os.path.exists(self.path):
+            os.remove(self.path)

@@ -72,9 +72,11 @@ class ShapePreset:
         """The HF config.json fields of this preset at `scale` (for checking against HF)."""
         c = self.config(scale)
         s = self.rope_scaling
-        rope = {"rope_type": "llama3", "rope_theta": c.rope_theta, "factor": s.factor,
-                "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
-                "original_max_position_embeddings": s.original_max_position_embeddings}
+        rope = {"rope_type": "default", "rope_theta": c.rope_theta}
+        if s is not None:
+            rope = {"rope_type": "llama3", "rope_theta": c.rope_theta, "factor": s.factor,
+                    "low_freq_factor": s.low_freq_factor, "high_freq_factor": s.high_freq_factor,
+                    "original_max_position_embeddings": s.original_max_position_embeddings}
         return {"model_type": "llama", "vocab_size": c.vocab_size, "hidden_size": c.hidden_size,
                 "intermediate_size": c.intermediate_size, "num_hidden_layers": c.num_layers,
                 "num_attention_heads": c.num_heads, "num_key_value_heads": c.num_kv_heads,
@@ -94,6 +96,16 @@ PRESETS: Dict[str, ShapePreset] = {
         "llama-3.2-1b", hidden=2048, intermediate=8192, layers=16, heads=32, kv_heads=8,
         head_dim=64, vocab=128256, tie_embeddings=True, rope_theta=500000.0,
         rope_scaling=RopeScaling("llama3", 32.0, 1.0, 4.0, 8192), max_position_embeddings=131072),
+    # The zoo's gpu-small pair (specpilot/zoo/presets.py), for profiling its step costs without
+    # training it first.
+    "zoo-gpu-small": ShapePreset(
+        "zoo-gpu-small", hidden=1024, intermediate=3072, layers=12, heads=16, kv_heads=4,
+        head_dim=64, vocab=8192, tie_embeddings=False, rope_theta=10000.0, rope_scaling=None,
+        max_position_embeddings=2048),
+    "zoo-gpu-small-drafter": ShapePreset(
+        "zoo-gpu-small-drafter", hidden=384, intermediate=1024, layers=4, heads=6, kv_heads=2,
+        head_dim=64, vocab=8192, tie_embeddings=False, rope_theta=10000.0, rope_scaling=None,
+        max_position_embeddings=2048),
 }
 
 

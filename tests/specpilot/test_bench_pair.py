@@ -201,3 +201,39 @@ def test_bad_input_is_one_clear_line_and_exit_2(bench, tmp_path, capsys, case):
     err = capsys.readouterr().err.strip().splitlines()
     assert err[-1].startswith("specpilot bench: error:") and message in err[-1]
     assert not list(tmp_path.glob("*.json.tmp"))
+
+
+def test_a_spent_time_budget_skips_the_rest_and_partial_results_are_kept(bench, monkeypatch):
+    """With a budget of zero seconds nothing is measured; every cell is recorded as skipped,
+    and a bench that stops part-way leaves the rows it measured in <name>.partial.json."""
+    import specpilot.bench.pair_bench as pair_bench
+    from specpilot.bench.results import PartialResults
+
+    root, _ = bench
+    code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                 "--prompts", "1", "--max-new-tokens", "4", "--batch-sizes", "1",
+                 "--systems", "ar_torch,hf_ar", "--time-budget", "0", "--repeats", "1",
+                 "--out-dir", str(root / "budget"), "--name", "budget", "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((root / "budget" / "budget.json").read_text())
+    assert [r["status"] for r in doc["rows"]] == ["skipped", "skipped"]
+    assert all("time budget of 0 s spent" in r["reason"] for r in doc["rows"])
+    assert not (root / "budget" / "budget.partial.json").exists()
+
+    # Killed after the first measured cell: the partial file holds exactly that row.
+    written = []
+
+    def stop_after_first(doc):
+        PartialResults(str(root / "killed"), "killed").write(doc)
+        written.append(doc)
+        raise KeyboardInterrupt
+
+    settings = pair_bench.PairBenchSettings(
+        pair=str(root / "pair"), batch_sizes=(1,), max_new_tokens=4, prompts=1,
+        workload=str(root / "prompts.txt"), repeats=1, warmup=0, systems=("ar_torch", "hf_ar"),
+        device="cpu", name="killed")
+    with pytest.raises(KeyboardInterrupt):
+        pair_bench.run_pair_bench(settings, lambda m: None, {"gpu": "cpu"}, on_row=stop_after_first)
+    partial = json.loads((root / "killed" / "killed.partial.json").read_text())
+    assert partial["complete"] is False
+    assert [(r["system"], r["status"]) for r in partial["rows"]] == [("ar_torch", "measured")]

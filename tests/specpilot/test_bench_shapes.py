@@ -133,3 +133,17 @@ def test_time_median_is_the_median_of_the_timed_runs():
 
     assert time_median(fn, torch.device("cpu"), warmup=1, repeats=3) == pytest.approx(0.02, abs=5e-3)
     assert len(calls) == 4
+
+
+def test_zoo_shape_presets_have_the_zoo_pairs_dimensions():
+    from specpilot.bench.shapes import get_preset as get_shape
+    from specpilot.zoo.presets import get_preset as get_zoo
+
+    zoo = get_zoo("gpu-small")
+    for shape_name, dims in (("zoo-gpu-small", zoo.target), ("zoo-gpu-small-drafter", zoo.drafter)):
+        c = get_shape(shape_name).config()
+        assert (c.hidden_size, c.intermediate_size, c.num_layers, c.num_heads, c.num_kv_heads,
+                c.head_dim, c.vocab_size) == (dims.hidden, dims.intermediate, dims.layers,
+                                               dims.heads, dims.kv_heads, dims.head_dim,
+                                               zoo.vocab_size)
+        assert get_shape(shape_name).hf_config()["rope_parameters"]["rope_type"] == "default"

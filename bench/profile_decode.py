@@ -1,0 +1,139 @@
+"""Where a decode step's time goes, on random-weight models of a shape preset pair.
+
+For the torch backend with and without its CUDA fast path, at each batch size:
+  kernels_per_forward   CUDA kernels one eager AR forward launches (torch.profiler)
+  ar_step_gpu_s         one CUDA-graphed AR step, device time (CUDA events)
+  ar_token_wall_s       wall time per token of GraphedAR.generate (host loop included)
+  prefill_wall_s        one eager prefill of the prompt
+  round_gpu_s           one graphed chain(k) round, device time
+  round_wall_s          wall time per round of GraphedChainDecoder.generate
+so that "bound by kernel count", "bound by the host loop" and "bound by bytes" can be told apart.
+
+  python3 bench/profile_decode.py --shapes zoo-gpu-small:zoo-gpu-small-drafter --out FILE.json
+
+Off a GPU it runs the same loops uncaptured, in float32 (useful only to check the script).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+
+from specpilot.bench.environment import environment
+from specpilot.bench.shapes import parse_shapes, random_tensors
+from specpilot.bench.step_costs import measure_round, time_median
+from specpilot.runtime.cuda_graphs import GraphedAR, GraphedStep
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.model import Transformer
+from specpilot.runtime.steps import append_step
+from specpilot.runtime.torch_backend import TorchBackend
+
+
+def build(preset, fast: bool, seed: int, device: str, scale: float) -> Transformer:
+    config = preset.config(scale)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    tensors = random_tensors(config, device, dtype, seed)
+    return Transformer(config, tensors, dtype, device, backend=TorchBackend(fast_ops=fast),
+                       fuse_projections=True, consume_tensors=True)
+
+
+def kernels_per_forward(model, batch: int, context: int):
+    """CUDA kernels of one eager forward (None off a GPU)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    if model.device.type != "cuda":
+        return None
+    dev = model.device
+    cache = model.new_cache(batch, context + 2)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
+    slots = torch.full((batch, 1), context, device=dev)
+    mask = torch.arange(context + 2, device=dev)[None, None, :] <= slots[:, :, None]
+    for _ in range(3):  # compile and warm up outside the profile
+        model.forward(tokens, slots, slots, mask, cache)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        model.forward(tokens, slots, slots, mask, cache)
+        torch.cuda.synchronize()
+    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+
+
+def wall(fn) -> float:
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    fn()
+    sync()
+    return time.perf_counter() - start
+
+
+def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> dict:
+    dev = target.device
+    graphs = dev.type == "cuda"
+    out = {"batch": batch, "kernels_per_forward": kernels_per_forward(target, batch, context),
+           "graphed": graphs}
+    cache = target.new_cache(batch, context + 2)
+    step = GraphedStep(target, cache, width=1, capture=graphs)
+    step.positions.fill_(context)
+    step.slots.fill_(context)
+    step.mask.copy_(torch.arange(context + 2, device=dev)[None, None, :] <= context)
+    out["ar_step_gpu_s"] = time_median(step.replay, target.device, 5, 20)
+    del step, cache
+    gen = torch.Generator().manual_seed(batch)
+    prompts = [torch.randint(0, target.config.vocab_size, (context,), generator=gen).tolist()
+               for _ in range(batch)]
+    zeros = torch.zeros(batch, dtype=torch.int64, device=dev)
+    pre_cache = target.new_cache(batch, context + 1)
+    append_step(target, pre_cache, zeros, prompts)
+    out["prefill_wall_s"] = wall(lambda: append_step(target, pre_cache, zeros, prompts))
+    del pre_cache
+    ar = GraphedAR(target, batch, context + new + 1, capture=graphs)
+    ar.generate(prompts, 8)
+    seconds = wall(lambda: ar.generate(prompts, new))
+    out["ar_token_wall_s"] = (seconds - out["prefill_wall_s"]) / (new - 1)
+    del ar
+    out["round_gpu_s"] = measure_round(target, drafter, batch, k, context, graphs, 5, 20)
+    decoder = GraphedChainDecoder(target, drafter, batch, context + new + 2 * k + 2, k,
+                                  capture=graphs)
+    decoder.generate(prompts, 8)
+    result = []
+    seconds = wall(lambda: result.append(decoder.generate(prompts, new)))
+    rounds = result[0].target_forwards - 1
+    out["round_wall_s"] = (seconds - out["prefill_wall_s"]) / max(rounds, 1)
+    out["rounds"] = rounds
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--shapes", default="zoo-gpu-small:zoo-gpu-small-drafter")
+    p.add_argument("--batch-sizes", default="1,16")
+    p.add_argument("--context", type=int, default=256)
+    p.add_argument("--new-tokens", type=int, default=128)
+    p.add_argument("--k", type=int, default=4)
+    p.add_argument("--scale", type=float, default=1.0, help="shrink every width (quick runs)")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    target_preset, drafter_preset = parse_shapes(args.shapes)
+    doc = {"environment": environment(args.device, None), "settings": vars(args), "rows": []}
+    # The fast path compiles its ops: a GPU only.
+    for fast in ((False, True) if args.device == "cuda" else (False,)):
+        target = build(target_preset, fast, 1, args.device, args.scale)
+        drafter = build(drafter_preset, fast, 2, args.device, args.scale)
+        for b in (int(x) for x in args.batch_sizes.split(",")):
+            row = dict(fast_ops=fast, **profile_one(target, drafter, b, args.context,
+                                                    args.new_tokens, args.k))
+            print(json.dumps(row), flush=True)
+            doc["rows"].append(row)
+            with open(args.out, "w") as f:
+                json.dump(doc, f, indent=1)
+        del target, drafter
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

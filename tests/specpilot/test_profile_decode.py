@@ -1,0 +1,31 @@
+"""bench/profile_decode.py runs end to end off a GPU (uncaptured loops, tiny widths) and writes
+one row per batch size whose times are positive and whose round counts match the decode."""
+import importlib.util
+import json
+import os
+
+import torch
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def test_profile_script_writes_a_row_per_batch(tmp_path):
+    spec = importlib.util.spec_from_file_location(
+        "profile_decode", os.path.join(ROOT, "bench", "profile_decode.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    out = tmp_path / "profile.json"
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        assert module.main(["--scale", "0.0625", "--batch-sizes", "1,2", "--context", "16",
+                            "--new-tokens", "8", "--device", "cpu", "--out", str(out)]) == 0
+    finally:
+        torch.set_num_threads(threads)
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["batch"] for r in rows] == [1, 2] and not any(r["fast_ops"] for r in rows)
+    for r in rows:
+        assert all(r[key] > 0 for key in ("ar_step_gpu_s", "prefill_wall_s", "round_gpu_s",
+                                          "round_wall_s"))
+        # Random weights: drafts are almost never accepted, so about one round per new token.
+        assert 4 <= r["rounds"] <= 8
