@@ -55,7 +55,7 @@ setup() {
 phase() {
     case $1 in
     tests)
-        step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -x \
+        step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider -x --durations=25 \
             --junitxml="$RESULTS/gpu_tests.xml" tests/gpu ;;
     train)
         if [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/drafter/config.json" ]; then
