@@ -43,11 +43,19 @@ class GraphedChainDecoder:
     """
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
-                 eos_ids: Sequence[int] = (), capture: bool = True):
+                 eos_ids: Sequence[int] = (), capture: bool = True,
+                 adaptive: bool = False, length_cap: Optional[int] = None):
+        """`adaptive`: each request drafts one more than its recent mean acceptance (as
+        runtime/adaptive_draft.py), at most `length_cap` (default k); each round replays the
+        graph of the longest length any request wanted one round earlier (the host reads it
+        one round behind), and a request's acceptance stops at its own length."""
         if capture:
             require_cuda(target.device)
         if k < 1:
             raise SpecPilotError(f"chain length must be at least 1, got {k}")
+        cap = k if length_cap is None else length_cap
+        if not 1 <= cap <= k:
+            raise SpecPilotError(f"length cap {cap} must be within 1..{k}")
         if target.device != drafter.device:
             raise SpecPilotError(f"target on {target.device} but drafter on {drafter.device}: "
                                  "load both on one device")
@@ -75,7 +83,13 @@ class GraphedChainDecoder:
         self.chain = torch.arange(k + 1, device=dev)
         self.catch_up_offsets = torch.tensor([-1, 0], **i64)
         self.catch_up_logit = torch.ones((batch, 1), **i64)
-        self._graphs: Dict[bool, Optional[torch.cuda.CUDAGraph]] = {}
+        # Adaptive draft length: per request a moving average of accepted drafts and the length
+        # it drafts next; per round the longest wanted length (the host picks graphs by it).
+        self.adaptive, self.length_cap = adaptive, cap
+        self.ema = torch.zeros(batch, dtype=torch.float32, device=dev)
+        self.draft_len = torch.full((batch,), cap, **i64)
+        self.widths = torch.full((self.width,), cap, **i64)
+        self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
     @property
     def capacity(self) -> int:
@@ -91,7 +105,7 @@ class GraphedChainDecoder:
         positions are clamped so its (discarded) writes stay inside the cache."""
         return self.length.clamp(max=self.capacity - self.k - 1)
 
-    def _draft(self) -> torch.Tensor:
+    def _draft(self, k: int) -> torch.Tensor:
         """k drafter argmaxes after (prev, last): [B, k]."""
         base = self._base()
         pos = base[:, None] + self.catch_up_offsets
@@ -99,7 +113,7 @@ class GraphedChainDecoder:
         logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
                                       self.catch_up_logit)
         drafts = [torch.argmax(logits[:, 0], dim=-1)]
-        for i in range(1, self.k):
+        for i in range(1, k):
             pos = (base + i)[:, None]
             logits = self.drafter.forward(drafts[-1][:, None], pos, pos, self._mask(pos), self.dcache)
             drafts.append(torch.argmax(logits[:, 0], dim=-1))
@@ -107,7 +121,7 @@ class GraphedChainDecoder:
 
     def _verify(self, drafts: torch.Tensor) -> torch.Tensor:
         """The target's argmax after each of (last, d_1..d_k): [B, k + 1]."""
-        pos = self._base()[:, None] + self.chain
+        pos = self._base()[:, None] + self.chain[:drafts.shape[1] + 1]
         tokens = torch.cat([self.last[:, None], drafts], dim=1)
         logits = self.target.forward(tokens, pos, pos, self._mask(pos), self.tcache)
         return torch.argmax(logits, dim=-1)
@@ -115,8 +129,9 @@ class GraphedChainDecoder:
     def _write(self, values: torch.Tensor, upto: torch.Tensor) -> None:
         """out[count + j] = values[j] for j <= upto, on active rows. Indices past the row end
         are clamped to its last column, which no kept entry reaches (width = capacity + k + 1)."""
-        idx = (self.count[:, None] + self.chain).clamp(max=self.width - 1)
-        keep = self.active[:, None] & (self.chain[None, :] <= upto[:, None])
+        chain = self.chain[:values.shape[1]]
+        idx = (self.count[:, None] + chain).clamp(max=self.width - 1)
+        keep = self.active[:, None] & (chain[None, :] <= upto[:, None])
         self.out.scatter_(1, idx, torch.where(keep, values, self.out.gather(1, idx)))
 
     @staticmethod
@@ -125,10 +140,12 @@ class GraphedChainDecoder:
         commits g_0..g_n (g_j = d_{j+1} for j < n, and g_n is the target's own next token)."""
         return torch.cumprod((drafts == g[:, :-1]).to(torch.int64), dim=1).sum(dim=1)
 
-    def _round(self) -> None:
-        drafts = self._draft()
+    def _round(self, k: int) -> None:
+        drafts = self._draft(k)
         g = self._verify(drafts)
         n = self._accepted(drafts, g)
+        if self.adaptive:
+            n = torch.minimum(n, self.draft_len)
         self._write(g, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
@@ -140,18 +157,32 @@ class GraphedChainDecoder:
         self.count.add_(step)
         still = before & (self.count < self.limit)
         if self.eos is not None:
-            kept = self.chain[None, :] <= n[:, None]
+            kept = self.chain[None, :k + 1] <= n[:, None]
             hit = ((g[:, :, None] == self.eos[None, None, :]).any(-1) & kept).any(-1)
             still = still & ~hit
         self.active.copy_(still)
+        if self.adaptive:
+            self._adapt(n, before)
         self._log_round(torch.where(before, n, torch.full_like(n, -1)))
 
-    def _forced_round(self) -> None:
-        idx = (self.count[:, None] + self.chain[:-1]).clamp(max=self.width - 1)
+    def _adapt(self, n: torch.Tensor, before: torch.Tensor) -> None:
+        """Next lengths: one more than the moving average of accepted drafts, within 1..cap."""
+        from .adaptive_draft import SMOOTHING
+
+        ema = SMOOTHING * n.float() + (1.0 - SMOOTHING) * self.ema
+        self.ema.copy_(torch.where(before, ema, self.ema))
+        wanted = (torch.floor(self.ema).to(torch.int64) + 1).clamp(1, self.length_cap)
+        self.draft_len.copy_(wanted)
+        r = self.round_index.clamp(max=self.width - 1)
+        longest = torch.where(self.active, wanted, torch.ones_like(wanted)).max()
+        self.widths.index_copy_(0, r[None], longest[None])
+
+    def _forced_round(self, k: int) -> None:
+        idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
         g = self._verify(self.ref.gather(1, idx))
-        self._write(g, torch.full_like(self.count, self.k))
+        self._write(g, torch.full_like(self.count, k))
         before = self.active.clone()
-        step = torch.where(before, torch.full_like(self.count, self.k + 1),
+        step = torch.where(before, torch.full_like(self.count, k + 1),
                            torch.zeros_like(self.count))
         self.length.add_(step)
         self.count.add_(step)
@@ -159,7 +190,7 @@ class GraphedChainDecoder:
         self.last.copy_(self.ref.gather(1, (self.count - 1).clamp(min=0)[:, None])[:, 0])
         self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
         self.active.copy_(before & (self.count < self.limit))
-        self._log_round(torch.where(before, torch.full_like(step, self.k), torch.full_like(step, -1)))
+        self._log_round(torch.where(before, torch.full_like(step, k), torch.full_like(step, -1)))
 
     def _log_round(self, accepted: torch.Tensor) -> None:
         r = self.round_index.clamp(max=self.width - 1)
@@ -169,11 +200,13 @@ class GraphedChainDecoder:
 
     # ---- capture and the host loop ------------------------------------------------------------
 
-    def _runner(self, forced: bool):
-        body = self._forced_round if forced else self._round
+    def _runner(self, forced: bool, k: Optional[int] = None):
+        k = self.k if k is None else k
+        body = (lambda: self._forced_round(k)) if forced else (lambda: self._round(k))
         if not self.capture:
             return body
-        if forced not in self._graphs:
+        key = (forced, k)
+        if key not in self._graphs:
             # Capture runs the round a few times on whatever the state holds: every request is
             # inactive here (set by _reset), so only cache slots that prefill overwrites change.
             self._reset(0)
@@ -187,8 +220,12 @@ class GraphedChainDecoder:
             current.wait_stream(side)
             with torch.cuda.graph(graph):
                 body()
-            self._graphs[forced] = graph
-        return self._graphs[forced].replay
+            self._graphs[key] = graph
+        return self._graphs[key].replay
+
+    def _lengths(self) -> List[int]:
+        """The chain lengths whose rounds this decoder replays."""
+        return list(range(1, self.length_cap + 1)) if self.adaptive else [self.k]
 
     def timing_round(self, context: int):
         """A callable running one unforced round with every row active after `context`
@@ -197,7 +234,7 @@ class GraphedChainDecoder:
         if context < 1 or context + 2 * (self.k + 1) > self.capacity:
             raise CapacityError(f"a timing context of {context} does not fit a cache of "
                                 f"{self.capacity} slots with chains of {self.k}")
-        replay = self._runner(forced=False)
+        replay = self._runner(False)
         self._reset(self.batch)
         self.length.fill_(context)
         self.count.fill_(1)
@@ -213,6 +250,9 @@ class GraphedChainDecoder:
         self.accepted.fill_(-1)
         self.finished.zero_()
         self.round_index.zero_()
+        self.ema.zero_()
+        self.draft_len.fill_(self.length_cap)
+        self.widths.fill_(self.length_cap)
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
         """Prefill both models with every prompt (rows past the prompts repeat the first one and
@@ -239,24 +279,34 @@ class GraphedChainDecoder:
                                 f"plus {max_new_tokens} new tokens and a chain of {self.k} need "
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 
-    def _loop(self, replay) -> int:
-        """Replay rounds until every request is done; returns the rounds run. The host reads
-        the `finished` flag of round r - 1 after queueing round r, so the GPU never waits on it."""
-        host = torch.zeros(self.width, dtype=torch.bool, pin_memory=self.device.type == "cuda")
+    def _loop(self, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
+        """Replay rounds until every request is done; returns the rounds run per chain length
+        (their sum is the number of rounds). The host reads
+        the `finished` flag (and the lengths wanted) of round r - 1 after queueing round r, so
+        the GPU never waits on it. Forced runs cycle through every length, so that every
+        verification width is checked."""
         cuda = self.device.type == "cuda"
+        host = torch.zeros((self.width, 2), dtype=torch.int64, pin_memory=cuda)
         events = []
-        rounds = 0
+        lengths = sorted(replays)
+        k = lengths[-1]
+        rounds: Dict[int, int] = {}
         for r in range(self.width):
-            replay()
-            rounds += 1
-            host[r:r + 1].copy_(self.finished[r:r + 1], non_blocking=cuda)
+            if forced:
+                k = lengths[r % len(lengths)]
+            elif self.adaptive and r >= 2:
+                k = min(max(int(host[r - 2, 1]), lengths[0]), lengths[-1])
+            replays[k]()
+            rounds[k] = rounds.get(k, 0) + 1
+            host[r, 0:1].copy_(self.finished[r:r + 1], non_blocking=cuda)
+            host[r, 1:2].copy_(self.widths[r:r + 1], non_blocking=cuda)
             if cuda:
                 events.append(torch.cuda.Event())
                 events[-1].record()
             if r >= 1:
                 if cuda:
                     events[r - 1].synchronize()
-                if bool(host[r - 1]):
+                if bool(host[r - 1, 0]):
                     break
         return rounds
 
@@ -264,7 +314,7 @@ class GraphedChainDecoder:
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
         """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
         self._check(prompts, max_new_tokens)
-        replay = self._runner(forced=False)
+        replays = {k: self._runner(False, k) for k in self._lengths()}
         n = len(prompts)
         self._reset(n)
         g0 = self._prefill(prompts, [max_new_tokens] * n)
@@ -273,13 +323,16 @@ class GraphedChainDecoder:
         if self.eos is not None:
             active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
         self.active.copy_(active)
-        rounds = self._loop(replay)
+        by_length = self._loop(replays)
+        rounds = sum(by_length.values())
         tokens = self._collect(n, [max_new_tokens] * n, trim_eos=True)
         accepted = self.accepted[:rounds, :n].T.tolist()
         accepted = [[a for a in row if a >= 0] for row in accepted]
         steps = sum(len(a) for a in accepted)
         mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
-        return SpecResult(tokens, 1 + rounds, 1 + rounds * self.k, accepted, mean)
+        drafter_forwards = 1 + sum(k * c for k, c in by_length.items())
+        stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
+        return SpecResult(tokens, 1 + rounds, drafter_forwards, accepted, mean, stats=stats)
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:
@@ -288,7 +341,7 @@ class GraphedChainDecoder:
             raise SpecPilotError("force needs one non-empty reference token list per prompt")
         longest = max(len(r) for r in reference)
         self._check(prompts, longest)
-        replay = self._runner(forced=True)
+        replays = {k: self._runner(True, k) for k in self._lengths()}
         n = len(prompts)
         self._reset(n)
         table = torch.zeros((self.batch, self.width), dtype=torch.int64)
@@ -298,7 +351,7 @@ class GraphedChainDecoder:
         self._prefill(prompts, [len(r) for r in reference])
         self.last.copy_(self.ref[:, 0])
         self.active.copy_(self.count < self.limit)
-        self._loop(replay)
+        self._loop(replays, forced=True)
         return self._collect(n, [len(r) for r in reference], trim_eos=False)
 
     def _collect(self, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:

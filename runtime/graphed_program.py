@@ -1,9 +1,16 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
-The graphed runtime covers the stock mechanisms with a chain topology: padded layout, fixed
-draft length, drain refill, no pruned verifier (`graph_refusal` names what else a Program asks
-for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
+The graphed runtime covers a chain topology with the padded layout, drain refill and no pruned
+verifier, with a fixed or an adaptive draft length (`graph_refusal` names what else a Program
+asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
+
+Adaptive draft length under a token budget, graphed: the padded batch verifies B x (L + 1)
+tokens in a round of chain length L, so the budget caps L at budget // B - 1; each request
+drafts one more than its recent mean acceptance within that cap, and each round replays the
+graph of the longest length wanted (runtime/graphed_chain.py). Where the cap is below one draft
+the budget turns speculation off for that batch size: the Program decodes with the graphed
+greedy AR step (speculation never costs more than plain decoding there).
 """
 from __future__ import annotations
 
@@ -16,6 +23,7 @@ from specpilot.ir import Program
 from specpilot.ir.topology import Chain
 
 from .ar import ARResult
+from .cuda_graphs import GraphedAR
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .speculative import SpecResult
@@ -33,8 +41,10 @@ def graph_refusal(program: Program, device) -> Optional[str]:
     b = program.batch
     if not isinstance(program.draft.topology, Chain):
         return f"draft topology {program.draft.topology} (graphed rounds are chains only)"
-    if b.layout != "padded" or b.draft_length_policy != "fixed" or b.refill != "drain":
-        return "graphed rounds need the padded layout, a fixed draft length and drain refill"
+    if b.layout != "padded" or b.refill != "drain":
+        return "graphed rounds need the padded layout and drain refill"
+    if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
+        return f"draft length policy {b.draft_length_policy!r}"
     if program.verify.prune is not None:
         return "graphed rounds do not run a pruned verifier"
     return None
@@ -43,23 +53,55 @@ def graph_refusal(program: Program, device) -> Optional[str]:
 _decoders: "OrderedDict" = OrderedDict()
 
 
+def length_cap(program: Program) -> Optional[int]:
+    """The longest chain the Program may draft at its batch size: k for a fixed length, the
+    token budget's share (budget // batch - 1, at most k) for an adaptive one; 0 means the
+    budget leaves no room for drafts."""
+    k, b = program.draft.topology.k, program.batch
+    if b.draft_length_policy != "per_request_adaptive":
+        return k
+    return max(0, min(k, b.token_budget // b.max_batch_size - 1))
+
+
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
-                max_new_tokens: int, capture: bool = True) -> GraphedChainDecoder:
-    """The (cached) decoder that runs `program` on `pair` for prompts like these."""
+                max_new_tokens: int, capture: bool = True):
+    """The (cached) decoder that runs `program` on `pair` for prompts like these: a
+    GraphedChainDecoder, or a GraphedAR where the token budget leaves no room for drafts."""
     k, batch = program.draft.topology.k, program.batch.max_batch_size
+    cap = length_cap(program)
+    adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
     capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
     capacity = min(capacity, pair.target.config.max_position_embeddings)
-    key = (id(pair.target), id(pair.drafter), batch, k, capacity, tuple(pair.eos_ids), capture)
+    key = (id(pair.target), id(pair.drafter), batch, k, cap, adaptive, capacity,
+           tuple(pair.eos_ids), capture)
     if key in _decoders:
         _decoders.move_to_end(key)
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    decoder = GraphedChainDecoder(pair.target, pair.drafter, batch, capacity, k, pair.eos_ids,
-                                  capture=capture)
+    if cap == 0:
+        decoder = GraphedAR(pair.target, batch, capacity, capture=capture)
+    else:
+        decoder = GraphedChainDecoder(pair.target, pair.drafter, batch, capacity, k,
+                                      pair.eos_ids, capture=capture, adaptive=adaptive,
+                                      length_cap=cap)
     _decoders[key] = decoder
     return decoder
+
+
+def _generate(decoder, prompts, max_new_tokens: int, eos_ids) -> SpecResult:
+    if isinstance(decoder, GraphedChainDecoder):
+        return decoder.generate(prompts, max_new_tokens)
+    r = decoder.generate(prompts, max_new_tokens, eos_ids)
+    return SpecResult(r.tokens, r.target_forwards, 0, [[0] * (len(t) - 1) for t in r.tokens],
+                      1.0, stats={"speculation_off": 1})
+
+
+def _force(decoder, prompts, reference) -> List[List[int]]:
+    if isinstance(decoder, GraphedChainDecoder):
+        return decoder.force(prompts, reference)
+    return decoder.generate(prompts, 1, force_reference=ARResult([list(t) for t in reference])).tokens
 
 
 def release_decoders() -> None:
@@ -73,15 +115,20 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
     decoder = decoder_for(program, pair, prompts, max_new_tokens, capture)
     parts: List[SpecResult] = []
     for start in range(0, len(prompts), decoder.batch):
-        parts.append(decoder.generate(prompts[start:start + decoder.batch], max_new_tokens))
+        parts.append(_generate(decoder, prompts[start:start + decoder.batch], max_new_tokens,
+                               pair.eos_ids))
     accepted = [a for p in parts for a in p.accepted_lengths]
     steps = sum(len(a) for a in accepted)
+    stats: dict = {}
+    for p in parts:
+        for name, value in p.stats.items():
+            stats[name] = stats.get(name, 0) + value
     return SpecResult(tokens=[t for p in parts for t in p.tokens],
                       target_forwards=sum(p.target_forwards for p in parts),
                       drafter_forwards=sum(p.drafter_forwards for p in parts),
                       accepted_lengths=accepted,
                       mean_accepted=(sum(n + 1 for a in accepted for n in a) / steps
-                                     if steps else 0.0))
+                                     if steps else 0.0), stats=stats)
 
 
 def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], reference: ARResult,
@@ -91,7 +138,7 @@ def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], refe
     decoder = decoder_for(program, pair, prompts, longest, capture)
     proposals: List[List[int]] = []
     for start in range(0, len(prompts), decoder.batch):
-        proposals += decoder.force(prompts[start:start + decoder.batch],
-                                   reference.tokens[start:start + decoder.batch])
+        proposals += _force(decoder, prompts[start:start + decoder.batch],
+                            reference.tokens[start:start + decoder.batch])
     return compare_to_reference(proposals, reference,
                                 resolve_tolerance(tolerance, pair.target.dtype))

@@ -141,3 +141,62 @@ def test_round_timing_runs_every_row_on(tmp_path):
     assert bool(decoder.active.all()) and (decoder.length > 8).all()
     with pytest.raises(CapacityError):
         decoder.timing_round(38)
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("cap", [2, 5])
+def test_adaptive_lengths_keep_the_output_and_follow_acceptance(seed, cap):
+    s = pair_setup(seed)
+    decoder = GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 5, s["eos"], capture=False,
+                                  adaptive=True, length_cap=cap)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["reference"].tokens
+    # No request ever accepts more than the cap; rounds of several lengths were replayed.
+    assert max(a for row in r.accepted_lengths for a in row) <= cap
+    used = {int(k.rsplit("_", 1)[1]) for k in r.stats}
+    assert used <= set(range(1, cap + 1)) and cap in used
+    assert sum(r.stats.values()) == r.target_forwards - 1
+    assert_clean(compare_to_reference(decoder.force(s["prompts"], s["reference"].tokens),
+                                      s["reference"], default_tolerance(torch.float32)),
+                 s["reference"])
+
+
+def test_a_drafter_that_is_always_wrong_shrinks_adaptive_rounds_to_one_draft():
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
+                                  capture=False, adaptive=True)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["reference"].tokens
+    # The first two rounds run the full length (the host reads lengths one round behind);
+    # from then on every request wants a single draft.
+    assert r.stats.get("rounds_chain_1", 0) >= r.target_forwards - 1 - 2
+
+
+@pytest.mark.parametrize("budget,expect_off", [(4, True), (12, False)])
+def test_a_token_budget_caps_the_chain_or_turns_speculation_off(budget, expect_off):
+    from dataclasses import replace
+
+    from specpilot.deploy import build_deployment
+    from specpilot.ir import CaptureGraphs, SetDraftLengthPolicy, SetMaxBatchSize, apply, stock_program
+    from specpilot.runtime.decoder import ModelPair
+    from specpilot.runtime.graphed_program import (force_graphed, length_cap, release_decoders,
+                                                   run_graphed)
+
+    s = pair_setup(11)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(apply(apply(stock, CaptureGraphs(on=True)), SetMaxBatchSize(4)),
+                    SetDraftLengthPolicy("per_request_adaptive", budget))
+    # Padded rounds verify 4 x (L + 1) tokens: budget 12 allows L = 2; budget 4 allows none.
+    assert length_cap(program) == (0 if expect_off else 2)
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    if expect_off:
+        assert r.stats == {"speculation_off": 1} and r.mean_accepted == 1.0
+        # One target forward per token (plus at most one step queued past the last EOS).
+        assert 0 <= r.target_forwards - max(len(t) for t in r.tokens) <= 1
+    else:
+        assert max(a for row in r.accepted_lengths for a in row) <= 2 and r.mean_accepted > 1.0
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
