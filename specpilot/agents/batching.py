@@ -3,7 +3,7 @@ policy, as far as the IR names them and the runtime executes them. Only a batch 
 one request has anything to gain."""
 from __future__ import annotations
 
-from typing import List
+from typing import List, Optional
 
 from specpilot.ir import (Chain, Program, SetBatchLayout, SetDraftLengthPolicy, SetRefill,
                           Transformation)
@@ -12,10 +12,32 @@ from specpilot.ir import program as ir_program
 from .base import Agent, Budget, rank_by_prediction
 
 
+def ridge_budget(program: Program, context: int = 512) -> Optional[int]:
+    """Tokens per verification forward at which the target turns compute-bound on the
+    Program's GPU (runtime.adaptive_draft.ridge_token_budget over the roofline's byte and FLOP
+    counts, the batch's KV cache at `context` included); None for an unknown GPU or a CPU."""
+    from specpilot.cost.gpu_specs import UnknownGpu, gpu_spec
+    from specpilot.cost.roofline import _linear_params, _weight_bytes, kv_row_bytes
+    from specpilot.runtime.adaptive_draft import ridge_token_budget
+
+    if program.gpu == "cpu":
+        return None
+    try:
+        gpu = gpu_spec(program.gpu)
+    except UnknownGpu:
+        return None
+    t, batch = program.models.target, program.batch.max_batch_size
+    weights = sum(_weight_bytes(t, n) for n in t.linears)
+    kv = t.num_layers * batch * context * kv_row_bytes(t)
+    return ridge_token_budget(gpu.flops_for(t.dtype), gpu.memory_bandwidth, weights,
+                              2.0 * _linear_params(t, t.linears), kv, batch)
+
+
 def _policy_records(program: Program) -> List[Transformation]:
     """Per-request adaptive chain lengths with a few token budgets: as many verified tokens per
-    step as the fixed chain verifies, and half of that (adaptive lengths spend it where
-    acceptance is high)."""
+    step as the fixed chain verifies, half of that (adaptive lengths spend it where acceptance
+    is high), where the target turns compute-bound on this GPU (the ridge), and one token per
+    request (speculation off: what a batch deep in the compute-bound regime should do)."""
     topology = program.draft.topology
     batch = program.batch.max_batch_size
     out: List[Transformation] = []
@@ -23,7 +45,11 @@ def _policy_records(program: Program) -> List[Transformation]:
         out.append(SetDraftLengthPolicy("fixed", 0))
     if isinstance(topology, Chain):
         full = batch * (topology.k + 1)
-        for budget in sorted({full, max(batch, full // 2)}, reverse=True):
+        budgets = {full, max(batch, full // 2), batch}
+        ridge = ridge_budget(program)
+        if ridge is not None:
+            budgets.add(min(full, max(batch, ridge)))
+        for budget in sorted(budgets, reverse=True):
             out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
     return out
 
