@@ -10,7 +10,7 @@
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
 #   compile1   specpilot compile of the pair at batch 1     compile16   the same at batch 16
-#   mechanisms specpilot bench --pair $PAIR of the mechanism Programs in bench/programs/
+#   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
 #
@@ -90,8 +90,8 @@ phase() {
         step mechanisms timeout 560 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
-            --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed}" \
-            --program bench/programs/*.json --out-dir "$RESULTS" --name mechanisms ;;
+            --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed,mech:graphed_adaptive,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
+            --out-dir "$RESULTS" --name mechanisms ;;
     *)
         echo "unknown phase $1"; status=1 ;;
     esac

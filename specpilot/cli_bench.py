@@ -75,6 +75,10 @@ def add_parser(sub) -> None:
                    help="'humaneval' (default) or a prompts file (JSONL 'prompt' field or lines)")
     g.add_argument("--program", action="extend", nargs="+", default=[], metavar="P.json",
                    help="Program(s) to measure besides the stock one")
+    g.add_argument("--mechanisms", action="store_true",
+                   help="also measure the verification and batching mechanisms (mech:* systems: "
+                        "graphed adaptive lengths, dynamic tree, two-level, ragged, refill, "
+                        "combined)")
     g.add_argument("--time-budget", type=float, metavar="S",
                    help="stop starting new measurements after S seconds; the rest are recorded "
                         "as skipped (results so far are kept in <name>.partial.json as it runs)")
@@ -128,7 +132,7 @@ def _run_pair(args, device, env) -> int:
         prompts=args.prompts, workload=args.workload,
         repeats=args.repeats or 3, warmup=1 if args.warmup is None else args.warmup,
         programs=args.program, systems=args.systems, device=device, dtype=args.dtype,
-        name=args.name, time_budget_s=args.time_budget)
+        name=args.name, time_budget_s=args.time_budget, mechanisms=args.mechanisms)
     partial = PartialResults(args.out_dir, args.name or default_name(args.pair))
     doc, profiles = run_pair_bench(settings, _progress, env, on_row=partial.write)
     extra = {}

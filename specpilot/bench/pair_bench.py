@@ -42,6 +42,7 @@ class PairBenchSettings:
     dtype: Optional[str] = None
     name: Optional[str] = None
     time_budget_s: Optional[float] = None    # cells not started by then are recorded as skipped
+    mechanisms: bool = False                 # add the mechanism Programs (mechanism_programs.py)
 
 
 def pair_dirs(pair: str):
@@ -67,6 +68,9 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
         out.append(ProgramSystem("stock_graphed", graphed, pair,
                                  f"SpecPilot stock Program + CaptureGraphs: "
                                  f"{graphed.draft.topology}, each round one CUDA graph"))
+    if settings.mechanisms:
+        from .mechanism_programs import mechanism_systems
+        out += mechanism_systems(stock, pair)
     for path in settings.programs:
         program = load_program(path)
         if program.models.target.dtype != dtype:

@@ -16,10 +16,11 @@ from specpilot.ir import Program, program_id
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import ARResult, generate_ar
 from specpilot.runtime.cuda_graphs import GraphedAR, GraphsUnavailable, require_cuda
-from specpilot.runtime.decoder import ModelPair, check_runnable, force_program
+from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_runnable,
+                                      force_program)
+from specpilot.runtime.mechanisms import run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
                                                run_graphed)
-from specpilot.runtime.speculative import speculative_generate
 from specpilot.runtime.steps import check_capacity
 
 from .correctness import forced_ar_proposals, forcing_json, forcing_report
@@ -168,21 +169,14 @@ class ProgramSystem(System):
             r = run_graphed(self.at_batch(batch_size), self.pair, list(prompts), max_new_tokens)
             return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
                              r.accepted_lengths)
-        shape = self.program.draft.topology.shape()
-        out = RunOutput(tokens=[], target_forwards=0, drafter_forwards=0, accepted_lengths=[])
-        weighted, steps = 0.0, 0
-        for chunk in batches(prompts, batch_size):
-            r = speculative_generate(self.pair.target, self.pair.drafter, chunk, max_new_tokens,
-                                     shape, self.pair.eos_ids)
-            out.tokens += r.tokens
-            out.target_forwards += r.target_forwards
-            out.drafter_forwards += r.drafter_forwards
-            out.accepted_lengths += r.accepted_lengths
-            n = sum(len(a) for a in r.accepted_lengths)
-            weighted += r.mean_accepted * n
-            steps += n
-        out.mean_accepted = weighted / steps if steps else 0.0
-        return out
+        # The Program's own decode loop: the stock mechanisms in batches, or the mechanism
+        # loop (dynamic trees, two-level verification, ragged layout, adaptive lengths, refill).
+        program = self.at_batch(batch_size)
+        r = run_program_decode(program, self.pair.target, self.pair.drafter, list(prompts),
+                               max_new_tokens, self.pair.eos_ids,
+                               acceptance=acceptance_rule(program, self.pair))
+        return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
+                         r.accepted_lengths)
 
     def check(self, prompts, batch_size, reference, output):
         report = force_program(self.at_batch(batch_size), self.pair, prompts, reference)

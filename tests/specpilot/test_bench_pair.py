@@ -237,3 +237,25 @@ def test_a_spent_time_budget_skips_the_rest_and_partial_results_are_kept(bench, 
     partial = json.loads((root / "killed" / "killed.partial.json").read_text())
     assert partial["complete"] is False
     assert [(r["system"], r["status"]) for r in partial["rows"]] == [("ar_torch", "measured")]
+
+
+def test_mechanism_systems_are_measured_and_forced_clean(bench):
+    root, _ = bench
+    code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                 "--prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "2",
+                 "--systems", "mech:graphed_adaptive,mech:dynamic_tree,mech:two_level,mech:ragged,"
+                              "mech:refill,mech:ragged_adaptive_refill", "--mechanisms",
+                 "--repeats", "1", "--warmup", "0", "--out-dir", str(root / "mech"),
+                 "--name", "mech", "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((root / "mech" / "mech.json").read_text())
+    rows = _rows(doc)
+    assert len(rows) == 6
+    for (system, _), r in rows.items():
+        assert r["forcing"]["passed"] and r["forcing"]["violation_count"] == 0, system
+        # The drafter is a copy of the target: every mechanism commits more than a token a step.
+        assert r["tokens_per_target_forward"] > 1.0, system
+    notes = {s["name"]: s["notes"] for s in doc["systems"]}
+    assert any("CUDA graphs need a CUDA GPU" in n for n in notes["mech:graphed_adaptive"])
+    described = {s["name"]: s["description"] for s in doc["systems"]}
+    assert "SetBatchLayout" in described["mech:ragged_adaptive_refill"]

@@ -1,0 +1,65 @@
+"""The verification and batching mechanisms as bench systems, each derived from the stock
+Program by its own transformations, alone and combined (`specpilot bench --mechanisms`).
+
+  graphed_adaptive    CaptureGraphs + adaptive chain lengths, the token budget at the target's
+                      compute ridge for each batch size (speculation off where it leaves no room)
+  dynamic_tree        a dynamic tree of 8 nodes (depth 4, width 2), eager
+  two_level           a static tree pruned by every other layer of the target first, eager
+  ragged              the ragged verification layout, eager
+  refill              continuous refill, eager
+  ragged_adaptive_refill   the three batching mechanisms combined, eager
+
+The eager mechanisms run their host loops in Python; they are measured as they are, next to the
+graphed ones, so that what graph capture would bring them is visible.
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List
+
+from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
+                          SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
+                          apply)
+
+from .systems import ProgramSystem
+
+
+class BudgetedProgramSystem(ProgramSystem):
+    """An adaptive-length Program whose token budget is set for each batch size: the target's
+    compute ridge on the Program's GPU, between one token per request and a full chain each."""
+
+    def at_batch(self, batch_size: int) -> Program:
+        from specpilot.agents.batching import ridge_budget
+
+        sized = replace(self.program, batch=replace(self.program.batch, max_batch_size=batch_size))
+        full = batch_size * (self.program.draft.topology.k + 1)
+        ridge = ridge_budget(sized)
+        budget = full if ridge is None else min(full, max(batch_size, ridge))
+        return replace(sized, batch=replace(sized.batch, token_budget=budget))
+
+
+def mechanism_programs(stock: Program) -> Dict[str, Program]:
+    """name → Program, every one built from `stock` by transformations (so `history` says how)."""
+    layers = stock.models.target.num_layers
+    half = tuple(range(0, layers, 2))
+    k = stock.draft.topology.k
+    adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
+    return {
+        "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
+        "dynamic_tree": apply(stock, SetTopology(DynamicTree(budget=8, depth=4, width=2))),
+        "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
+                           SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
+        "ragged": apply(stock, SetBatchLayout("ragged")),
+        "refill": apply(stock, SetRefill("continuous")),
+        "ragged_adaptive_refill": apply(apply(apply(stock, SetBatchLayout("ragged")), adaptive),
+                                        SetRefill("continuous")),
+    }
+
+
+def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
+    out: List[ProgramSystem] = []
+    for name, program in mechanism_programs(stock).items():
+        steps = ", ".join(str(t) for t in program.history)
+        cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem
+        out.append(cls(f"mech:{name}", program, pair, f"stock + {steps}"))
+    return out
