@@ -30,6 +30,17 @@ attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)
                [B, T, S] bool (True = visible), scale defaults to 1/sqrt(D), kv_len [B] int
                optionally bounds the visible slots (slots >= kv_len[b] are skipped). Softmax in
                float32; a query that sees no slot gets zeros.
+varlen_attention launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out,
+                        scale=None, max_seqlen=None)
+               Every request's new tokens packed without padding: q/out [N, Hq, D], request r
+               owns tokens cu_seqlens[r]:cu_seqlens[r+1] (int [R+1], from 0 to N) and reads
+               cache row cache_rows[r] (int [R]) of the caches [B, S, Hkv, D] (GQA as attention).
+               Visibility is data, so one kernel serves every tree: token t sees the slots
+               < kv_limits[t] (int32 [N]) and slot kv_limits[t] + j where bit j % 32 of
+               window_bits[t, j // 32] is set (int32 [N, W], W >= 1). scale defaults to
+               1/sqrt(D); max_seqlen (the most tokens of one request) avoids reading the offsets
+               back (without it they are checked on the host). Softmax in float32; a token that
+               sees no slot gets zeros.
 greedy_accept  launch(logits, draft_tokens, parents, pred_out, accept_count_out, path_out,
                       bonus_out)
                logits [B, N+1, V] (row 0: the root = last committed token, row i+1: draft node
@@ -197,6 +208,20 @@ ATTENTION = FamilySchema(
             _warps(4), _stages(2)),
     check=_check_attention, derive=_attention_constants)
 
+VARLEN_ATTENTION = FamilySchema(
+    name="varlen_attention", backend="triton",
+    summary="attention of requests packed without padding (cu_seqlens offsets, a cache row per "
+            "request) with per-token visibility as data: a prefix length and a window bitmask",
+    launcher="launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out, "
+             "scale=None, max_seqlen=None)",
+    params=(_dtype(),
+            IntParam("HEAD_DIM", 16, 256, 128),
+            IntParam("BLOCK_R", 16, 128, 16, power_of_two=True,
+                     doc="query rows (token of one request, head-in-group) per program"),
+            IntParam("BLOCK_S", 16, 256, 64, power_of_two=True, doc="cache slots per loop step"),
+            _warps(4), _stages(2)),
+    check=_check_attention, derive=_attention_constants)
+
 GREEDY_ACCEPT = FamilySchema(
     name="greedy_accept", backend="triton",
     summary="argmax of the target logits and the longest accepted path of a chain or tree",
@@ -249,5 +274,5 @@ GEMV_LOSSLESS12 = FamilySchema(
     derive=lambda p: {"THREADS": 32 * (p["WARPS_PER_BLOCK"] + (p["MATH"] == "mma"))},
     host_launcher=launch_gemv_lossless12)
 
-DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, GREEDY_ACCEPT, KV_COMPACT,
-                  GEMV_BF16, GEMV_LOSSLESS12)
+DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,
+                  KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12)

@@ -16,7 +16,8 @@ then `assemble_plan` dedupes identical specs into the KernelPlan.
 
 Node names: `<role>.layers.<i>.<part>` and `<role>.final_norm`, `<role>.lm_head` for role target
 or drafter, where part is input_norm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm (Qwen3),
-self_attn.rope, self_attn.attention, post_attention_norm, mlp.gate_up (fused) or
+self_attn.rope, self_attn.attention, self_attn.varlen_attention (ragged batch layout only: the
+packed verification and drafting forwards), post_attention_norm, mlp.gate_up (fused) or
 mlp.{gate,up}_proj, mlp.down_proj; and `step.greedy_accept`, `step.kv_compact` (trees only).
 
 An override is `{param: value}` for a node; the reserved param `family` picks another family the
@@ -36,6 +37,7 @@ from specpilot.ir.model_spec import ModelSpec
 from .errors import KernelSpecError
 from .families import MAX_FMA_TILE, next_power_of_two
 from .kernel_spec import KernelSpec, get_family, known_families
+from .params import measured_linear_tiles
 from .plan import KernelPlan, PlanNode, kernel_key
 
 KERNEL_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
@@ -108,6 +110,9 @@ def _model_sites(program: Program, role: str) -> Tuple[Site, ...]:
         sites.append(_site(f"{p}.self_attn.rope", "rope", dtype=dtype, **heads))
         sites.append(_site(f"{p}.self_attn.attention", "attention", dtype=dtype, mask=program.verify.mask,
                            queries=queries, **heads))
+        if program.batch.layout == "ragged":
+            sites.append(_site(f"{p}.self_attn.varlen_attention", "varlen_attention", dtype=dtype,
+                               queries=queries, **heads))
         sites.append(linear(i, "self_attn.o_proj"))
         sites.append(norm(f"{p}.post_attention_norm", m.hidden_size))
         sites += [linear(i, "mlp.gate_proj"), linear(i, "mlp.up_proj"), linear(i, "mlp.down_proj")]
@@ -184,9 +189,26 @@ def matmul_tiles(rows: int, n: int, k: int, block_n_max: int, dot_block_k_min: i
     return dict(USE_DOT=False, BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_K=block_k)
 
 
+def measured_tiles(rows: int, n: int, k: int) -> Optional[Dict[str, Any]]:
+    """The measured bf16 `linear` tiles for x[rows, k] @ w[n, k]^T (params.LINEAR_TILES),
+    narrowed to a small matrix (no tile wider than the matrix, no K split without a K step for
+    each part), or None when nothing was measured for that many rows."""
+    tiles = measured_linear_tiles(rows, n)
+    if tiles is None:
+        return None
+    tiles["BLOCK_N"] = min(tiles["BLOCK_N"], max(16, next_power_of_two(n)))
+    tiles["BLOCK_K"] = min(tiles["BLOCK_K"], max(16, next_power_of_two(k)))
+    tiles["SPLIT_K"] = max(1, min(tiles["SPLIT_K"], -(-k // tiles["BLOCK_K"])))
+    return dict(USE_DOT=True, **tiles)
+
+
 def _linear_params(s: Site) -> Dict[str, Any]:
-    return dict(DTYPE=KERNEL_DTYPE[s.attr("dtype")], HAS_BIAS=s.attr("bias"),
-                **matmul_tiles(s.attr("rows"), s.attr("out_features"), s.attr("in_features"), 64))
+    dtype = KERNEL_DTYPE[s.attr("dtype")]
+    rows, n, k = dict(s.attrs).get("rows"), s.attr("out_features"), s.attr("in_features")
+    # The table was measured in bf16; other dtypes (and a node whose rows are unknown) keep the
+    # tiles derived from the shape alone.
+    tiles = measured_tiles(rows, n, k) if dtype == "bf16" and rows else None
+    return dict(DTYPE=dtype, HAS_BIAS=s.attr("bias"), **(tiles or matmul_tiles(rows, n, k, 64)))
 
 
 def _lossless12_params(s: Site) -> Dict[str, Any]:
@@ -225,6 +247,11 @@ def _attention_params(s: Site) -> Dict[str, Any]:
                 BLOCK_R=_clamp(next_power_of_two(s.attr("queries") * group), 16, 64), BLOCK_S=64)
 
 
+def _varlen_attention_params(s: Site) -> Dict[str, Any]:
+    # One program per (request, kv head, block of rows): a request's queries times the group.
+    return _attention_params(s)
+
+
 def _greedy_accept_params(s: Site) -> Dict[str, Any]:
     return dict(BLOCK_V=_clamp(next_power_of_two(s.attr("vocab_size")), 64, 2048))
 
@@ -243,6 +270,7 @@ FAMILY_CHOICES: Dict[str, Tuple[Callable[[Site], Dict[str, Any]], Tuple[str, ...
     "rmsnorm": (_rmsnorm_params, ("DTYPE", "HAS_RESIDUAL")),
     "rope": (_rope_params, ("DTYPE", "HEAD_DIM", "COS_SIN")),
     "attention": (_attention_params, ("DTYPE", "HEAD_DIM")),
+    "varlen_attention": (_varlen_attention_params, ("DTYPE", "HEAD_DIM")),
     "greedy_accept": (_greedy_accept_params, ()),
     "kv_compact": (_kv_compact_params, ()),
 }

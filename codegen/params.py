@@ -1,8 +1,10 @@
-"""Typed kernel parameters and the schema of a kernel family.
+"""Typed kernel parameters and the schema of a kernel family, and measured default tiles.
 
 A family declares its parameters once (name, type, allowed values, default). Every value that
 reaches a template passes through one of these validators, so generated source only ever
 contains ints in a declared range, members of a fixed enum, bools and plain identifiers.
+`LINEAR_TILES` holds the `linear` family's best tiles as measured on a GPU, as data; lowering
+picks from it by the rows a node multiplies.
 """
 from __future__ import annotations
 
@@ -159,3 +161,55 @@ class FamilySchema:
             if problem:
                 raise KernelSpecError(f"kernel family {self.name!r}: {problem}")
         return tuple((p.name, values[p.name]) for p in self.params)
+
+
+# ------------------------------------------------------------------ measured tiles of `linear`
+
+@dataclass(frozen=True)
+class MeasuredTiles:
+    """Tiles measured best for a matmul of `rows` rows (lo..hi) and `n` output columns (lo..hi)."""
+    rows: Tuple[int, int]
+    n: Tuple[int, int]
+    tiles: Tuple[Tuple[str, Value], ...]
+
+    def covers(self, rows: int, n: int) -> bool:
+        return self.rows[0] <= rows <= self.rows[1] and self.n[0] <= n <= self.n[1]
+
+
+_ANY = 1 << 31
+# Past this many output columns there are enough output tiles to fill the GPU without splitting
+# K (measured: gate_up, N=28672, prefers no split; qkv/o/down, N<=6144, prefer SPLIT_K=2).
+WIDE_N = 16384
+
+# The best bf16 `linear` configurations measured on an NVIDIA H200 (132 SMs) by bench/kernels.py:
+# bench/results/kernels.json, `best_configs` (2026-11-29, torch 2.11, Triton 3.6), Llama-3.1-8B
+# shapes qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 at M = 1, 4, 8, 16, 32,
+# 64. Percentages are of the device copy bandwidth, best vs the multiply-add defaults they
+# replace. Rows not covered (17..32 and more than 64: only the defaults were measured; 9..16 with
+# a wide N: the default was best) keep lowering's shape-derived tiles.
+LINEAR_TILES: Tuple[MeasuredTiles, ...] = (
+    # M=1,4,8, qkv/o/down: 55-75% (default 1-17%)
+    MeasuredTiles((1, 8), (1, WIDE_N - 1),
+                  (("BLOCK_M", 16), ("BLOCK_N", 64), ("BLOCK_K", 128), ("SPLIT_K", 2),
+                   ("num_warps", 4), ("num_stages", 3))),
+    # M=1,4,8, gate_up: 95-96% (default 4-30%)
+    MeasuredTiles((1, 8), (WIDE_N, _ANY),
+                  (("BLOCK_M", 16), ("BLOCK_N", 32), ("BLOCK_K", 128), ("SPLIT_K", 1),
+                   ("num_warps", 4), ("num_stages", 3))),
+    # M=16, qkv/o/down: 66-86% (default 28-40%)
+    MeasuredTiles((9, 16), (1, WIDE_N - 1),
+                  (("BLOCK_M", 16), ("BLOCK_N", 32), ("BLOCK_K", 256), ("SPLIT_K", 1),
+                   ("num_warps", 4), ("num_stages", 4))),
+    # M=64, o/qkv: 58-63% (default 28-38%); down and gate_up were not swept at this M
+    MeasuredTiles((33, 64), (1, WIDE_N - 1),
+                  (("BLOCK_M", 64), ("BLOCK_N", 32), ("BLOCK_K", 256), ("SPLIT_K", 1),
+                   ("num_warps", 4), ("num_stages", 4))),
+)
+
+
+def measured_linear_tiles(rows: int, n: int) -> Optional[Dict[str, Value]]:
+    """The `LINEAR_TILES` entry for `rows` x `n` (tensor-core tiles), or None when none covers it."""
+    for entry in LINEAR_TILES:
+        if entry.covers(rows, n):
+            return dict(entry.tiles)
+    return None

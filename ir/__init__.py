@@ -21,7 +21,7 @@ from .topology import (Chain, DynamicTree, SparseTree, Topology, Tree, TreeShape
 from .transforms import (TRANSFORMATIONS, CaptureGraphs, SetBackend, SetBatchLayout,
                          SetDraftLength, SetDraftLengthPolicy, SetMaxBatchSize, SetRefill,
                          SetTopology, SetVerifyPrune, SetWeightFormat, Transformation,
-                         transformation_from_json, transformation_from_obj,
+                         TuneKernel, transformation_from_json, transformation_from_obj,
                          transformation_to_json, transformation_to_obj)
 from .wellformed import verify
 
@@ -52,7 +52,7 @@ __all__ = [
     "Chain", "DynamicTree", "SparseTree", "Topology", "Tree", "TreeShape", "topology_from_json",
     "TRANSFORMATIONS", "CaptureGraphs", "SetBackend", "SetBatchLayout", "SetDraftLength",
     "SetDraftLengthPolicy", "SetMaxBatchSize", "SetRefill", "SetTopology", "SetVerifyPrune",
-    "SetWeightFormat", "Transformation",
+    "SetWeightFormat", "Transformation", "TuneKernel",
     "transformation_from_json", "transformation_from_obj", "transformation_to_json",
     "transformation_to_obj",
     "verify",

@@ -21,7 +21,7 @@ from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
                          SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology,
-                         SetVerifyPrune, SetWeightFormat, Transformation)
+                         SetVerifyPrune, SetWeightFormat, Transformation, TuneKernel)
 from .wellformed import verify
 
 # Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
@@ -29,6 +29,11 @@ from .wellformed import verify
 MAX_BATCH_SIZE = 256
 
 _LAYER_PREFIX = re.compile(r"layers\.[0-9]+\.")
+# Kernel node names are dotted paths `<role>.<part>...`; parameters and string values reach
+# generated source, so they are identifiers.
+_KERNEL_NODE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z0-9_]+)+\Z")
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*\Z")
+_NODE_LAYER = re.compile(r"\.layers\.[0-9]+\.")
 
 
 class _Refusal(Exception):
@@ -177,6 +182,31 @@ def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
     return replace(p, kernels=replace(p.kernels, capture_graphs=t.on))
 
 
+def _tune_kernel(p: Program, t: TuneKernel) -> Program:
+    _check(bool(_KERNEL_NODE.match(t.node)),
+           f"node must be a dotted kernel node name such as 'target.layers.0.mlp.down_proj' or, "
+           f"for every layer, 'target.mlp.down_proj'; got {t.node!r}")
+    _check(bool(_IDENTIFIER.match(t.param)),
+           f"param must be a kernel parameter name (an identifier such as BLOCK_N), got {t.param!r}")
+    if isinstance(t.value, str):
+        _check(bool(_IDENTIFIER.match(t.value)),
+               f"a string value must be an identifier (it reaches generated source), got {t.value!r}")
+    overrides = {node: dict(params) for node, params in p.kernels.overrides}
+    mine = overrides.get(t.node, {})
+    _check(not (t.param in mine and type(mine[t.param]) is type(t.value)
+                and mine[t.param] == t.value),
+           f"already {t.param}={t.value!r} for {t.node}")
+    every_layer = _NODE_LAYER.sub(".", t.node, count=1)
+    if every_layer != t.node and t.param not in mine:
+        shared = overrides.get(every_layer, {})
+        _check(not (t.param in shared and type(shared[t.param]) is type(t.value)
+                    and shared[t.param] == t.value),
+               f"{every_layer} already sets {t.param}={t.value!r} for every layer")
+    overrides[t.node] = {**mine, t.param: t.value}
+    return replace(p, kernels=replace(p.kernels, overrides=tuple(
+        (node, tuple(params.items())) for node, params in overrides.items())))
+
+
 RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] = {
     SetTopology: _set_topology,
     SetDraftLength: _set_draft_length,
@@ -188,6 +218,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetMaxBatchSize: _set_max_batch_size,
     SetBackend: _set_backend,
     CaptureGraphs: _capture_graphs,
+    TuneKernel: _tune_kernel,
 }
 
 

@@ -20,7 +20,8 @@ from typing import Any, ClassVar, Dict, Type, Union
 from .errors import IRError
 from .formats import WEIGHT_FORMATS
 from .formats import may_change_output as _format_may_change_output
-from .json_fields import expect_bool, expect_int, expect_object, expect_str, expect_topology
+from .json_fields import (expect_bool, expect_int, expect_object, expect_scalar, expect_str,
+                          expect_topology)
 from .prune import PRUNES, prune_from_json
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES
 
@@ -31,7 +32,7 @@ def _expect_prune_or_null(value, path):
 
 
 _READERS = {"int": expect_int, "str": expect_str, "bool": expect_bool,
-            "topology": expect_topology, "prune": _expect_prune_or_null}
+            "scalar": expect_scalar, "topology": expect_topology, "prune": _expect_prune_or_null}
 # Param kinds whose values are IR objects (written with their `to_json`).
 _OBJECT_KINDS = {"topology": (TOPOLOGIES, TOPOLOGY_NAMES),
                  "prune": (PRUNES + (type(None),), "LayerSkipPrune, LowPrecisionPrune or None")}
@@ -47,7 +48,8 @@ def register(cls):
 
 class Transformation:
     """Base of the records. Subclasses are frozen dataclasses whose fields are the params;
-    `PARAMS` maps each field to its JSON kind ("int", "str", "bool", "topology" or "prune")."""
+    `PARAMS` maps each field to its JSON kind ("int", "str", "bool", "scalar" (an int, str or
+    bool), "topology" or "prune")."""
     name: ClassVar[str]
     PARAMS: ClassVar[Dict[str, str]]
 
@@ -185,6 +187,26 @@ class CaptureGraphs(Transformation):
     on: bool
     name: ClassVar[str] = "CaptureGraphs"
     PARAMS: ClassVar[Dict[str, str]] = {"on": "bool"}
+
+
+@register
+@dataclass(frozen=True)
+class TuneKernel(Transformation):
+    """Set one kernel parameter of one compute node: `kernels.overrides[node][param] = value`.
+
+    `node` is a lowered node name (`target.layers.3.mlp.down_proj`) or one without its
+    `layers.N.` part (`target.mlp.down_proj`), which sets the parameter for every layer alike;
+    `param` a kernel parameter such as BLOCK_N, or `family` to run another kernel family;
+    `value` an int, str (an identifier) or bool. Which nodes and parameters exist, and which
+    values a kernel family takes, is the lowering's to say (an unknown one fails lowering), so
+    apply checks only the shape of the record. Tiles reorder the float32 accumulation, never the
+    arithmetic, so outputs stay those of the same kernels (token forcing judges near ties).
+    """
+    node: str
+    param: str
+    value: Union[int, str, bool]
+    name: ClassVar[str] = "TuneKernel"
+    PARAMS: ClassVar[Dict[str, str]] = {"node": "str", "param": "str", "value": "scalar"}
 
 
 def transformation_to_obj(t: Transformation) -> Dict[str, Any]:

@@ -75,6 +75,7 @@ class GeneratedBackend:
         self._norms = self._one_kernel_per(nodes, "rmsnorm", key=lambda n: n.attr("width"))
         self._rope = self._one_kernel_per(nodes, "rope").get(None)
         self._attention = self._one_kernel_per(nodes, "attention").get(None)
+        self._varlen_attention = self._one_kernel_per(nodes, "varlen_attention").get(None)
         accept = [n for n in nodes if n.op == "greedy_accept"]
         self._accept = self.built.module_of(accept[0].name).launch if accept else None
 
@@ -182,6 +183,28 @@ class GeneratedBackend:
         out = torch.empty_like(q)
         self._attention(q, k_cache, v_cache, mask, out, scale=scale)
         return out.view(b, t, h * d)
+
+    @property
+    def has_varlen_attention(self) -> bool:
+        """Whether the plan has a varlen attention kernel (a ragged Program's)."""
+        return self._varlen_attention is not None
+
+    def varlen_attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cu_seqlens: torch.Tensor, cache_rows: torch.Tensor,
+                         kv_limits: torch.Tensor, window_bits: torch.Tensor, scale: float,
+                         max_seqlen: Optional[int] = None) -> torch.Tensor:
+        """Packed q [N, H, D] of requests cu_seqlens [R+1] over their cache rows cache_rows [R]
+        of [B, S, Hkv, D], visibility (kv_limits, window_bits) as the varlen_attention family
+        says (codegen/families.py) → [N, H*D]."""
+        if self._varlen_attention is None:
+            raise GeneratedBackendError(f"the plan has no varlen_attention kernel for the "
+                                        f"{self.role}: lower a Program with batch.layout ragged")
+        n, h, d = q.shape
+        q = q.contiguous()
+        out = torch.empty_like(q)
+        self._varlen_attention(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits,
+                               window_bits.contiguous(), out, scale=scale, max_seqlen=max_seqlen)
+        return out.view(n, h * d)
 
     # ------------------------------------------------------------------------- the step
 

@@ -10,12 +10,24 @@ tokens, and a token's slot is rows[i]*S + slot. Two kernels take the per-request
   * greedy accept (`ragged_greedy_accept`): the whole batch's tree walks in one pass over the
     packed logits, each request reading its rows from its offset.
 
-Both have a torch implementation here (the reference the generated kernels must match).
+Both have a torch implementation here (the reference the generated kernels must match). When
+the inner backend has a varlen attention kernel (`has_varlen_attention`: the generated backend
+of a ragged Program), `VarlenAttention` runs it once over the whole pack instead of one
+attention per request; the torch backend keeps the per-request loop.
+
+The kernel takes visibility as data, per packed token t: `kv_limits[t]` (it sees every slot
+before) and `window_bits[t]` (int32 words; bit j marks slot kv_limits[t] + j). A causal token
+is kv_limits = its slot + 1 and no bits; a tree node is kv_limits = the committed length and
+the bits of its ancestors and itself. That is 4 + 4W bytes a token (W = 1 up to 32 nodes a
+tree): 8 KiB for 64 requests x 16 tokens, where a packed [N, S] bool mask at S = 4096 is 4 MiB
+and the flattened [N, B*S] mask 256 MiB. The bits are data, so one compiled kernel serves every
+tree of a budget, and a request's prefill (its whole prompt, causal) fits without widening W.
 """
 from __future__ import annotations
 
 import copy
-from typing import List, Sequence
+import math
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,16 +43,76 @@ def flat_cache_view(cache: KVCache) -> KVCache:
                    positions=cache.positions.view(1, b * s))
 
 
+WORD_BITS = 32
+
+
+def pack_window_bits(bits: torch.Tensor) -> torch.Tensor:
+    """bool [N, 32W] -> int32 [N, W]: bit j of row t goes to bit j % 32 of word j // 32."""
+    n, width = bits.shape
+    words = width // WORD_BITS
+    weights = torch.ones(WORD_BITS, dtype=torch.int64, device=bits.device) << torch.arange(
+        WORD_BITS, device=bits.device)
+    packed = (bits.reshape(n, words, WORD_BITS).to(torch.int64) * weights).sum(-1)
+    # Bit 31 makes a word negative as an int32: wrap, keeping the bit pattern.
+    return torch.where(packed >= 2 ** 31, packed - 2 ** 32, packed).to(torch.int32)
+
+
+def varlen_visibility(limits: Sequence[int], extras: Sequence[Sequence[int]],
+                      device=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(kv_limits int32 [N], window_bits int32 [N, W]) of packed tokens where token t sees the
+    request-local slots before limits[t] and the slots extras[t] (those below the limit are
+    seen already). W is the fewest words that hold every extra slot, at least 1."""
+    offsets = [[x - lim for x in ex if x >= lim] for lim, ex in zip(limits, extras)]
+    span = max((max(o) + 1 for o in offsets if o), default=0)
+    words = max(1, math.ceil(span / WORD_BITS))
+    bits = torch.zeros(len(offsets), words * WORD_BITS, dtype=torch.bool)
+    for t, o in enumerate(offsets):
+        bits[t, o] = True
+    return (torch.tensor(list(limits), dtype=torch.int32, device=device),
+            pack_window_bits(bits).to(device))
+
+
+def visibility_from_mask(mask: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """(kv_limits, window_bits) describing exactly the bool mask [N, S] of request-local slots:
+    each token's leading run of visible slots is its limit, the rest of what it sees its window
+    (W as wide as the farthest visible slot needs; reads one number back from the device)."""
+    n, s = mask.shape
+    device = mask.device
+    slots = torch.arange(s, device=device)
+    limits = mask.to(torch.int32).cumprod(dim=1).sum(dim=1)
+    rest = mask & (slots[None, :] >= limits[:, None])
+    last = torch.where(rest, slots[None, :], -1).amax(dim=1)
+    span = int((last - limits + 1).clamp(min=0).max()) if n else 0
+    words = max(1, math.ceil(span / WORD_BITS))
+    window = limits[:, None] + torch.arange(words * WORD_BITS, device=device)[None, :]
+    bits = torch.gather(rest, 1, window.clamp(max=s - 1)) & (window < s)
+    return limits.to(torch.int32), pack_window_bits(bits)
+
+
+def has_varlen_kernel(backend) -> bool:
+    """Whether `backend` runs varlen attention as one kernel over a packed batch."""
+    return bool(getattr(backend, "has_varlen_attention", False))
+
+
 class VarlenAttention:
     """A backend whose attention takes per-request offsets; every other op is the inner
     backend's. `cu_seqlens` [R+1] delimits each request's queries in the packed sequence, and
-    `rows` [R] names its cache row in the flattened cache of `capacity` slots per row."""
+    `rows` [R] names its cache row in the flattened cache of `capacity` slots per row.
 
-    def __init__(self, inner, cu_seqlens: Sequence[int], rows: Sequence[int], capacity: int):
+    With a varlen kernel in the inner backend, the whole pack is one launch. Its visibility is
+    `visibility` = (limits, extras) per packed token (request-local slots, as `Feed`), when
+    given; otherwise it is read off each distinct mask the model passes (once per forward, since
+    the layers share one mask, and exactly, sliding windows included)."""
+
+    def __init__(self, inner, cu_seqlens: Sequence[int], rows: Sequence[int], capacity: int,
+                 visibility: Optional[Tuple[Sequence[int], Sequence[Sequence[int]]]] = None):
         self.inner = inner
         self.cu_seqlens = [int(x) for x in cu_seqlens]
         self.rows = [int(r) for r in rows]
         self.capacity = capacity
+        self.visibility = visibility
+        self._offsets = None      # (cu_seqlens, rows) on the device, built at the first call
+        self._seen = (None, None)  # the last mask seen and its (kv_limits, window_bits)
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -49,6 +121,8 @@ class VarlenAttention:
                   mask: torch.Tensor, scale: float) -> torch.Tensor:
         """q [1, sum T, H, D] over the flattened cache [1, B*S, Hkv, D] → [1, sum T, H*D]; the
         queries of request i see only slots rows[i]*S .. rows[i]*S + S - 1."""
+        if has_varlen_kernel(self.inner):
+            return self._packed_attention(q, k_cache, v_cache, mask, scale)
         s, outs = self.capacity, []
         for i, row in enumerate(self.rows):
             a, b = self.cu_seqlens[i], self.cu_seqlens[i + 1]
@@ -58,11 +132,43 @@ class VarlenAttention:
                                               scale))
         return torch.cat(outs, dim=1)
 
+    def _packed_attention(self, q, k_cache, v_cache, mask, scale):
+        s, device = self.capacity, q.device
+        if self._offsets is None:
+            self._offsets = (torch.tensor(self.cu_seqlens, dtype=torch.int32, device=device),
+                             torch.tensor(self.rows, dtype=torch.int32, device=device))
+        limits, bits = self._token_visibility(mask, device)
+        cu, rows = self._offsets
+        longest = max(b - a for a, b in zip(self.cu_seqlens, self.cu_seqlens[1:]))
+        out = self.inner.varlen_attention(
+            q[0], k_cache[0].unflatten(0, (-1, s)), v_cache[0].unflatten(0, (-1, s)), cu, rows,
+            limits, bits, scale, max_seqlen=longest)
+        return out[None]
 
-def with_varlen_attention(model, cu_seqlens: Sequence[int], rows: Sequence[int], capacity: int):
-    """A shallow copy of `model` (weights shared) whose attention takes the packed offsets."""
+    def _token_visibility(self, mask, device):
+        if self.visibility is not None:
+            if self._seen[1] is None:
+                self._seen = (None, varlen_visibility(*self.visibility, device=device))
+            return self._seen[1]
+        if self._seen[0] is not mask:
+            s = self.capacity
+            local = torch.cat([mask[0, a:b, row * s:(row + 1) * s] for a, b, row in
+                               zip(self.cu_seqlens, self.cu_seqlens[1:], self.rows)])
+            self._seen = (mask, visibility_from_mask(local))
+        return self._seen[1]
+
+
+def with_varlen_attention(model, cu_seqlens: Sequence[int], rows: Sequence[int], capacity: int,
+                          visibility: Optional[Tuple[Sequence[int], Sequence[Sequence[int]]]] = None):
+    """A shallow copy of `model` (weights shared) whose attention takes the packed offsets.
+
+    `visibility` = (limits, extras) per packed token (request-local slots) spares the varlen
+    kernel reading it off the mask; it is ignored for a model with sliding-window layers, whose
+    masks differ from layer to layer."""
+    if getattr(getattr(model, "config", None), "sliding_window", None) is not None:
+        visibility = None
     packed = copy.copy(model)
-    packed.backend = VarlenAttention(model.backend, cu_seqlens, rows, capacity)
+    packed.backend = VarlenAttention(model.backend, cu_seqlens, rows, capacity, visibility)
     return packed
 
 

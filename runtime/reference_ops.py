@@ -80,6 +80,44 @@ def attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.reshape(b, t, hq, d).to(q.dtype)
 
 
+def varlen_visibility_mask(kv_limits: torch.Tensor, window_bits: torch.Tensor,
+                           capacity: int) -> torch.Tensor:
+    """The [N, capacity] bool mask that (kv_limits [N], window_bits [N, W] int32) describe:
+    token t sees slot s when s < kv_limits[t], or when j = s - kv_limits[t] is in 0..32W-1 and
+    bit j % 32 of window_bits[t, j // 32] is set."""
+    n, words = window_bits.shape
+    slots = torch.arange(capacity, device=kv_limits.device)
+    limits = kv_limits.long()[:, None]
+    j = slots[None, :] - limits
+    in_window = (j >= 0) & (j < 32 * words)
+    jc = j.clamp(0, 32 * words - 1)
+    word = torch.gather(window_bits.long() & 0xFFFFFFFF, 1, jc // 32)
+    bit = ((word >> (jc % 32)) & 1).bool()
+    return (slots[None, :] < limits) | (in_window & bit)
+
+
+def varlen_attention_ref(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+                         cu_seqlens: torch.Tensor, cache_rows: torch.Tensor,
+                         kv_limits: torch.Tensor, window_bits: torch.Tensor,
+                         scale: Optional[float] = None) -> torch.Tensor:
+    """Attention of requests packed without padding: q [N, Hq, D], request r owning tokens
+    cu_seqlens[r]:cu_seqlens[r+1] and cache row cache_rows[r] of [B, S, Hkv, D]; visibility as
+    in `varlen_visibility_mask`. Each request is `attention_ref` over its own row. Returns
+    [N, Hq, D] in q.dtype (zeros for a token that sees no slot)."""
+    cu, rows = [int(x) for x in cu_seqlens.tolist()], [int(r) for r in cache_rows.tolist()]
+    if cu[0] != 0 or cu[-1] != q.shape[0] or any(a > b for a, b in zip(cu, cu[1:])):
+        raise ValueError(f"cu_seqlens must rise from 0 to N = {q.shape[0]}, got {cu}")
+    mask = varlen_visibility_mask(kv_limits, window_bits, k_cache.shape[1])
+    out = torch.empty_like(q)
+    for r, row in enumerate(rows):
+        a, b = cu[r], cu[r + 1]
+        if a == b:
+            continue
+        out[a:b] = attention_ref(q[None, a:b], k_cache[row:row + 1], v_cache[row:row + 1],
+                                 mask[None, a:b], scale)[0]
+    return out
+
+
 def greedy_accept_ref(logits: torch.Tensor, draft_tokens: torch.Tensor, parents: torch.Tensor):
     """Greedy verification of a draft tree (a chain is parents = (-1, 0, 1, ...)).
 
