@@ -19,6 +19,9 @@ Forced mode (token forcing): drafts are the reference tokens, everything is comm
 target's argmax at every verified position is recorded as the decoder's proposal there. The
 verification forward is the same (k + 1 tokens, same kernels), so what is checked is what
 decides the output. `capture=False` runs the same round eagerly on any device (CPU tests).
+
+With k = 0 and no drafter a round is one plain greedy step: the same device-resident loop
+serves as the graphed AR baseline, so AR and speculation are timed with the same host loop.
 """
 from __future__ import annotations
 
@@ -51,19 +54,22 @@ class GraphedChainDecoder:
         one round behind), and a request's acceptance stops at its own length."""
         if capture:
             require_cuda(target.device)
-        if k < 1:
-            raise SpecPilotError(f"chain length must be at least 1, got {k}")
+        if k < 0 or (k == 0) != (drafter is None):
+            raise SpecPilotError(f"chain length must be at least 1 with a drafter, or 0 without "
+                                 f"one (plain greedy decoding), got {k}")
+        if adaptive and k == 0:
+            raise SpecPilotError("adaptive draft lengths need a chain of at least 1")
         cap = k if length_cap is None else length_cap
-        if not 1 <= cap <= k:
+        if not min(k, 1) <= cap <= k:
             raise SpecPilotError(f"length cap {cap} must be within 1..{k}")
-        if target.device != drafter.device:
+        if drafter is not None and target.device != drafter.device:
             raise SpecPilotError(f"target on {target.device} but drafter on {drafter.device}: "
                                  "load both on one device")
         self.target, self.drafter, self.k, self.batch = target, drafter, k, batch
         self.capture = capture
         dev = self.device = target.device
         self.tcache = target.new_cache(batch, capacity)
-        self.dcache = drafter.new_cache(batch, capacity)
+        self.dcache = drafter.new_cache(batch, capacity) if drafter is not None else None
         # Output/reference rows: a request may overshoot its limit by k within its last round.
         self.width = capacity + k + 1
         i64 = dict(dtype=torch.int64, device=dev)
@@ -107,6 +113,8 @@ class GraphedChainDecoder:
 
     def _draft(self, k: int) -> torch.Tensor:
         """k drafter argmaxes after (prev, last): [B, k]."""
+        if k == 0:
+            return self.last[:, None][:, :0]
         base = self._base()
         pos = base[:, None] + self.catch_up_offsets
         tokens = torch.stack([self.prev, self.last], dim=1)
@@ -261,7 +269,8 @@ class GraphedChainDecoder:
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
         zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
         g0 = torch.argmax(append_step(self.target, self.tcache, zeros, rows), dim=-1)
-        append_step(self.drafter, self.dcache, zeros, rows)
+        if self.drafter is not None:
+            append_step(self.drafter, self.dcache, zeros, rows)
         self.length.copy_(torch.tensor([len(p) for p in rows], dtype=torch.int64).to(dev))
         self.prev.copy_(torch.tensor([p[-1] for p in rows], dtype=torch.int64).to(dev))
         self.limit.copy_(torch.tensor(limits + [0] * (self.batch - n), dtype=torch.int64).to(dev))

@@ -23,7 +23,6 @@ from specpilot.ir import Program
 from specpilot.ir.topology import Chain
 
 from .ar import ARResult
-from .cuda_graphs import GraphedAR
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .speculative import SpecResult
@@ -65,8 +64,9 @@ def length_cap(program: Program) -> Optional[int]:
 
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
                 max_new_tokens: int, capture: bool = True):
-    """The (cached) decoder that runs `program` on `pair` for prompts like these: a
-    GraphedChainDecoder, or a GraphedAR where the token budget leaves no room for drafts."""
+    """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
+    drafter and chains of 0, i.e. plain greedy steps, where the budget leaves no room for
+    drafts)."""
     k, batch = program.draft.topology.k, program.batch.max_batch_size
     cap = length_cap(program)
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
@@ -81,7 +81,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
     if cap == 0:
-        decoder = GraphedAR(pair.target, batch, capacity, capture=capture)
+        decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
+                                      capture=capture)
     else:
         decoder = GraphedChainDecoder(pair.target, pair.drafter, batch, capacity, k,
                                       pair.eos_ids, capture=capture, adaptive=adaptive,
@@ -90,18 +91,11 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     return decoder
 
 
-def _generate(decoder, prompts, max_new_tokens: int, eos_ids) -> SpecResult:
-    if isinstance(decoder, GraphedChainDecoder):
-        return decoder.generate(prompts, max_new_tokens)
-    r = decoder.generate(prompts, max_new_tokens, eos_ids)
-    return SpecResult(r.tokens, r.target_forwards, 0, [[0] * (len(t) - 1) for t in r.tokens],
-                      1.0, stats={"speculation_off": 1})
-
-
-def _force(decoder, prompts, reference) -> List[List[int]]:
-    if isinstance(decoder, GraphedChainDecoder):
-        return decoder.force(prompts, reference)
-    return decoder.generate(prompts, 1, force_reference=ARResult([list(t) for t in reference])).tokens
+def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
+    r = decoder.generate(prompts, max_new_tokens)
+    if decoder.k == 0:
+        r.stats = {"speculation_off": 1}
+    return r
 
 
 def release_decoders() -> None:
@@ -115,8 +109,7 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
     decoder = decoder_for(program, pair, prompts, max_new_tokens, capture)
     parts: List[SpecResult] = []
     for start in range(0, len(prompts), decoder.batch):
-        parts.append(_generate(decoder, prompts[start:start + decoder.batch], max_new_tokens,
-                               pair.eos_ids))
+        parts.append(_generate(decoder, prompts[start:start + decoder.batch], max_new_tokens))
     accepted = [a for p in parts for a in p.accepted_lengths]
     steps = sum(len(a) for a in accepted)
     stats: dict = {}
@@ -138,7 +131,7 @@ def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], refe
     decoder = decoder_for(program, pair, prompts, longest, capture)
     proposals: List[List[int]] = []
     for start in range(0, len(prompts), decoder.batch):
-        proposals += _force(decoder, prompts[start:start + decoder.batch],
-                            reference.tokens[start:start + decoder.batch])
+        proposals += decoder.force(prompts[start:start + decoder.batch],
+                                   reference.tokens[start:start + decoder.batch])
     return compare_to_reference(proposals, reference,
                                 resolve_tolerance(tolerance, pair.target.dtype))

@@ -15,7 +15,8 @@ from typing import List, Optional
 from specpilot.ir import Program, program_id
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import ARResult, generate_ar
-from specpilot.runtime.cuda_graphs import GraphedAR, GraphsUnavailable, require_cuda
+from specpilot.runtime.cuda_graphs import GraphsUnavailable, require_cuda
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_runnable,
                                       force_program)
 from specpilot.runtime.mechanisms import run_program_decode
@@ -89,14 +90,15 @@ class EagerAR(System):
 
 class StrongAR(System):
     name = "strong_ar"
-    description = ("SpecPilot greedy AR, CUDA-graphed decode steps; torch backend with its CUDA "
-                   "fast path (cuBLAS GEMMs on fused q/k/v and gate/up, compiled norm/RoPE/SwiGLU, "
-                   "SDPA attention)")
+    description = ("SpecPilot greedy AR, each step one CUDA graph with its input, argmax and "
+                   "stopping on the device (the graphed runtime with no drafter); torch backend "
+                   "with its CUDA fast path (cuBLAS GEMMs on fused q/k/v and gate/up, compiled "
+                   "norm/RoPE/SwiGLU, SDPA attention)")
 
     def __init__(self, pair: ModelPair):
         super().__init__()
         self.pair = pair
-        self.decoder: Optional[GraphedAR] = None
+        self.decoder: Optional[GraphedChainDecoder] = None
 
     def unavailable(self, batch_size):
         try:
@@ -108,12 +110,13 @@ class StrongAR(System):
     def setup(self, batch_size, prompts, max_new_tokens):
         # Capture once per batch size, outside the timed runs (a server captures at start-up).
         capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
-        self.decoder = GraphedAR(self.pair.target, batch_size, capacity)
+        self.decoder = GraphedChainDecoder(self.pair.target, None, batch_size, capacity, 0,
+                                           self.pair.eos_ids)
 
     def run(self, prompts, batch_size, max_new_tokens):
         tokens, forwards = [], 0
         for chunk in batches(prompts, batch_size):
-            r = self.decoder.generate(chunk, max_new_tokens, self.pair.eos_ids)
+            r = self.decoder.generate(chunk, max_new_tokens)
             tokens += r.tokens
             forwards += r.target_forwards
         return RunOutput(tokens, forwards)
@@ -121,9 +124,8 @@ class StrongAR(System):
     def check(self, prompts, batch_size, reference, output):
         proposals = []
         for start in range(0, len(prompts), batch_size):
-            part = ARResult(reference.tokens[start:start + batch_size])
-            proposals += self.decoder.generate(prompts[start:start + batch_size], max_new_tokens=1,
-                                               force_reference=part).tokens
+            proposals += self.decoder.force(prompts[start:start + batch_size],
+                                            reference.tokens[start:start + batch_size])
         return {"forcing": forcing_json(forcing_report(proposals, reference,
                                                        self.pair.target.dtype))}
 

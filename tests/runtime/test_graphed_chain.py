@@ -200,3 +200,19 @@ def test_a_token_budget_caps_the_chain_or_turns_speculation_off(budget, expect_o
         assert max(a for row in r.accepted_lengths for a in row) <= 2 and r.mean_accepted > 1.0
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
+
+
+def test_chains_of_zero_without_a_drafter_are_plain_greedy_decoding():
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], None, 4, 48, 0, s["eos"], capture=False)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["reference"].tokens
+    assert r.mean_accepted == 1.0 and r.drafter_forwards == 1
+    assert 0 <= r.target_forwards - max(len(t) for t in r.tokens) <= 1
+    assert_clean(compare_to_reference(decoder.force(s["prompts"], s["reference"].tokens),
+                                      s["reference"], default_tolerance(torch.float32)),
+                 s["reference"])
+    with pytest.raises(SpecPilotError, match="without one"):
+        GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 0, capture=False)
+    with pytest.raises(SpecPilotError, match="at least 1"):
+        GraphedChainDecoder(s["target"], None, 4, 48, 2, capture=False)
