@@ -193,7 +193,7 @@ def measured_tiles(rows: int, n: int, k: int) -> Optional[Dict[str, Any]]:
     """The measured bf16 `linear` tiles for x[rows, k] @ w[n, k]^T (params.LINEAR_TILES),
     narrowed to a small matrix (no tile wider than the matrix, no K split without a K step for
     each part), or None when nothing was measured for that many rows."""
-    tiles = measured_linear_tiles(rows, n)
+    tiles = measured_linear_tiles(rows, n, k)
     if tiles is None:
         return None
     tiles["BLOCK_N"] = min(tiles["BLOCK_N"], max(16, next_power_of_two(n)))

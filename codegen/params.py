@@ -167,13 +167,15 @@ class FamilySchema:
 
 @dataclass(frozen=True)
 class MeasuredTiles:
-    """Tiles measured best for a matmul of `rows` rows (lo..hi) and `n` output columns (lo..hi)."""
+    """Tiles measured best for x[rows, k] @ w[n, k]^T with `rows`, `n` and `k` in the given
+    (lo, hi) ranges."""
     rows: Tuple[int, int]
     n: Tuple[int, int]
+    k: Tuple[int, int]
     tiles: Tuple[Tuple[str, Value], ...]
 
-    def covers(self, rows: int, n: int) -> bool:
-        return self.rows[0] <= rows <= self.rows[1] and self.n[0] <= n <= self.n[1]
+    def covers(self, rows: int, n: int, k: int) -> bool:
+        return all(lo <= v <= hi for v, (lo, hi) in ((rows, self.rows), (n, self.n), (k, self.k)))
 
 
 _ANY = 1 << 31
@@ -185,31 +187,32 @@ WIDE_N = 16384
 # bench/results/kernels.json, `best_configs` (2026-11-29, torch 2.11, Triton 3.6), Llama-3.1-8B
 # shapes qkv 6144x4096, o 4096x4096, gate_up 28672x4096, down 4096x14336 at M = 1, 4, 8, 16, 32,
 # 64. Percentages are of the device copy bandwidth, best vs the multiply-add defaults they
-# replace. Rows not covered (17..32 and more than 64: only the defaults were measured; 9..16 with
-# a wide N: the default was best) keep lowering's shape-derived tiles.
+# replace. What no entry covers (17..32 rows and more than 64: only the defaults were measured;
+# 9..16 rows of a wide N: the default was best) keeps lowering's shape-derived tiles.
 LINEAR_TILES: Tuple[MeasuredTiles, ...] = (
     # M=1,4,8, qkv/o/down: 55-75% (default 1-17%)
-    MeasuredTiles((1, 8), (1, WIDE_N - 1),
+    MeasuredTiles((1, 8), (1, WIDE_N - 1), (1, _ANY),
                   (("BLOCK_M", 16), ("BLOCK_N", 64), ("BLOCK_K", 128), ("SPLIT_K", 2),
                    ("num_warps", 4), ("num_stages", 3))),
     # M=1,4,8, gate_up: 95-96% (default 4-30%)
-    MeasuredTiles((1, 8), (WIDE_N, _ANY),
+    MeasuredTiles((1, 8), (WIDE_N, _ANY), (1, _ANY),
                   (("BLOCK_M", 16), ("BLOCK_N", 32), ("BLOCK_K", 128), ("SPLIT_K", 1),
                    ("num_warps", 4), ("num_stages", 3))),
     # M=16, qkv/o/down: 66-86% (default 28-40%)
-    MeasuredTiles((9, 16), (1, WIDE_N - 1),
+    MeasuredTiles((9, 16), (1, WIDE_N - 1), (1, _ANY),
                   (("BLOCK_M", 16), ("BLOCK_N", 32), ("BLOCK_K", 256), ("SPLIT_K", 1),
                    ("num_warps", 4), ("num_stages", 4))),
-    # M=64, o/qkv: 58-63% (default 28-38%); down and gate_up were not swept at this M
-    MeasuredTiles((33, 64), (1, WIDE_N - 1),
+    # M=64, o/qkv (K=4096): 58-63% (default 28-38%); down and gate_up were not swept at this M
+    MeasuredTiles((33, 64), (1, WIDE_N - 1), (1, 4096),
                   (("BLOCK_M", 64), ("BLOCK_N", 32), ("BLOCK_K", 256), ("SPLIT_K", 1),
                    ("num_warps", 4), ("num_stages", 4))),
 )
 
 
-def measured_linear_tiles(rows: int, n: int) -> Optional[Dict[str, Value]]:
-    """The `LINEAR_TILES` entry for `rows` x `n` (tensor-core tiles), or None when none covers it."""
+def measured_linear_tiles(rows: int, n: int, k: int) -> Optional[Dict[str, Value]]:
+    """The tiles of the first `LINEAR_TILES` entry covering this matmul (tensor-core tiles), or
+    None when none covers it."""
     for entry in LINEAR_TILES:
-        if entry.covers(rows, n):
+        if entry.covers(rows, n, k):
             return dict(entry.tiles)
     return None

@@ -1,29 +1,160 @@
-"""Kernel agent: the Program's own generated kernels, CUDA-graph capture, and tile/warp/stage
-tuning of the kernels the cost report puts furthest from their bandwidth limit.
+"""Kernel agent: the Program's own generated kernels, CUDA-graph capture, and per-node tuning
+(`TuneKernel`) of the kernels the cost report puts furthest from their bandwidth limit.
 
 On a CPU it proposes nothing: generated kernels run there in Triton's interpreter, a
-correctness tool whose timings say nothing about a GPU. Per-node tuning needs a Transformation
-that writes `kernels.overrides`; when the IR registers one named `TuneKernel` with `node`,
-`param` and `value` fields, tile candidates are proposed through it.
+correctness tool whose timings say nothing about a GPU.
+
+Tuning names the nodes lowering produces for this Program, by their layer-less key
+(`target.mlp.down_proj`), so that one override tunes every layer alike (the generated backend
+requires that of attention, whose calls do not say which layer they serve). The cost report's
+nodes (`target.layers.3.mlp`, kind mlp) map to lowered nodes by kind; without a usable report
+the largest linears come first. Each proposed value is legal for the node's kernel family (its
+parameter schema, and the family's own checks through a KernelSpec), and each proposal lowers.
 """
 from __future__ import annotations
 
-from typing import List
+from itertools import zip_longest
+from typing import Dict, Iterator, List, Optional, Tuple
 
-from specpilot.ir import TRANSFORMATIONS, CaptureGraphs, Program, SetBackend, Transformation
+from specpilot.ir import CaptureGraphs, Program, SetBackend, Transformation, TuneKernel, apply
+from specpilot.ir.errors import SpecPilotError
 
-from .base import Agent, Budget
+from .base import Agent, Budget, Refusal
 
-# Tile sizes to try for a linear node far from its bandwidth limit (the lowering's defaults sit
-# in the middle of these ranges).
-TILE_CHOICES = (("BLOCK_N", (32, 64, 128)), ("BLOCK_K", (32, 64, 128)))
+# The parameters worth a try per family, most promising first (preference; which values are
+# legal is the family schema's answer). Everything else follows from the Program or is a
+# correctness bound (M_MAX).
+TUNABLE: Dict[str, Tuple[str, ...]] = {
+    "linear": ("BLOCK_N", "BLOCK_K", "SPLIT_K", "num_warps", "num_stages"),
+    "linear_lossless12": ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages"),
+    "gate_up_silu": ("BLOCK_N", "BLOCK_K", "num_warps", "num_stages"),
+    "attention": ("BLOCK_S", "BLOCK_R", "num_warps", "num_stages"),
+    "gemv_bf16": ("UNROLL", "WARPS_PER_BLOCK", "COLS_PER_WARP"),
+    "gemv_lossless12": ("MATH", "UNROLL", "WARPS_PER_BLOCK", "ROWS_PER_WARP"),
+}
+TUNED_OPS = ("linear", "gate_up_silu", "attention")
+# Rows up to which a CUDA GEMV measured faster than the Triton family it would replace, on every
+# Llama-3.1-8B linear (bench/results/kernels.md, H200): the bf16 GEMV up to 4 rows, the fused
+# lossless12 decode (mma) up to 8, its M_MAX (past that it re-reads the weights per 8 rows).
+GEMV_MAX_ROWS = {"gemv_bf16": 4, "gemv_lossless12": 8}
+# How many node groups get proposals (the report's top ones, or the largest linears).
+MAX_GROUPS = 6
 
 
-def _tune_record():
-    cls = TRANSFORMATIONS.get("TuneKernel")
-    if cls is None or set(cls.PARAMS) != {"node", "param", "value"}:
-        return None
-    return cls
+def _in_report_kind(kind: str, key: str, role: str) -> bool:
+    """Whether lowered node group `key` (layer-less) computes part of a cost-report node of
+    `kind` (ir.dataflow_graph kinds)."""
+    part = key.split(".", 1)[1] if "." in key else ""
+    if kind == "attention":
+        return role == "target" and part.startswith("self_attn.")
+    if kind == "mlp":
+        return role == "target" and part.startswith("mlp.")
+    if kind == "lm_head":
+        return key == "target.lm_head"
+    return kind == "drafter_forward" and role == "drafter"
+
+
+class _Group:
+    """The lowered nodes one layer-less key tunes: their family, params and size."""
+
+    def __init__(self, key: str, nodes, plan):
+        self.key, self.nodes = key, nodes
+        self.spec = plan.spec_of(nodes[0].name)
+        self.uniform = all(plan.spec_of(n.name) == self.spec for n in nodes)
+        self.role, self.op = nodes[0].role, nodes[0].op
+        self.rows = max(int(n.attr("rows", 0) or 0) for n in nodes)
+        # a fused gate_up node reads both of its linears, each out_features x in_features
+        self.weights = sum(len(n.linears) * int(n.attr("out_features", 0) or 0)
+                           * int(n.attr("in_features", 0) or 0) for n in nodes)
+
+
+def node_groups(plan) -> Dict[str, _Group]:
+    """The plan's tunable nodes (linears, fused MLP inputs, attention) of target and drafter,
+    grouped by layer-less key, in plan order."""
+    from specpilot.codegen.lower import layerless
+
+    by_key: Dict[str, list] = {}
+    for node in plan.nodes:
+        if node.op in TUNED_OPS and node.role in ("target", "drafter"):
+            by_key.setdefault(layerless(node.name), []).append(node)
+    return {key: _Group(key, nodes, plan) for key, nodes in by_key.items()}
+
+
+def rank_groups(groups: Dict[str, _Group], cost_report) -> Tuple[List[_Group], str]:
+    """Groups to tune, best first, and how they were chosen: by the report's nodes furthest
+    from their bandwidth limit (mapped by kind), else the largest linears."""
+    by_size = sorted(groups.values(), key=lambda g: -g.weights)
+    chosen: List[_Group] = []
+    for summary in getattr(cost_report, "nodes", None) or []:
+        for g in by_size:
+            if g not in chosen and _in_report_kind(summary.kind, g.key, g.role):
+                chosen.append(g)
+    if chosen:
+        return chosen[:MAX_GROUPS], "the cost report's nodes furthest from their bandwidth limit"
+    linears = [g for g in by_size if g.op != "attention"]
+    return linears[:MAX_GROUPS], "the largest linears (no cost report node maps to a kernel)"
+
+
+def legal_values(family: str, param: str, current) -> List:
+    """Neighbours of `current` that `param`'s schema allows: half and double a power of two,
+    one less and one more otherwise, the other choices of an enum."""
+    from specpilot.codegen.kernel_spec import get_family
+    from specpilot.codegen.params import EnumParam, IntParam
+
+    schema = get_family(family).param(param)
+    if isinstance(schema, EnumParam):
+        return [c for c in schema.choices if c != current]
+    if not isinstance(schema, IntParam):
+        return []
+    near = (current // 2, current * 2) if schema.power_of_two else (current - 1, current + 1)
+    return [v for v in near if schema.lo <= v <= schema.hi and v != current]
+
+
+def _spec_accepts(group: _Group, param: str, value) -> bool:
+    from specpilot.codegen.kernel_spec import KernelSpec
+
+    try:
+        KernelSpec(group.spec.family, {**dict(group.spec.params), param: value})
+    except SpecPilotError:
+        return False
+    return True
+
+
+def group_proposals(group: _Group) -> List[TuneKernel]:
+    """TuneKernel records for one group, most promising first: another family that may run it
+    (a CUDA GEMV, for the rows it is measured faster at), then each tunable parameter's legal
+    neighbours."""
+    from specpilot.codegen.lower import allowed_families
+
+    if not group.uniform:       # a layer already tuned on its own: leave the group alone
+        return []
+    out = []
+    if group.op == "linear":
+        out += [TuneKernel(group.key, "family", f) for f in allowed_families(group.nodes[0])
+                if f != group.spec.family and group.rows <= GEMV_MAX_ROWS.get(f, 0)]
+    family = group.spec.family
+    for param in TUNABLE.get(family, ()):
+        current = group.spec.get(param)
+        out += [TuneKernel(group.key, param, v) for v in legal_values(family, param, current)
+                if _spec_accepts(group, param, v)]
+    return out
+
+
+def _interleave(lists: List[List[TuneKernel]]) -> Iterator[TuneKernel]:
+    """One proposal of each group in turn, so a small budget still covers several nodes."""
+    for row in zip_longest(*lists):
+        yield from (t for t in row if t is not None)
+
+
+def lowering_error(program: Program, t: Transformation) -> Optional[str]:
+    """Why `program` with `t` applied does not lower, or None when it does."""
+    from specpilot.codegen.lower import lower_program
+
+    try:
+        lower_program(apply(program, t))
+    except SpecPilotError as exc:
+        return str(exc)
+    return None
 
 
 class KernelAgent(Agent):
@@ -42,14 +173,34 @@ class KernelAgent(Agent):
             proposals.append(SetBackend("generated"))
         if not program.kernels.capture_graphs:
             proposals.append(CaptureGraphs(True))
-        tune = _tune_record()
-        if tune is None:
-            self.notes.append("per-node tile tuning needs a TuneKernel(node, param, value) "
-                              "transformation, which the IR does not define")
-        elif program.kernels.backend == "generated" and cost_report is not None:
-            for node in cost_report.nodes:
-                if node.kind not in ("attention", "mlp", "lm_head"):
-                    continue
-                for param, values in TILE_CHOICES:
-                    proposals += [tune(node=node.name, param=param, value=v) for v in values]
-        return self._legal(program, proposals, memory)[:budget.max_proposals]
+        out = self._legal(program, proposals, memory)[:budget.max_proposals]
+        if program.kernels.backend != "generated":
+            self.notes.append("per-node kernel tuning applies to the generated backend only")
+            return out
+        return out + self._tunings(program, cost_report, memory,
+                                   budget.max_proposals - len(out))
+
+    def _tunings(self, program: Program, cost_report, memory, room: int) -> List[Transformation]:
+        from specpilot.codegen.lower import lower_program
+
+        if room <= 0:
+            return []
+        try:
+            plan = lower_program(program)
+        except SpecPilotError as exc:
+            self.notes.append(f"no kernel tuning: the Program does not lower ({exc})")
+            return []
+        groups, how = rank_groups(node_groups(plan), cost_report)
+        self.notes.append(f"tuning {', '.join(g.key for g in groups)}: {how}")
+        out: List[Transformation] = []
+        for t in _interleave([group_proposals(g) for g in groups]):
+            if len(out) >= room:
+                break
+            if not self._legal(program, [t], memory):
+                continue
+            reason = lowering_error(program, t)
+            if reason is not None:
+                self.refusals.append(Refusal(str(t), f"does not lower: {reason}"))
+                continue
+            out.append(t)
+        return out

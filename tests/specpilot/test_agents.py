@@ -1,5 +1,7 @@
 """Every built-in agent's proposals are legal (ir.check) and runnable (check_runnable) on several
 Programs, and each agent chooses what its direction promises."""
+import re
+
 import pytest
 
 from specpilot.agents import (BatchingAgent, Budget, KernelAgent, TopologyAgent,
@@ -178,3 +180,146 @@ def test_rank_by_prediction_drops_predicted_losses(pair):
     assert [t.k for _, t in ranked][0] == 1
     assert all(g > 0 for g, _ in ranked)
     assert 8 not in [t.k for _, t in ranked]
+
+
+# ------------------------------------------------------------------ kernel tuning (TuneKernel)
+
+@pytest.fixture(scope="module")
+def lowerable(tmp_path_factory):
+    """A pair every kernel family can run (head_dim 16 in both models; the `pair` drafter's 8 is
+    below the attention kernel's 16), as GPU Programs on the generated backend: stock chain(4),
+    lossless12 MLP weights, a tree, a batch of 4."""
+    from hf_factory import make_checkpoint
+    folder = tmp_path_factory.mktemp("lowerable")
+    target = make_checkpoint(folder, "llama3", name="target", hidden_size=64,
+                             intermediate_size=128)
+    drafter = make_checkpoint(folder, "llama3", name="drafter", seed=1, hidden_size=32,
+                              intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                              num_key_value_heads=1)
+    gpu = stock_program(build_deployment(target, drafter, gpu="NVIDIA H200", dtype="bfloat16"))
+    generated = apply(gpu, SetBackend("generated"))
+    measured = generated
+    for role in ("target", "drafter"):
+        measured = record_escape_rates(
+            measured, role, {n: 10 for n in getattr(measured.models, role).linears})
+    from specpilot.ir import SetWeightFormat
+    return {"stock": generated,
+            "lossless12": apply(apply(measured, SetWeightFormat("target.mlp.*", "lossless12")),
+                                SetWeightFormat("drafter.*", "lossless12")),
+            "tree": apply(generated, SetTopology(Tree((2, 2)))),
+            "batched": apply(generated, SetMaxBatchSize(4))}
+
+
+def _report(*kinds):
+    """A cost report whose nodes furthest from their bandwidth limit have these kinds."""
+    from specpilot.cost.report import NodeSummary
+    from types import SimpleNamespace
+    names = {"attention": "target.layers.1.attention", "mlp": "target.layers.0.mlp",
+             "lm_head": "target.lm_head", "drafter_forward": "draft.forward[1]",
+             "embed": "target.embed", "accept": "verify.accept"}
+    return SimpleNamespace(nodes=[NodeSummary(names[k], k, 1e-5, "memory", 0.1) for k in kinds])
+
+
+def _tunings(proposals):
+    from specpilot.ir import TuneKernel
+    return [t for t in proposals if isinstance(t, TuneKernel)]
+
+
+@pytest.mark.parametrize("name", ["stock", "lossless12", "tree", "batched"])
+@pytest.mark.parametrize("report", [None, ("mlp",), ("attention", "drafter_forward")],
+                         ids=["no-report", "mlp", "attention+drafter"])
+def test_kernel_agent_tunes_nodes_lowering_produces_with_legal_values(lowerable, name, report):
+    from specpilot.codegen.lower import lower_program
+    program = lowerable[name]
+    agent = KernelAgent()
+    proposals = agent.propose(program, _report(*report) if report else None, None, Budget(10))
+    tunings = _tunings(proposals)
+    assert tunings and len(proposals) <= 10
+    assert_runnable(program, proposals)
+    plan = lower_program(program)
+    for t in tunings:
+        # one key for every layer: the name of a lowered node with its `layers.N.` removed
+        assert ".layers." not in t.node
+        nodes = [n for n in plan.nodes if re.sub(r"\.layers\.[0-9]+\.", ".", n.name) == t.node]
+        assert nodes, t
+        tuned = lower_program(apply(program, t))      # legal: the family schema accepts it
+        for n in nodes:
+            spec = tuned.spec_of(n.name)
+            assert (spec.family if t.param == "family" else spec.get(t.param)) == t.value
+            before = plan.spec_of(n.name)
+            assert spec != before                          # and it changes the kernel
+
+
+def test_kernel_agent_follows_the_cost_report_by_kind(lowerable):
+    program = lowerable["stock"]
+    by_kind = {
+        ("mlp",): lambda node: node.startswith("target.mlp."),
+        ("attention",): lambda node: node.startswith("target.self_attn."),
+        ("lm_head",): lambda node: node == "target.lm_head",
+        ("drafter_forward",): lambda node: node.startswith("drafter."),
+    }
+    for kinds, expected in by_kind.items():
+        tunings = _tunings(KernelAgent().propose(program, _report(*kinds), None, Budget(12)))
+        assert tunings and all(expected(t.node) for t in tunings), (kinds, tunings)
+    # the attention kernel itself is tuned for the attention/KV gap, over every layer at once
+    nodes = {t.node for t in _tunings(KernelAgent().propose(program, _report("attention"), None,
+                                                            Budget(40)))}
+    assert "target.self_attn.attention" in nodes
+
+
+def test_kernel_agent_without_a_usable_report_starts_from_the_largest_linears(lowerable):
+    program = lowerable["stock"]
+    model = program.models.target
+    # target weights per layer-less node, from the model's own shapes (gate+up fused in one)
+    sizes = {"target.lm_head": model.linear_shape("lm_head")}
+    size = {k: v[0] * v[1] for k, v in sizes.items()}
+    for part in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+                 "mlp.down_proj"):
+        out, inp = model.linear_shape(f"layers.0.{part}")
+        size[f"target.{part}"] = model.num_layers * out * inp
+    out, inp = model.linear_shape("layers.0.mlp.gate_proj")
+    size["target.mlp.gate_up"] = model.num_layers * 2 * out * inp
+    largest = max(size, key=size.get)
+    for report in (None, _report("embed", "accept")):
+        agent = KernelAgent()
+        tunings = _tunings(agent.propose(program, report, None, Budget(6)))
+        assert tunings[0].node == largest == "target.mlp.gate_up"
+        assert any("largest linears" in note for note in agent.notes)
+
+
+def test_kernel_agent_proposes_a_cuda_gemv_only_where_it_is_measured_faster(lowerable):
+    def switches(program, kind):
+        return {(t.node, t.value) for t in _tunings(KernelAgent().propose(
+            program, _report(kind), None, Budget(40))) if t.param == "family"}
+    # the drafter drafts 1 row: the bf16 GEMV (measured faster up to 4 rows)
+    assert ("drafter.mlp.down_proj", "gemv_bf16") in switches(lowerable["stock"], "drafter_forward")
+    # the target verifies 5 rows: no bf16 GEMV, but the lossless12 one (faster up to 8 rows)
+    assert switches(lowerable["stock"], "mlp") == set()
+    assert ("target.mlp.down_proj", "gemv_lossless12") in switches(lowerable["lossless12"], "mlp")
+    # a batch of 4 verifies 20 rows: none
+    assert switches(lowerable["batched"], "attention") == set()
+
+
+def test_kernel_agent_tunes_nothing_on_a_cpu_or_the_torch_backend(lowerable):
+    from dataclasses import replace
+    agent = KernelAgent()
+    assert agent.propose(replace(lowerable["stock"], gpu="cpu"), _report("mlp"), None,
+                         Budget(8)) == []
+    torch_backend = apply(lowerable["stock"], SetBackend("torch"))
+    proposals = agent.propose(torch_backend, _report("mlp"), None, Budget(8))
+    assert SetBackend("generated") in proposals and not _tunings(proposals)
+
+
+def test_a_tune_kernel_that_does_not_lower_is_a_recorded_candidate_failure(lowerable, tmp_path):
+    from specpilot.ir import TuneKernel
+    from specpilot.search.candidates import make_candidate, prepare
+    bad = make_candidate(lowerable["stock"], [TuneKernel("target.layers.9.mlp.down_proj",
+                                                         "BLOCK_N", 32)], "kernels")
+    illegal = make_candidate(lowerable["stock"], [TuneKernel("target.lm_head", "BLOCK_N", 48)],
+                             "kernels")
+    ready, failures = prepare([bad, illegal], str(tmp_path / "kernels"), workers=1)
+    assert ready == []
+    assert [f.stage for f in failures] == ["lowering", "lowering"]
+    assert "kernels.overrides[target.layers.9.mlp.down_proj]" in failures[0].reason
+    assert "48 is not a power of two" in failures[1].reason
+    assert failures[0].transformations == bad.transformations
