@@ -39,11 +39,22 @@ def _matmul_tiles(M: int, N: int, K: int, block_n_max: int, dot_block_k_min: int
         return {}
 
 
+def _linear_tiles(M: int, N: int, K: int) -> dict:
+    """The bf16 `linear` tiles lowering picks: the measured table where it covers M, else the
+    computed defaults."""
+    try:
+        from specpilot.codegen.lower import measured_tiles
+        tiles = measured_tiles(M, N, K)
+    except Exception:  # lowering not importable
+        tiles = None
+    return tiles if tiles is not None else _matmul_tiles(M, N, K, 64)
+
+
 def default_specs(M: int, N: int, K: int) -> Dict[str, KernelSpec]:
     """kernel name -> the spec lowering would pick for this linear (M_MAX is 8 for the CUDA
     GEMVs: they are instantiated per row count, so M_MAX only bounds the launch)."""
     specs = {
-        "linear": kernel_spec("linear", **_matmul_tiles(M, N, K, 64)),
+        "linear": kernel_spec("linear", **_linear_tiles(M, N, K)),
         "linear_lossless12": kernel_spec("linear_lossless12", BASE="row",
                                          **_matmul_tiles(M, N, K, 32, dot_block_k_min=32)),
     }
