@@ -112,7 +112,8 @@ class VarlenAttention:
         self.capacity = capacity
         self.visibility = visibility
         self._offsets = None      # (cu_seqlens, rows) on the device, built at the first call
-        self._seen = (None, None)  # the last mask seen and its (kv_limits, window_bits)
+        self._given = None        # `visibility` as (kv_limits, window_bits), built once
+        self._seen = []           # [(mask, (kv_limits, window_bits))] of the masks seen
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
@@ -147,15 +148,19 @@ class VarlenAttention:
 
     def _token_visibility(self, mask, device):
         if self.visibility is not None:
-            if self._seen[1] is None:
-                self._seen = (None, varlen_visibility(*self.visibility, device=device))
-            return self._seen[1]
-        if self._seen[0] is not mask:
-            s = self.capacity
-            local = torch.cat([mask[0, a:b, row * s:(row + 1) * s] for a, b, row in
-                               zip(self.cu_seqlens, self.cu_seqlens[1:], self.rows)])
-            self._seen = (mask, visibility_from_mask(local))
-        return self._seen[1]
+            if self._given is None:
+                self._given = varlen_visibility(*self.visibility, device=device)
+            return self._given
+        # The layers of a forward share one mask object (sliding-window layers one per window),
+        # so each is read off once, not once per layer.
+        for seen, visibility in self._seen:
+            if seen is mask:
+                return visibility
+        s = self.capacity
+        local = torch.cat([mask[0, a:b, row * s:(row + 1) * s] for a, b, row in
+                           zip(self.cu_seqlens, self.cu_seqlens[1:], self.rows)])
+        self._seen.append((mask, visibility_from_mask(local)))
+        return self._seen[-1][1]
 
 
 def with_varlen_attention(model, cu_seqlens: Sequence[int], rows: Sequence[int], capacity: int,
