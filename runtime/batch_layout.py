@@ -184,7 +184,9 @@ def _run_ragged(model, cache, feeds: Sequence[Feed]) -> FeedLogits:
     lo = torch.tensor(base)[:, None]
     mask = (flat_range >= lo) & (flat_range < lo + torch.tensor(limits)[:, None])
     mask[extra_t, extra_s] = True
-    packed_model = with_varlen_attention(model, cu, [f.row for f in feeds], s)
+    # The feeds' own visibility (request-local) spares a varlen kernel reading it off the mask.
+    visibility = ([x for f in feeds for x in f.limits], [ex for f in feeds for ex in f.extra])
+    packed_model = with_varlen_attention(model, cu, [f.row for f in feeds], s, visibility)
     logits = packed_model.forward(
         torch.tensor([tokens], device=device), torch.tensor([positions], device=device),
         torch.tensor([slots], device=device), mask[None].to(device), flat,

@@ -122,9 +122,10 @@ def test_off_by_one_attention_offset_is_caught(monkeypatch):
     s = pair_setup(SEEDS[0])
     original = batch_layout.with_varlen_attention
 
-    def shifted(model, cu, rows, capacity):
+    def shifted(model, cu, rows, capacity, visibility=None):
         # Each request's first token is attributed to the request before it.
-        return original(model, [cu[0]] + [x + 1 for x in cu[1:-1]] + [cu[-1]], rows, capacity)
+        return original(model, [cu[0]] + [x + 1 for x in cu[1:-1]] + [cu[-1]], rows, capacity,
+                        visibility)
 
     monkeypatch.setattr(batch_layout, "with_varlen_attention", shifted)
     assert_caught(force(s, StaticProposer(Chain(3)), 4, layout="ragged"), s["reference"])
