@@ -236,6 +236,10 @@ def describe_node(node: PlanNode) -> str:
         return (f"attention of {a['num_heads']} query heads over {a['num_kv_heads']} cached KV "
                 f"heads of {a['head_dim']}: prefill, and {a['queries']} new tokens per step "
                 f"with the {a['mask']} mask")
+    if node.op == "varlen_attention":
+        return (f"attention of {a['num_heads']} query heads over {a['num_kv_heads']} cached KV "
+                f"heads of {a['head_dim']} for every request's tokens packed without padding "
+                f"(ragged layout; the tree given as per-token limits and ancestor bits)")
     if node.op == "greedy_accept":
         return (f"argmax over {a['vocab_size']} logits at the root and {a['draft_nodes']} draft "
                 "nodes, and the longest accepted path")

@@ -202,3 +202,21 @@ def test_off_by_one_offsets_into_the_kernel_change_the_tokens(generated_ragged, 
     run = run_program_decode(program, pair.target, pair.drafter, generated_ragged["prompts"],
                              MAX_NEW, acceptance=acceptance_rule(program, pair))
     assert run.tokens != generated_ragged["reference"].tokens
+
+
+def test_export_describes_the_varlen_node_of_a_ragged_program(tmp_path):
+    from specpilot.codegen.export import describe_node
+    from specpilot.codegen.lower import lower_program
+    from specpilot.deploy import build_deployment
+    from specpilot.ir import SetBatchLayout, SetMaxBatchSize, apply, stock_program
+    from hf_factory import make_checkpoint
+
+    # Lowering needs head_dim >= 16 (the attention kernels' smallest): one checkpoint serves as
+    # both models.
+    target = make_checkpoint(tmp_path, "llama3", seed=3, **TINY)
+    stock = stock_program(build_deployment(target, target, gpu="cpu", dtype="float32"))
+    ragged = apply(apply(stock, SetMaxBatchSize(4)), SetBatchLayout("ragged"))
+    nodes = [n for n in lower_program(ragged).nodes if n.op == "varlen_attention"]
+    assert nodes and not [n for n in lower_program(stock).nodes if n.op == "varlen_attention"]
+    line = describe_node(nodes[0])
+    assert "packed without padding" in line and "query heads" in line
