@@ -195,17 +195,21 @@ def _attention_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
     return {**_dtype_constants(p), "BLOCK_D": next_power_of_two(p["HEAD_DIM"])}
 
 
+def _attention_params(rows_doc: str) -> tuple:
+    """The parameters both attention families take (the dense and the packed one)."""
+    return (_dtype(),
+            IntParam("HEAD_DIM", 16, 256, 128),
+            IntParam("BLOCK_R", 16, 128, 16, power_of_two=True, doc=rows_doc),
+            IntParam("BLOCK_S", 16, 256, 64, power_of_two=True, doc="cache slots per loop step"),
+            _warps(4), _stages(2))
+
+
 ATTENTION = FamilySchema(
     name="attention", backend="triton",
     summary="attention of T new queries per request over a static KV cache with an explicit "
             "visibility mask (decode, causal and tree verification), GQA",
     launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)",
-    params=(_dtype(),
-            IntParam("HEAD_DIM", 16, 256, 128),
-            IntParam("BLOCK_R", 16, 128, 16, power_of_two=True,
-                     doc="query rows (token, head-in-group) per program"),
-            IntParam("BLOCK_S", 16, 256, 64, power_of_two=True, doc="cache slots per loop step"),
-            _warps(4), _stages(2)),
+    params=_attention_params("query rows (token, head-in-group) per program"),
     check=_check_attention, derive=_attention_constants)
 
 VARLEN_ATTENTION = FamilySchema(
@@ -214,12 +218,7 @@ VARLEN_ATTENTION = FamilySchema(
             "request) with per-token visibility as data: a prefix length and a window bitmask",
     launcher="launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out, "
              "scale=None, max_seqlen=None)",
-    params=(_dtype(),
-            IntParam("HEAD_DIM", 16, 256, 128),
-            IntParam("BLOCK_R", 16, 128, 16, power_of_two=True,
-                     doc="query rows (token of one request, head-in-group) per program"),
-            IntParam("BLOCK_S", 16, 256, 64, power_of_two=True, doc="cache slots per loop step"),
-            _warps(4), _stages(2)),
+    params=_attention_params("query rows (token of one request, head-in-group) per program"),
     check=_check_attention, derive=_attention_constants)
 
 GREEDY_ACCEPT = FamilySchema(
