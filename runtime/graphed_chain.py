@@ -47,16 +47,27 @@ class GraphedChainDecoder:
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
-                 adaptive: bool = False, length_cap: Optional[int] = None):
+                 adaptive: bool = False, length_cap: Optional[int] = None,
+                 rounds_per_replay: Optional[int] = None):
         """`adaptive`: each request drafts one more than its recent mean acceptance (as
         runtime/adaptive_draft.py), at most `length_cap` (default k); each round replays the
         graph of the longest length any request wanted one round earlier (the host reads it
-        one round behind), and a request's acceptance stops at its own length."""
+        one round behind), and a request's acceptance stops at its own length.
+
+        `rounds_per_replay` rounds are captured back to back in one graph (default 4 with
+        capture, 1 without): the host's work per replay (launch, one status copy, one event)
+        is then shared by that many rounds, at the cost of at most that many minus one rounds
+        run after the last request finished."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
             raise SpecPilotError(f"chain length must be at least 1 with a drafter, or 0 without "
                                  f"one (plain greedy decoding), got {k}")
+        if rounds_per_replay is None:
+            rounds_per_replay = 4 if capture else 1
+        if rounds_per_replay < 1:
+            raise SpecPilotError(f"rounds per replay must be at least 1, got {rounds_per_replay}")
+        self.rounds_per_replay = rounds_per_replay
         if adaptive and k == 0:
             raise SpecPilotError("adaptive draft lengths need a chain of at least 1")
         cap = k if length_cap is None else length_cap
@@ -83,7 +94,9 @@ class GraphedChainDecoder:
         self.ref = torch.zeros((batch, self.width), **i64)   # forced mode: the reference tokens
         self.accepted = torch.full((self.width, batch), -1, **i64)  # per round: drafts accepted
         self.round_index = torch.zeros((), **i64)
-        self.finished = torch.zeros(self.width, dtype=torch.bool, device=dev)
+        # Per round: [all requests finished (0/1), longest length wanted next]; one row is the
+        # only thing the host reads back per replay.
+        self.status = torch.zeros((self.width, 2), **i64)
         self.eos = torch.tensor(sorted(set(eos_ids)), **i64) if eos_ids else None
         self.slot_ids = torch.arange(capacity, device=dev)[None, None, :]
         self.chain = torch.arange(k + 1, device=dev)
@@ -94,7 +107,6 @@ class GraphedChainDecoder:
         self.adaptive, self.length_cap = adaptive, cap
         self.ema = torch.zeros(batch, dtype=torch.float32, device=dev)
         self.draft_len = torch.full((batch,), cap, **i64)
-        self.widths = torch.full((self.width,), cap, **i64)
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
     @property
@@ -183,7 +195,7 @@ class GraphedChainDecoder:
         self.draft_len.copy_(wanted)
         r = self.round_index.clamp(max=self.width - 1)
         longest = torch.where(self.active, wanted, torch.ones_like(wanted)).max()
-        self.widths.index_copy_(0, r[None], longest[None])
+        self.status[:, 1].index_copy_(0, r[None], longest[None])
 
     def _forced_round(self, k: int) -> None:
         idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
@@ -203,17 +215,23 @@ class GraphedChainDecoder:
     def _log_round(self, accepted: torch.Tensor) -> None:
         r = self.round_index.clamp(max=self.width - 1)
         self.accepted.index_copy_(0, r[None], accepted[None])
-        self.finished.index_copy_(0, r[None], (~self.active.any())[None])
+        self.status[:, 0].index_copy_(0, r[None], (~self.active.any()).to(torch.int64)[None])
         self.round_index.add_(1)
 
     # ---- capture and the host loop ------------------------------------------------------------
 
-    def _runner(self, forced: bool, k: Optional[int] = None):
+    def _runner(self, forced: bool, k: Optional[int] = None, rounds: Optional[int] = None):
         k = self.k if k is None else k
-        body = (lambda: self._forced_round(k)) if forced else (lambda: self._round(k))
+        rounds = self.rounds_per_replay if rounds is None else rounds
+        one = (lambda: self._forced_round(k)) if forced else (lambda: self._round(k))
+
+        def body():
+            for _ in range(rounds):
+                one()
+
         if not self.capture:
             return body
-        key = (forced, k)
+        key = (forced, k, rounds)
         if key not in self._graphs:
             # Capture runs the round a few times on whatever the state holds: every request is
             # inactive here (set by _reset), so only cache slots that prefill overwrites change.
@@ -242,7 +260,7 @@ class GraphedChainDecoder:
         if context < 1 or context + 2 * (self.k + 1) > self.capacity:
             raise CapacityError(f"a timing context of {context} does not fit a cache of "
                                 f"{self.capacity} slots with chains of {self.k}")
-        replay = self._runner(False)
+        replay = self._runner(False, rounds=1)
         self._reset(self.batch)
         self.length.fill_(context)
         self.count.fill_(1)
@@ -256,11 +274,11 @@ class GraphedChainDecoder:
         self.limit.zero_()
         self.length.fill_(1)
         self.accepted.fill_(-1)
-        self.finished.zero_()
+        self.status[:, 0].zero_()
+        self.status[:, 1].fill_(self.length_cap)
         self.round_index.zero_()
         self.ema.zero_()
         self.draft_len.fill_(self.length_cap)
-        self.widths.fill_(self.length_cap)
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
         """Prefill both models with every prompt (rows past the prompts repeat the first one and
@@ -289,33 +307,34 @@ class GraphedChainDecoder:
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 
     def _loop(self, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
-        """Replay rounds until every request is done; returns the rounds run per chain length
-        (their sum is the number of rounds). The host reads
-        the `finished` flag (and the lengths wanted) of round r - 1 after queueing round r, so
-        the GPU never waits on it. Forced runs cycle through every length, so that every
-        verification width is checked."""
+        """Replay until every request is done; returns the rounds run per chain length (their
+        sum is the number of rounds). After queueing replay j the host reads the status of the
+        last round of replay j - 1 (all finished? which length next?), so the GPU always has
+        work queued. Forced runs cycle through every length, so that every verification width
+        is checked."""
         cuda = self.device.type == "cuda"
-        host = torch.zeros((self.width, 2), dtype=torch.int64, pin_memory=cuda)
-        events = []
+        per = self.rounds_per_replay
+        replays_max = -(-self.width // per)
+        host = torch.zeros((replays_max, 2), dtype=torch.int64, pin_memory=cuda)
+        events = [torch.cuda.Event() for _ in range(3)] if cuda else []
         lengths = sorted(replays)
         k = lengths[-1]
         rounds: Dict[int, int] = {}
-        for r in range(self.width):
+        for j in range(replays_max):
             if forced:
-                k = lengths[r % len(lengths)]
-            elif self.adaptive and r >= 2:
-                k = min(max(int(host[r - 2, 1]), lengths[0]), lengths[-1])
+                k = lengths[j % len(lengths)]
+            elif self.adaptive and j >= 2:
+                k = min(max(int(host[j - 2, 1]), lengths[0]), lengths[-1])
             replays[k]()
-            rounds[k] = rounds.get(k, 0) + 1
-            host[r, 0:1].copy_(self.finished[r:r + 1], non_blocking=cuda)
-            host[r, 1:2].copy_(self.widths[r:r + 1], non_blocking=cuda)
+            rounds[k] = rounds.get(k, 0) + per
+            last = min((j + 1) * per, self.width) - 1
+            host[j].copy_(self.status[last], non_blocking=cuda)
             if cuda:
-                events.append(torch.cuda.Event())
-                events[-1].record()
-            if r >= 1:
+                events[j % 3].record()
+            if j >= 1:
                 if cuda:
-                    events[r - 1].synchronize()
-                if bool(host[r - 1, 0]):
+                    events[(j - 1) % 3].synchronize()
+                if bool(host[j - 1, 0]):
                     break
         return rounds
 

@@ -216,3 +216,26 @@ def test_chains_of_zero_without_a_drafter_are_plain_greedy_decoding():
         GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 0, capture=False)
     with pytest.raises(SpecPilotError, match="at least 1"):
         GraphedChainDecoder(s["target"], None, 4, 48, 2, capture=False)
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_several_rounds_per_replay_give_the_same_output(adaptive):
+    s = pair_setup(11)
+    one = GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, s["eos"], capture=False,
+                              adaptive=adaptive, rounds_per_replay=1)
+    three = GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, s["eos"], capture=False,
+                                adaptive=adaptive, rounds_per_replay=3)
+    a, b = one.generate(s["prompts"], MAX_NEW), three.generate(s["prompts"], MAX_NEW)
+    assert a.tokens == b.tokens == s["reference"].tokens
+    if not adaptive:   # (adaptive lengths follow the host's choice, which is per replay)
+        assert a.accepted_lengths == b.accepted_lengths
+    # Rounds come in threes; at most two run after the last request finished, plus the
+    # replay queued before the host saw the finish.
+    rounds = b.target_forwards - 1
+    assert rounds % 3 == 0 and rounds - (a.target_forwards - 1) <= 2 + 3
+    assert_clean(compare_to_reference(three.force(s["prompts"], s["reference"].tokens),
+                                      s["reference"], default_tolerance(torch.float32)),
+                 s["reference"])
+    with pytest.raises(SpecPilotError, match="at least 1"):
+        GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, capture=False,
+                            rounds_per_replay=0)
