@@ -34,7 +34,8 @@ from specpilot.ir.errors import SpecPilotError
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
 from .speculative import SpecResult
-from .steps import append_step, check_capacity
+from .ar import ARResult
+from .steps import append_step, check_capacity, top2_margin
 
 
 class GraphedChainDecoder:
@@ -48,7 +49,7 @@ class GraphedChainDecoder:
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  adaptive: bool = False, length_cap: Optional[int] = None,
-                 rounds_per_replay: Optional[int] = None):
+                 rounds_per_replay: Optional[int] = None, record_margins: bool = False):
         """`adaptive`: each request drafts one more than its recent mean acceptance (as
         runtime/adaptive_draft.py), at most `length_cap` (default k); each round replays the
         graph of the longest length any request wanted one round earlier (the host reads it
@@ -57,7 +58,10 @@ class GraphedChainDecoder:
         `rounds_per_replay` rounds are captured back to back in one graph (default 4 with
         capture, 1 without): the host's work per replay (launch, one status copy, one event)
         is then shared by that many rounds, at the cost of at most that many minus one rounds
-        run after the last request finished."""
+        run after the last request finished.
+
+        `record_margins` keeps the target's top-1 minus top-2 logit at every committed token
+        (what token forcing needs of a reference), read with `generate_reference`."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -91,6 +95,9 @@ class GraphedChainDecoder:
         self.limit = torch.zeros(batch, **i64)      # tokens wanted per request
         self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
         self.out = torch.zeros((batch, self.width), **i64)   # tokens (or forced proposals)
+        self.record_margins = record_margins
+        self.margins = (torch.zeros((batch, self.width), dtype=torch.float32, device=dev)
+                        if record_margins else None)
         self.ref = torch.zeros((batch, self.width), **i64)   # forced mode: the reference tokens
         self.accepted = torch.full((self.width, batch), -1, **i64)  # per round: drafts accepted
         self.round_index = torch.zeros((), **i64)
@@ -140,10 +147,13 @@ class GraphedChainDecoder:
         return torch.stack(drafts, dim=1)
 
     def _verify(self, drafts: torch.Tensor) -> torch.Tensor:
-        """The target's argmax after each of (last, d_1..d_k): [B, k + 1]."""
+        """The target's argmax after each of (last, d_1..d_k): [B, k + 1]. With
+        record_margins, their top-1 minus top-2 margins are kept for `_write`."""
         pos = self._base()[:, None] + self.chain[:drafts.shape[1] + 1]
         tokens = torch.cat([self.last[:, None], drafts], dim=1)
         logits = self.target.forward(tokens, pos, pos, self._mask(pos), self.tcache)
+        if self.record_margins:
+            self._round_margins = top2_margin(logits)
         return torch.argmax(logits, dim=-1)
 
     def _write(self, values: torch.Tensor, upto: torch.Tensor) -> None:
@@ -153,6 +163,9 @@ class GraphedChainDecoder:
         idx = (self.count[:, None] + chain).clamp(max=self.width - 1)
         keep = self.active[:, None] & (chain[None, :] <= upto[:, None])
         self.out.scatter_(1, idx, torch.where(keep, values, self.out.gather(1, idx)))
+        if self.record_margins:
+            self.margins.scatter_(1, idx, torch.where(keep, self._round_margins,
+                                                      self.margins.gather(1, idx)))
 
     @staticmethod
     def _accepted(drafts: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
@@ -286,7 +299,10 @@ class GraphedChainDecoder:
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
         zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
-        g0 = torch.argmax(append_step(self.target, self.tcache, zeros, rows), dim=-1)
+        logits = append_step(self.target, self.tcache, zeros, rows)
+        g0 = torch.argmax(logits, dim=-1)
+        if self.record_margins:
+            self.margins[:, 0] = top2_margin(logits)
         if self.drafter is not None:
             append_step(self.drafter, self.dcache, zeros, rows)
         self.length.copy_(torch.tensor([len(p) for p in rows], dtype=torch.int64).to(dev))
@@ -381,6 +397,16 @@ class GraphedChainDecoder:
         self.active.copy_(self.count < self.limit)
         self._loop(replays, forced=True)
         return self._collect(n, [len(r) for r in reference], trim_eos=False)
+
+    @torch.no_grad()
+    def generate_reference(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> ARResult:
+        """`generate` as an ARResult with the margin at every token (record_margins needed)."""
+        if not self.record_margins:
+            raise SpecPilotError("build the decoder with record_margins=True to get margins")
+        r = self.generate(prompts, max_new_tokens)
+        table = self.margins[:len(prompts)].tolist()
+        return ARResult(r.tokens, [row[:len(t)] for row, t in zip(table, r.tokens)],
+                        r.target_forwards)
 
     def _collect(self, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
         counts = self.count[:n].tolist()

@@ -38,19 +38,21 @@ def stock_reference(pair: ModelPair, prompts: Sequence[Sequence[int]],
     """The stock decoder's output (greedy AR of the target, one prompt at a time) with margins.
 
     On a GPU each decode step is replayed from a CUDA graph of the same forward (same kernels,
-    same shapes), which makes the reference of a large workload affordable."""
+    same shapes; runtime/graphed_chain.py with chains of 0), which makes the reference of a
+    large workload affordable."""
     import torch
 
     if pair.target.device.type != "cuda":
         return run_reference(pair, prompts, max_new_tokens, batch_size=1)
-    from specpilot.runtime.cuda_graphs import GraphedAR
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
     from specpilot.runtime.steps import check_capacity
 
     capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
-    decoder = GraphedAR(pair.target, 1, capacity)
+    decoder = GraphedChainDecoder(pair.target, None, 1, capacity, 0, pair.eos_ids,
+                                  record_margins=True)
     out = ARResult([], [], 0)
     for p in prompts:
-        r = decoder.generate([p], max_new_tokens, pair.eos_ids, record_margins=True)
+        r = decoder.generate_reference([p], max_new_tokens)
         out.tokens += r.tokens
         out.margins += r.margins
         out.target_forwards += r.target_forwards

@@ -57,3 +57,16 @@ def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path
                                   default_tolerance(torch.bfloat16))
     assert report.passed, report.format()
     assert graphed_generate_ar(fast, prompts, 24).tokens == generate_ar(fast, prompts, 24).tokens
+
+
+def test_captured_plain_greedy_rounds_give_the_reference_and_its_margins(tmp_path):
+    folder = make_checkpoint(tmp_path, "llama3", seed=86)
+    model = Transformer.from_checkpoint(folder, "float32", "cuda")
+    prompts = random_prompts((4, 11, 1, 7), seed=87)
+    want = generate_ar(model, prompts, 24)
+    decoder = GraphedChainDecoder(model, None, 4, 64, 0, record_margins=True)
+    got = decoder.generate_reference(prompts, 24)
+    report = compare_to_reference(got.tokens, want, default_tolerance(torch.float32))
+    assert report.passed, report.format()
+    for g, w in zip(got.margins, want.margins):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-3, atol=1e-3)

@@ -239,3 +239,19 @@ def test_several_rounds_per_replay_give_the_same_output(adaptive):
     with pytest.raises(SpecPilotError, match="at least 1"):
         GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, capture=False,
                             rounds_per_replay=0)
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_reference_margins_equal_greedy_ars(k):
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], None if k == 0 else s["drafter"], 4, 48, k,
+                                  s["eos"], capture=False, record_margins=True,
+                                  rounds_per_replay=2)
+    got = decoder.generate_reference(s["prompts"], MAX_NEW)
+    want = s["reference"]
+    assert got.tokens == want.tokens
+    for g, w in zip(got.margins, want.margins):
+        torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-4, atol=1e-4)
+    with pytest.raises(SpecPilotError, match="record_margins"):
+        GraphedChainDecoder(s["target"], None, 4, 48, 0, capture=False).generate_reference(
+            s["prompts"], 4)
