@@ -3,7 +3,9 @@
 For the torch backend with and without its CUDA fast path, at each batch size:
   kernels_per_forward   CUDA kernels one eager AR forward launches (torch.profiler)
   ar_step_gpu_s         one CUDA-graphed AR step, device time (CUDA events)
-  ar_token_wall_s       wall time per token of GraphedAR.generate (host loop included)
+  ar_token_wall_*       wall time per token of graphed greedy decoding (host loop included):
+                        GraphedAR, and the graphed runtime with chains of 0 at 1 and 4 rounds
+                        per replay
   prefill_wall_s        one eager prefill of the prompt
   round_gpu_s           one graphed chain(k) round, device time
   round_wall_s          wall time per round of GraphedChainDecoder.generate
@@ -91,8 +93,16 @@ def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> 
     ar = GraphedAR(target, batch, context + new + 1, capture=graphs)
     ar.generate(prompts, 8)
     seconds = wall(lambda: ar.generate(prompts, new))
-    out["ar_token_wall_s"] = (seconds - out["prefill_wall_s"]) / (new - 1)
+    out["ar_token_wall_graphed_ar_s"] = (seconds - out["prefill_wall_s"]) / (new - 1)
     del ar
+    # The graphed runtime with chains of 0 (what strong_ar runs), one and four rounds a replay.
+    for per in (1, 4):
+        plain = GraphedChainDecoder(target, None, batch, context + new + 1, 0, capture=graphs,
+                                    rounds_per_replay=per)
+        plain.generate(prompts, 8)
+        seconds = wall(lambda: plain.generate(prompts, new))
+        out[f"ar_token_wall_s_{per}_per_replay"] = (seconds - out["prefill_wall_s"]) / (new - 1)
+        del plain
     out["round_gpu_s"] = measure_round(target, drafter, batch, k, context, graphs, 5, 20)
     decoder = GraphedChainDecoder(target, drafter, batch, context + new + 2 * k + 2, k,
                                   capture=graphs)
