@@ -81,6 +81,8 @@ class GraphedChainDecoder:
             raise SpecPilotError(f"target on {target.device} but drafter on {drafter.device}: "
                                  "load both on one device")
         self.target, self.drafter, self.k, self.batch = target, drafter, k, batch
+        # Cache slots a round writes past `length` (the chain's k; a tree's node count).
+        self.span = self._span()
         self.capture = capture
         dev = self.device = target.device
         self.tcache = target.new_cache(batch, capacity)
@@ -120,6 +122,9 @@ class GraphedChainDecoder:
     def capacity(self) -> int:
         return self.tcache.capacity
 
+    def _span(self) -> int:
+        return self.k
+
     # ---- the round, as device tensor operations on the state --------------------------------
 
     def _mask(self, positions: torch.Tensor) -> torch.Tensor:
@@ -128,7 +133,7 @@ class GraphedChainDecoder:
     def _base(self) -> torch.Tensor:
         """Each row's position of `last`. A finished row keeps running with the batch; its
         positions are clamped so its (discarded) writes stay inside the cache."""
-        return self.length.clamp(max=self.capacity - self.k - 1)
+        return self.length.clamp(max=self.capacity - self.span - 1)
 
     def _draft(self, k: int) -> torch.Tensor:
         """k drafter argmaxes after (prev, last): [B, k]."""
@@ -179,19 +184,25 @@ class GraphedChainDecoder:
         n = self._accepted(drafts, g)
         if self.adaptive:
             n = torch.minimum(n, self.draft_len)
-        self._write(g, n)
+        self._commit(g, n)
+
+    def _commit(self, committed: torch.Tensor, n: torch.Tensor) -> None:
+        """Commit committed[:, 0..n] per active row (the last of them becomes `last`, not yet
+        in the cache), move the state on, and decide who stops."""
+        self._write(committed, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
-        last = g.gather(1, n[:, None])[:, 0]
-        prev = torch.where(n > 0, g.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0], self.last)
+        last = committed.gather(1, n[:, None])[:, 0]
+        prev = torch.where(n > 0, committed.gather(1, (n - 1).clamp(min=0)[:, None])[:, 0],
+                           self.last)
         self.last.copy_(torch.where(before, last, self.last))
         self.prev.copy_(torch.where(before, prev, self.prev))
         self.length.add_(step)
         self.count.add_(step)
         still = before & (self.count < self.limit)
         if self.eos is not None:
-            kept = self.chain[None, :k + 1] <= n[:, None]
-            hit = ((g[:, :, None] == self.eos[None, None, :]).any(-1) & kept).any(-1)
+            kept = self.chain[None, :committed.shape[1]] <= n[:, None]
+            hit = ((committed[:, :, None] == self.eos[None, None, :]).any(-1) & kept).any(-1)
             still = still & ~hit
         self.active.copy_(still)
         if self.adaptive:
@@ -270,7 +281,7 @@ class GraphedChainDecoder:
         """A callable running one unforced round with every row active after `context`
         positions of (stale) cache, for measuring a round's cost; each call moves every row on
         by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
-        if context < 1 or context + 2 * (self.k + 1) > self.capacity:
+        if context < 1 or context + 2 * (self.span + 1) > self.capacity:
             raise CapacityError(f"a timing context of {context} does not fit a cache of "
                                 f"{self.capacity} slots with chains of {self.k}")
         replay = self._runner(False, rounds=1)
@@ -316,9 +327,9 @@ class GraphedChainDecoder:
         if not prompts or len(prompts) > self.batch:
             raise SpecPilotError(f"{len(prompts)} prompts for a decoder built for batch "
                                  f"{self.batch}: give 1..{self.batch} prompts per call")
-        needed = check_capacity(self.target, prompts, max_new_tokens + self.k + 1, slack=0)
+        needed = check_capacity(self.target, prompts, max_new_tokens + self.span + 1, slack=0)
         if needed > self.capacity:
-            raise CapacityError(f"prompts of up to {needed - max_new_tokens - self.k - 1} tokens "
+            raise CapacityError(f"prompts of up to {needed - max_new_tokens - self.span - 1} tokens "
                                 f"plus {max_new_tokens} new tokens and a chain of {self.k} need "
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 

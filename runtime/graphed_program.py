@@ -1,7 +1,7 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
-The graphed runtime covers a chain topology with the padded layout, drain refill and no pruned
-verifier, with a fixed or an adaptive draft length (`graph_refusal` names what else a Program
+The graphed runtime covers chains and static trees (runtime/graphed_tree.py) with the padded
+layout, drain refill and no pruned verifier, and chains with a fixed or an adaptive draft length (`graph_refusal` names what else a Program
 asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
@@ -20,11 +20,12 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import Program
-from specpilot.ir.topology import Chain
+from specpilot.ir.topology import Chain, SparseTree, Tree
 
 from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
+from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
 
 CAPACITY_STEP = 256      # capacities are rounded up so prompts of similar length share graphs
@@ -38,8 +39,11 @@ def graph_refusal(program: Program, device) -> Optional[str]:
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return "CUDA graphs need a CUDA GPU"
     b = program.batch
-    if not isinstance(program.draft.topology, Chain):
-        return f"draft topology {program.draft.topology} (graphed rounds are chains only)"
+    topology = program.draft.topology
+    if not isinstance(topology, (Chain, Tree, SparseTree)):
+        return f"draft topology {topology} (graphed rounds take chains and static trees)"
+    if not isinstance(topology, Chain) and program.batch.draft_length_policy != "fixed":
+        return "adaptive draft lengths adapt chains only"
     if b.layout != "padded" or b.refill != "drain":
         return "graphed rounds need the padded layout and drain refill"
     if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
@@ -56,7 +60,7 @@ def length_cap(program: Program) -> Optional[int]:
     """The longest chain the Program may draft at its batch size: k for a fixed length, the
     token budget's share (budget // batch - 1, at most k) for an adaptive one; 0 means the
     budget leaves no room for drafts."""
-    k, b = program.draft.topology.k, program.batch
+    k, b = program.draft.topology.num_nodes, program.batch
     if b.draft_length_policy != "per_request_adaptive":
         return k
     return max(0, min(k, b.token_budget // b.max_batch_size - 1))
@@ -67,7 +71,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
     drafter and chains of 0, i.e. plain greedy steps, where the budget leaves no room for
     drafts)."""
-    k, batch = program.draft.topology.k, program.batch.max_batch_size
+    topology, batch = program.draft.topology, program.batch.max_batch_size
+    k = topology.num_nodes
     cap = length_cap(program)
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
@@ -80,7 +85,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if cap == 0:
+    if not isinstance(topology, Chain):
+        decoder = GraphedTreeDecoder(pair.target, pair.drafter, batch, capacity, topology.shape(),
+                                     pair.eos_ids, capture=capture)
+    elif cap == 0:
         decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
                                       capture=capture)
     else:

@@ -70,3 +70,28 @@ def test_captured_plain_greedy_rounds_give_the_reference_and_its_margins(tmp_pat
     assert report.passed, report.format()
     for g, w in zip(got.margins, want.margins):
         torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-3, atol=1e-3)
+
+
+def test_captured_tree_rounds_equal_eager_tree_rounds(tmp_path):
+    from specpilot.ir import Tree
+    from specpilot.runtime.graphed_tree import GraphedTreeDecoder
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=88)
+    target = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
+    drafter = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(89)
+    for layer in drafter.layers:
+        for name, (w, b) in list(layer.linears.items()):
+            layer.linears[name] = (w + 0.2 * w.std() * torch.randn(w.shape, device="cuda",
+                                                                  dtype=w.dtype, generator=gen), b)
+    prompts = random_prompts((4, 11, 1, 7), seed=90)
+    shape = Tree((3, 2, 1)).shape()
+    eager = GraphedTreeDecoder(target, drafter, 4, 64, shape, capture=False).generate(prompts, 24)
+    graphed = GraphedTreeDecoder(target, drafter, 4, 64, shape).generate(prompts, 24)
+    assert graphed.tokens == eager.tokens
+    assert graphed.accepted_lengths == eager.accepted_lengths
+    reference = generate_ar(target, prompts, 24)
+    decoder = GraphedTreeDecoder(target, drafter, 4, 64, shape)
+    report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.bfloat16))
+    assert report.passed, report.format()

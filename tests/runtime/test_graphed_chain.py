@@ -108,7 +108,7 @@ def test_programs_route_to_the_graphed_runtime_only_where_it_applies(tmp_path):
     from dataclasses import replace
 
     from specpilot.deploy import build_deployment
-    from specpilot.ir import CaptureGraphs, SetTopology, Tree, apply, stock_program
+    from specpilot.ir import CaptureGraphs, DynamicTree, SetTopology, apply, stock_program
     from specpilot.runtime.graphed_program import force_graphed, graph_refusal, run_graphed
     from specpilot.runtime.decoder import ModelPair
 
@@ -117,9 +117,9 @@ def test_programs_route_to_the_graphed_runtime_only_where_it_applies(tmp_path):
     graphed = apply(stock, CaptureGraphs(on=True))
     assert "capture_graphs is off" in graph_refusal(stock, "cpu")
     assert "CUDA" in graph_refusal(graphed, "cpu")
-    tree = apply(graphed, SetTopology(Tree((2, 1))))
+    dynamic = apply(graphed, SetTopology(DynamicTree(budget=4, depth=2, width=2)))
     if torch.cuda.is_available():
-        assert "chains only" in graph_refusal(tree, "cuda")
+        assert "static trees" in graph_refusal(dynamic, "cuda")
     # The graphed runtime itself (rounds run eagerly here) decodes and forces a Program.
     program = replace(graphed, batch=replace(graphed.batch, max_batch_size=3))
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])

@@ -1,0 +1,202 @@
+"""Greedy static-tree speculation with every round on the device (one CUDA graph per round).
+
+The tree decoder keeps the chain decoder's state, host loop and commit (runtime/graphed_chain.py)
+and replaces the round. In cache slots, the root (the last committed token) sits at `length` and
+tree node i at `length + 1 + i`; visibility is the tree's ancestor pattern placed at `length`, so
+one mask construction serves every row whatever its length:
+
+1. the drafter catches up on (prev, last) and ranks its top tokens after the root (level 1);
+2. each further level: the drafter runs the level's nodes under the tree mask and each node's
+   children are its top-ranked tokens (the tree is breadth-first, so levels are contiguous);
+3. the target verifies root + all nodes in one forward under the tree mask;
+4. greedy acceptance walks the tree on the device: at each depth the child whose token equals the
+   target's argmax at the current node (siblings hold distinct tokens, so at most one matches);
+5. the accepted nodes' K/V (target and drafter) are moved to the slots after the root, and the
+   committed tokens are the target's argmaxes along the path, the last being the bonus token.
+
+Forced mode puts the reference tokens on a root-to-deepest path (siblings get other tokens, so
+the tree keeps its shape), commits that path whatever the target says and records the target's
+argmax along it: the tree-masked verification and the compaction are both what is checked, as a
+wrong compaction corrupts every later proposal.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .graphed_chain import GraphedChainDecoder
+from .steps import top2_margin
+
+
+class GraphedTreeDecoder(GraphedChainDecoder):
+    """Static-tree (`TreeShape`) greedy speculation for up to `batch` requests."""
+
+    def __init__(self, target, drafter, batch: int, capacity: int, shape,
+                 eos_ids: Sequence[int] = (), capture: bool = True,
+                 rounds_per_replay=None, record_margins: bool = False):
+        if drafter is None or shape.num_nodes < 1:
+            raise SpecPilotError("a draft tree needs a drafter and at least one node")
+        self.shape = shape
+        super().__init__(target, drafter, batch, capacity, shape.max_depth, eos_ids, capture,
+                         rounds_per_replay=rounds_per_replay, record_margins=record_margins)
+        dev, n = self.device, shape.num_nodes
+        i64 = dict(dtype=torch.int64, device=dev)
+        depths = shape.depths
+        # Breadth-first: each level is a contiguous run of node indices.
+        self.levels: List[range] = []
+        for d in range(1, shape.max_depth + 1):
+            members = [i for i in range(n) if depths[i] == d]
+            if members != list(range(members[0], members[-1] + 1)):
+                raise SpecPilotError(f"tree nodes must be in breadth-first order: {shape}")
+            self.levels.append(range(members[0], members[-1] + 1))
+        pattern = torch.zeros((n + 1, n + 1), dtype=torch.bool)
+        pattern[:, 0] = True                       # everyone sees the root
+        for i in range(n):
+            for a in shape.ancestors_or_self(i):
+                pattern[1 + i, 1 + a] = True
+        self.pattern = pattern.to(dev)
+        self.offsets = torch.tensor([0] + list(depths), **i64)   # position after the root
+        self.slots_after = torch.arange(n + 1, **i64)
+        self.parent_row = torch.tensor([1 + p if p >= 0 else 0 for p in shape.parents], **i64)
+        self.ranks = torch.tensor(shape.ranks, **i64)
+        self.node_tokens_ranks = [self.ranks[lv.start:lv.stop] for lv in self.levels]
+        # For each node of level d + 1: its parent's place within level d (the root for d = 0).
+        self.parent_place = [torch.tensor([shape.parents[c] - (self.levels[d - 1].start if d else -1)
+                                           - (0 if d else 1) for c in lv], **i64)
+                             for d, lv in enumerate(self.levels)]
+        self.branching = [int(self.ranks[lv.start:lv.stop].max()) + 1 for lv in self.levels]
+        forced_path = self._forced_path()
+        self.first_path = torch.tensor(forced_path, **i64)
+        on_path = torch.zeros(n, dtype=torch.bool)
+        on_path[forced_path] = True
+        self.on_forced_path = on_path.to(dev)
+        self.depth_slots = torch.arange(1, shape.max_depth + 1, **i64)
+
+    def _span(self) -> int:
+        return self.shape.num_nodes
+
+    def _forced_path(self) -> List[int]:
+        """Root to the first deepest node: forced runs put the reference on it."""
+        deepest = self.shape.depths.index(self.shape.max_depth)
+        return list(self.shape.ancestors_or_self(deepest))
+
+    def _lengths(self) -> List[int]:
+        return [self.k]
+
+    # ---- the round ------------------------------------------------------------------------------
+
+    def _tree_mask(self, rows: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """[B, len(rows), S]: committed slots, plus the tree pattern's `rows` placed at base."""
+        n = self.shape.num_nodes
+        rel = self.slot_ids[0] - base[:, None]                       # [B, S]
+        inside = (rel >= 0) & (rel <= n)
+        pat = self.pattern[rows]                                     # [Q, n + 1]
+        b, q = base.shape[0], rows.shape[0]
+        seen = pat[None].expand(b, q, n + 1).gather(
+            2, rel.clamp(0, n)[:, None, :].expand(b, q, rel.shape[1]))
+        return (rel < 0)[:, None, :] | (seen & inside[:, None, :])
+
+    def _draft_tree(self, base: torch.Tensor) -> torch.Tensor:
+        """The drafted tokens of every node, [B, num_nodes], level by level."""
+        pos = base[:, None] + self.catch_up_offsets
+        tokens = torch.stack([self.prev, self.last], dim=1)
+        logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
+                                      self.catch_up_logit)
+        top = torch.topk(logits, self.branching[0], dim=-1).indices        # [B, 1, b1]
+        levels = [top[:, 0, self.node_tokens_ranks[0]]]
+        for d in range(1, len(self.levels)):
+            above = self.levels[d - 1]
+            rows = torch.arange(above.start + 1, above.stop + 1, device=self.device)
+            slots = base[:, None] + rows[None, :]
+            pos = base[:, None] + d
+            logits = self.drafter.forward(levels[-1], pos.expand_as(slots), slots,
+                                          self._tree_mask(rows, base), self.dcache)
+            top = torch.topk(logits, self.branching[d], dim=-1).indices    # [B, |L_d|, b]
+            levels.append(top[:, self.parent_place[d], self.node_tokens_ranks[d]])
+        return torch.cat(levels, dim=1)
+
+    def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+        tokens = torch.cat([self.last[:, None], nodes], dim=1)
+        pos = base[:, None] + self.offsets
+        slots = base[:, None] + self.slots_after
+        logits = self.target.forward(tokens, pos, slots, self._tree_mask(self.slots_after, base),
+                                     self.tcache)
+        if self.record_margins:
+            self._tree_margins = top2_margin(logits)
+        return torch.argmax(logits, dim=-1)                                # [B, n + 1]
+
+    def _walk(self, nodes: torch.Tensor, g: torch.Tensor):
+        """(accepted node per depth or -1 [B, D], accepted count n [B])."""
+        b = nodes.shape[0]
+        current = torch.zeros(b, dtype=torch.int64, device=self.device)
+        alive = torch.ones(b, dtype=torch.bool, device=self.device)
+        path = []
+        for lv in self.levels:
+            idx = torch.arange(lv.start, lv.stop, device=self.device)
+            want = g.gather(1, current[:, None])
+            match = ((self.parent_row[idx][None, :] == current[:, None])
+                     & (nodes[:, lv.start:lv.stop] == want) & alive[:, None])
+            found = match.any(dim=1)
+            chosen = idx[match.to(torch.int64).argmax(dim=1)]
+            current = torch.where(found, 1 + chosen, current)
+            alive = alive & found
+            path.append(torch.where(found, chosen, torch.full_like(chosen, -1)))
+        path = torch.stack(path, dim=1)
+        return path, (path >= 0).sum(dim=1)
+
+    def _compact(self, base: torch.Tensor, path: torch.Tensor) -> None:
+        """Move accepted nodes' K/V (both models) from base+1+node to base+depth."""
+        dst = base[:, None] + self.depth_slots                             # [B, D]
+        keep = (path >= 0) & self.active[:, None]
+        src = torch.where(keep, base[:, None] + 1 + path.clamp(min=0), dst)
+        rows = torch.arange(base.shape[0], device=self.device)[:, None]
+        for cache in (self.tcache, self.dcache):
+            for layer in range(len(cache.k)):
+                k, v = cache.k[layer][rows, src], cache.v[layer][rows, src]
+                cache.k[layer][rows, dst] = k
+                cache.v[layer][rows, dst] = v
+            cache.positions[rows, dst] = dst
+
+    def _round(self, k: int) -> None:
+        base = self._base()
+        nodes = self._draft_tree(base)
+        g = self._verify_tree(base, nodes)
+        path, n = self._walk(nodes, g)
+        rows = torch.cat([torch.zeros_like(n)[:, None], 1 + path.clamp(min=0)], dim=1)
+        committed = g.gather(1, rows)                                      # [B, D + 1]
+        if self.record_margins:
+            self._round_margins = self._tree_margins.gather(1, rows)
+        self._compact(base, path)
+        self._commit(committed, n)
+
+    def _forced_round(self, k: int) -> None:
+        base = self._base()
+        depth = self.shape.max_depth
+        idx = (self.count[:, None] + self.chain[:depth]).clamp(max=self.width - 1)
+        ref = self.ref.gather(1, idx)                                      # [B, D]
+        vocab = self.target.config.vocab_size
+        depths = self.offsets[1:]
+        at_depth = ref.gather(1, depths[None, :].expand(ref.shape[0], -1) - 1)
+        # The reference on the forced path; its siblings get other, distinct tokens.
+        nodes = torch.where(self.on_forced_path[None, :], at_depth,
+                            (at_depth + 1 + self.ranks[None, :]) % vocab)
+        g = self._verify_tree(base, nodes)
+        path = self.first_path[None, :].expand(ref.shape[0], -1)
+        rows = torch.cat([torch.zeros_like(self.count)[:, None], 1 + path], dim=1)
+        if self.record_margins:
+            self._round_margins = self._tree_margins.gather(1, rows)
+        self._write(g.gather(1, rows), torch.full_like(self.count, depth))
+        self._compact(base, path)
+        before = self.active.clone()
+        step = torch.where(before, torch.full_like(self.count, depth + 1),
+                           torch.zeros_like(self.count))
+        self.length.add_(step)
+        self.count.add_(step)
+        self.last.copy_(self.ref.gather(1, (self.count - 1).clamp(min=0)[:, None])[:, 0])
+        self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
+        self.active.copy_(before & (self.count < self.limit))
+        self._log_round(torch.where(before, torch.full_like(step, depth),
+                                    torch.full_like(step, -1)))
