@@ -3,6 +3,8 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
 
   graphed_adaptive    CaptureGraphs + adaptive chain lengths, the token budget at the target's
                       compute ridge for each batch size (speculation off where it leaves no room)
+  graphed_tree        CaptureGraphs + a static tree (3, 2, 1): same drafter depth as chain(3),
+                      more candidates per level
   dynamic_tree        a dynamic tree of 8 nodes (depth 4, width 2), eager
   two_level           a static tree pruned by every other layer of the target first, eager
   ragged              the ragged verification layout, eager
@@ -46,6 +48,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
     return {
         "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
+        "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
         "dynamic_tree": apply(stock, SetTopology(DynamicTree(budget=8, depth=4, width=2))),
         "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
                            SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
