@@ -225,6 +225,10 @@ class GraphedChainDecoder:
         idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
         g = self._verify(self.ref.gather(1, idx))
         self._write(g, torch.full_like(self.count, k))
+        self._commit_forced(k)
+
+    def _commit_forced(self, k: int) -> None:
+        """Forced mode: every active row commits the next k + 1 reference tokens."""
         before = self.active.clone()
         step = torch.where(before, torch.full_like(self.count, k + 1),
                            torch.zeros_like(self.count))

@@ -190,13 +190,4 @@ class GraphedTreeDecoder(GraphedChainDecoder):
             self._round_margins = self._tree_margins.gather(1, rows)
         self._write(g.gather(1, rows), torch.full_like(self.count, depth))
         self._compact(base, path)
-        before = self.active.clone()
-        step = torch.where(before, torch.full_like(self.count, depth + 1),
-                           torch.zeros_like(self.count))
-        self.length.add_(step)
-        self.count.add_(step)
-        self.last.copy_(self.ref.gather(1, (self.count - 1).clamp(min=0)[:, None])[:, 0])
-        self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
-        self.active.copy_(before & (self.count < self.limit))
-        self._log_round(torch.where(before, torch.full_like(step, depth),
-                                    torch.full_like(step, -1)))
+        self._commit_forced(depth)

@@ -15,18 +15,23 @@ pytestmark = [
 ]
 
 
+def _noisy_drafter(folder, dtype, seed):
+    """The checkpoint's model with noise on every linear: a drafter that agrees often, not always."""
+    drafter = Transformer.from_checkpoint(folder, dtype, "cuda")
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    for layer in drafter.layers:
+        for name, (w, b) in list(layer.linears.items()):
+            layer.linears[name] = (w + 0.2 * w.std() * torch.randn(w.shape, device="cuda",
+                                                                  dtype=w.dtype, generator=gen), b)
+    return drafter
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fused):
     folder = make_checkpoint(tmp_path, "llama3", seed=81)
     target = Transformer.from_checkpoint(folder, dtype, "cuda", fuse_projections=fused)
-    # A drafter that is the target with noise: it agrees often but not always.
-    drafter = Transformer.from_checkpoint(folder, dtype, "cuda")
-    gen = torch.Generator(device="cuda").manual_seed(82)
-    for layer in drafter.layers:
-        for name, (w, b) in list(layer.linears.items()):
-            layer.linears[name] = (w + 0.2 * w.std() * torch.randn(w.shape, device="cuda",
-                                                                  dtype=w.dtype, generator=gen), b)
+    drafter = _noisy_drafter(folder, dtype, 82)
     prompts = random_prompts((4, 11, 1, 7), seed=83)
     reference = generate_ar(target, prompts, 24)
     eager = GraphedChainDecoder(target, drafter, 4, 64, 4, capture=False).generate(prompts, 24)
@@ -78,12 +83,7 @@ def test_captured_tree_rounds_equal_eager_tree_rounds(tmp_path):
 
     folder = make_checkpoint(tmp_path, "llama3", seed=88)
     target = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
-    drafter = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
-    gen = torch.Generator(device="cuda").manual_seed(89)
-    for layer in drafter.layers:
-        for name, (w, b) in list(layer.linears.items()):
-            layer.linears[name] = (w + 0.2 * w.std() * torch.randn(w.shape, device="cuda",
-                                                                  dtype=w.dtype, generator=gen), b)
+    drafter = _noisy_drafter(folder, "bfloat16", 89)
     prompts = random_prompts((4, 11, 1, 7), seed=90)
     shape = Tree((3, 2, 1)).shape()
     eager = GraphedTreeDecoder(target, drafter, 4, 64, shape, capture=False).generate(prompts, 24)
