@@ -19,7 +19,8 @@ from .acceptance import is_dynamic
 from .calibrate import Calibration, CalibrationPoint
 from .gpu_specs import GpuSpec
 from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
-from .roofline import ACCEPT_OPS, forward_cost, gap_parts, step_nodes, time_parts
+from .roofline import (ACCEPT_OPS, GRAPHED_LAUNCH_SHARE, forward_cost, gap_parts, step_nodes,
+                       time_parts)
 from .topologies import candidate_topologies, shaped_topologies
 
 DEFAULT_CONTEXT = 512
@@ -233,8 +234,11 @@ class CostModel:
                                   sum(new_tokens))
 
     def predict_ar_run(self, program: Program, prompt_lengths: Sequence[int],
-                       new_tokens: Sequence[int], batch: int) -> WorkloadPrediction:
-        """Seconds of plain greedy AR with the target of `program` over the workload."""
+                       new_tokens: Sequence[int], batch: int,
+                       graphed: bool = False) -> WorkloadPrediction:
+        """Seconds of plain greedy AR with the target of `program` over the workload (`graphed`:
+        each step replayed from a CUDA graph, as the strong AR baseline runs on a GPU)."""
+        share = GRAPHED_LAUNCH_SHARE if graphed else 1.0
         roof = over = 0.0
         target = program.models.target
         for start in range(0, len(prompt_lengths), batch):
@@ -246,7 +250,8 @@ class CostModel:
             context = longest + count // 2
             node = forward_cost("target.decode", "ar_step", target, len(rows), 1, context, self.gpu)
             roof += count * node.roofline_s(self.gpu)
-            over += count * (node.overhead_s(self.gpu) + ACCEPT_OPS * self.gpu.launch_overhead_s)
+            over += count * share * (node.overhead_s(self.gpu)
+                                     + ACCEPT_OPS * self.gpu.launch_overhead_s)
         return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
                                   sum(new_tokens))
 

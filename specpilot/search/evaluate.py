@@ -170,6 +170,11 @@ class Evaluator:
         return Timing([r[0] for r in runs], [r[1] for r in runs], runs[0][2])
 
     @property
+    def graphed_ar(self) -> bool:
+        """Whether `time_ar` replays CUDA graphs (strong AR) rather than running eagerly."""
+        return self._strong_ar() is not None
+
+    @property
     def ar_label(self) -> str:
         return "strong AR (CUDA graphs)" if self._strong_ar() is not None else "AR (torch, eager)"
 

@@ -49,8 +49,8 @@ def round_zero(stock: Program, evaluator, settings, device: str, progress) -> di
     lengths = [len(p) for p in evaluator.prompts]
     errors = {}
     for label, prediction, measured_run in (
-            ("ar", model.predict_ar_run(stock, lengths, evaluator.new_tokens, settings.batch_size),
-             ar),
+            ("ar", model.predict_ar_run(stock, lengths, evaluator.new_tokens, settings.batch_size,
+                                        graphed=evaluator.graphed_ar), ar),
             ("stock", model.predict_speculative_run(stock, acceptance, lengths,
                                                     evaluator.new_tokens), timing)):
         errors[label] = prediction.seconds / measured_run.median_seconds - 1.0

@@ -178,3 +178,24 @@ def test_measure_device_on_this_cpu():
     overridden = gpu_spec("h200").overridden_by(measured)
     assert overridden.memory_bandwidth == measured.memory_bandwidth
     assert overridden.sm_count == 132
+
+
+def test_graph_capture_cuts_the_modelled_launch_overhead_only(program):
+    """A Program with CaptureGraphs keeps every node's bytes and FLOPs and pays a fixed share of
+    the eager launch overhead (roofline.GRAPHED_LAUNCH_SHARE); graphed AR likewise."""
+    from specpilot.cost.roofline import GRAPHED_LAUNCH_SHARE, step_nodes
+    from specpilot.ir import CaptureGraphs, apply
+
+    graphed = apply(program, CaptureGraphs(True))
+    gpu = gpu_spec("h200")
+    eager_nodes = step_nodes(program, gpu, 4, 256, 2.0)
+    graph_nodes = step_nodes(graphed, gpu, 4, 256, 2.0)
+    assert [n.name for n in eager_nodes] == [n.name for n in graph_nodes]
+    for e, g in zip(eager_nodes, graph_nodes):
+        assert (g.weight_bytes, g.flops) == (e.weight_bytes, e.flops)
+        assert g.overhead_s(gpu) == pytest.approx(GRAPHED_LAUNCH_SHARE * e.overhead_s(gpu))
+    model = CostModel(gpu)
+    eager_ar = model.predict_ar_run(program, [10, 20], [30, 30], 2)
+    graph_ar = model.predict_ar_run(program, [10, 20], [30, 30], 2, graphed=True)
+    assert graph_ar.roofline_s == pytest.approx(eager_ar.roofline_s)
+    assert graph_ar.overhead_s < eager_ar.overhead_s
