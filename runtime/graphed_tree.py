@@ -21,7 +21,7 @@ wrong compaction corrupts every later proposal.
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence
 
 import torch
 
@@ -29,6 +29,16 @@ from specpilot.ir.errors import SpecPilotError
 
 from .graphed_chain import GraphedChainDecoder
 from .steps import top2_margin
+
+
+def placed_mask(pattern: torch.Tensor, base: torch.Tensor, slot_ids: torch.Tensor) -> torch.Tensor:
+    """[B, Q, S] visibility: every slot before `base` (committed), plus per row the pattern
+    [B, Q, W] laid over slots base .. base + W - 1 (the root first, then the tree's slots)."""
+    b, q, w = pattern.shape
+    rel = slot_ids[None, :] - base[:, None]                          # [B, S]
+    inside = (rel >= 0) & (rel < w)
+    seen = pattern.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(b, q, rel.shape[1]))
+    return (rel < 0)[:, None, :] | (seen & inside[:, None, :])
 
 
 class GraphedTreeDecoder(GraphedChainDecoder):
@@ -90,14 +100,9 @@ class GraphedTreeDecoder(GraphedChainDecoder):
 
     def _tree_mask(self, rows: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
         """[B, len(rows), S]: committed slots, plus the tree pattern's `rows` placed at base."""
-        n = self.shape.num_nodes
-        rel = self.slot_ids[0] - base[:, None]                       # [B, S]
-        inside = (rel >= 0) & (rel <= n)
-        pat = self.pattern[rows]                                     # [Q, n + 1]
-        b, q = base.shape[0], rows.shape[0]
-        seen = pat[None].expand(b, q, n + 1).gather(
-            2, rel.clamp(0, n)[:, None, :].expand(b, q, rel.shape[1]))
-        return (rel < 0)[:, None, :] | (seen & inside[:, None, :])
+        b = base.shape[0]
+        pat = self.pattern[rows]
+        return placed_mask(pat[None].expand(b, *pat.shape), base, self.slot_ids[0, 0])
 
     def _draft_tree(self, base: torch.Tensor) -> torch.Tensor:
         """The drafted tokens of every node, [B, num_nodes], level by level."""
@@ -147,13 +152,16 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         path = torch.stack(path, dim=1)
         return path, (path >= 0).sum(dim=1)
 
-    def _compact(self, base: torch.Tensor, path: torch.Tensor) -> None:
-        """Move accepted nodes' K/V (both models) from base+1+node to base+depth."""
+    def _compact(self, base: torch.Tensor, path: torch.Tensor,
+                 drafter_path: Optional[torch.Tensor] = None) -> None:
+        """Move accepted nodes' K/V from base+1+node to base+depth, in both models' caches
+        (`drafter_path`: where the drafter holds them, when its slots differ)."""
         dst = base[:, None] + self.depth_slots                             # [B, D]
         keep = (path >= 0) & self.active[:, None]
-        src = torch.where(keep, base[:, None] + 1 + path.clamp(min=0), dst)
         rows = torch.arange(base.shape[0], device=self.device)[:, None]
-        for cache in (self.tcache, self.dcache):
+        for cache, nodes in ((self.tcache, path),
+                             (self.dcache, path if drafter_path is None else drafter_path)):
+            src = torch.where(keep, base[:, None] + 1 + nodes.clamp(min=0), dst)
             for layer in range(len(cache.k)):
                 k, v = cache.k[layer][rows, src], cache.v[layer][rows, src]
                 cache.k[layer][rows, dst] = k
