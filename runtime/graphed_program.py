@@ -1,6 +1,7 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
-The graphed runtime covers chains and static trees (runtime/graphed_tree.py) with the padded
+The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
+(runtime/graphed_dynamic.py) with the padded
 layout, drain refill and no pruned verifier, and chains with a fixed or an adaptive draft length (`graph_refusal` names what else a Program
 asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
@@ -20,11 +21,12 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import Program
-from specpilot.ir.topology import Chain, SparseTree, Tree
+from specpilot.ir.topology import Chain, DynamicTree, SparseTree, Tree
 
 from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
+from .graphed_dynamic import GraphedDynamicTreeDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
 
@@ -40,8 +42,8 @@ def graph_refusal(program: Program, device) -> Optional[str]:
         return "CUDA graphs need a CUDA GPU"
     b = program.batch
     topology = program.draft.topology
-    if not isinstance(topology, (Chain, Tree, SparseTree)):
-        return f"draft topology {topology} (graphed rounds take chains and static trees)"
+    if not isinstance(topology, (Chain, Tree, SparseTree, DynamicTree)):
+        return f"draft topology {topology} (graphed rounds take chains and trees)"
     if not isinstance(topology, Chain) and program.batch.draft_length_policy != "fixed":
         return "adaptive draft lengths adapt chains only"
     if b.layout != "padded" or b.refill != "drain":
@@ -72,7 +74,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     drafter and chains of 0, i.e. plain greedy steps, where the budget leaves no room for
     drafts)."""
     topology, batch = program.draft.topology, program.batch.max_batch_size
-    k = topology.num_nodes
+    k = (max(topology.budget, topology.depth * topology.width)
+         if isinstance(topology, DynamicTree) else topology.num_nodes)
     cap = length_cap(program)
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
@@ -85,7 +88,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if not isinstance(topology, Chain):
+    if isinstance(topology, DynamicTree):
+        decoder = GraphedDynamicTreeDecoder(pair.target, pair.drafter, batch, capacity, topology,
+                                            pair.eos_ids, capture=capture)
+    elif not isinstance(topology, Chain):
         decoder = GraphedTreeDecoder(pair.target, pair.drafter, batch, capacity, topology.shape(),
                                      pair.eos_ids, capture=capture)
     elif cap == 0:

@@ -5,7 +5,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       compute ridge for each batch size (speculation off where it leaves no room)
   graphed_tree        CaptureGraphs + a static tree (3, 2, 1): same drafter depth as chain(3),
                       more candidates per level
-  dynamic_tree        a dynamic tree of 8 nodes (depth 4, width 2), eager
+  graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
+                      data, one graph serves every tree of the budget
+  dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
   ragged              the ragged verification layout, eager
   refill              continuous refill, eager
@@ -45,11 +47,13 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     layers = stock.models.target.num_layers
     half = tuple(range(0, layers, 2))
     k = stock.draft.topology.k
+    dynamic = DynamicTree(budget=8, depth=4, width=2)
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
     return {
         "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
         "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
-        "dynamic_tree": apply(stock, SetTopology(DynamicTree(budget=8, depth=4, width=2))),
+        "graphed_dynamic": apply(apply(stock, CaptureGraphs(True)), SetTopology(dynamic)),
+        "dynamic_tree": apply(stock, SetTopology(dynamic)),
         "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
                            SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
         "ragged": apply(stock, SetBatchLayout("ragged")),

@@ -95,3 +95,19 @@ def test_captured_tree_rounds_equal_eager_tree_rounds(tmp_path):
     report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.bfloat16))
     assert report.passed, report.format()
+
+
+def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
+    from specpilot.ir.topology import DynamicTree
+    from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=91)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = _noisy_drafter(folder, "float32", 92)
+    prompts = random_prompts((4, 11, 1, 7), seed=93)
+    topology = DynamicTree(budget=6, depth=3, width=2)
+    eager = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology,
+                                      capture=False).generate(prompts, 24)
+    graphed = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology).generate(prompts, 24)
+    assert graphed.tokens == eager.tokens == generate_ar(target, prompts, 24).tokens
+    assert graphed.accepted_lengths == eager.accepted_lengths

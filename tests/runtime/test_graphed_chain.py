@@ -108,7 +108,8 @@ def test_programs_route_to_the_graphed_runtime_only_where_it_applies(tmp_path):
     from dataclasses import replace
 
     from specpilot.deploy import build_deployment
-    from specpilot.ir import CaptureGraphs, DynamicTree, SetTopology, apply, stock_program
+    from specpilot.ir import (CaptureGraphs, LayerSkipPrune, SetTopology, SetVerifyPrune, Tree,
+                              apply, stock_program)
     from specpilot.runtime.graphed_program import force_graphed, graph_refusal, run_graphed
     from specpilot.runtime.decoder import ModelPair
 
@@ -117,9 +118,10 @@ def test_programs_route_to_the_graphed_runtime_only_where_it_applies(tmp_path):
     graphed = apply(stock, CaptureGraphs(on=True))
     assert "capture_graphs is off" in graph_refusal(stock, "cpu")
     assert "CUDA" in graph_refusal(graphed, "cpu")
-    dynamic = apply(graphed, SetTopology(DynamicTree(budget=4, depth=2, width=2)))
+    pruned = apply(apply(graphed, SetTopology(Tree((2, 2)))),
+                   SetVerifyPrune(LayerSkipPrune(keep_layers=(0,), top_k=1)))
     if torch.cuda.is_available():
-        assert "static trees" in graph_refusal(dynamic, "cuda")
+        assert "pruned verifier" in graph_refusal(pruned, "cuda")
     # The graphed runtime itself (rounds run eagerly here) decodes and forces a Program.
     program = replace(graphed, batch=replace(graphed.batch, max_batch_size=3))
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])

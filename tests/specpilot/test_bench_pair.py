@@ -243,7 +243,8 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     root, _ = bench
     code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
                  "--prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "2",
-                 "--systems", "mech:graphed_adaptive,mech:graphed_tree,mech:dynamic_tree,"
+                 "--systems", "mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,"
+                              "mech:dynamic_tree,"
                               "mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill",
                  "--mechanisms",
                  "--repeats", "1", "--warmup", "0", "--out-dir", str(root / "mech"),
@@ -251,7 +252,7 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     assert code == 0
     doc = json.loads((root / "mech" / "mech.json").read_text())
     rows = _rows(doc)
-    assert len(rows) == 7
+    assert len(rows) == 8
     for (system, _), r in rows.items():
         assert r["forcing"]["passed"] and r["forcing"]["violation_count"] == 0, system
         # The drafter is a copy of the target: every mechanism commits more than a token a step.

@@ -1,0 +1,154 @@
+"""Dynamic draft trees with every round on the device (one CUDA graph per round).
+
+`DynamicTree(budget, depth, width)` as runtime/dynamic_tree.py defines it: level 1 keeps the
+root's top-`width` drafter tokens; each further level runs the `width` kept nodes of the level
+above through the drafter and keeps the `width` best of their width x width children by
+cumulative log-probability; of all depth x width kept nodes the `budget` best (score high, then
+shallower, then earlier) form the tree, which is ancestor-closed because a child never scores
+above its parent.
+
+Everything here is tensors of fixed shape, so the tree is data: the drafter's kept nodes sit at
+scratch slots (level-major) after the root; the chosen nodes are re-indexed breadth-first for
+the target, whose tree mask is laid from a per-row ancestor pattern (graphed_tree.placed_mask).
+The walk, the commit and the compaction are the static tree's, with per-row parents; the drafter
+compacts from its scratch slots. One captured graph serves every tree of the budget.
+
+Forced mode verifies a fixed tree of the same size and depth (a path of `depth` nodes, the rest
+as siblings on the first level) with the reference on the path: the same tree-masked forward of
+root + budget tokens and the same compaction are checked.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.nn.functional as F
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import TreeShape
+
+from .graphed_tree import GraphedTreeDecoder, placed_mask
+from .steps import top2_margin
+
+
+def comb_shape(budget: int, depth: int) -> TreeShape:
+    """A tree of `budget` nodes and exactly `depth` levels: budget - depth + 1 children of the
+    root, and a path of top-1 children under the first of them."""
+    first = budget - depth + 1
+    parents = [-1] * first + [0] + list(range(first, first + depth - 2))
+    ranks = list(range(first)) + [0] * (depth - 1)
+    depths = [1] * first + list(range(2, depth + 1))
+    return TreeShape(tuple(parents[:budget]), tuple(ranks[:budget]), tuple(depths[:budget]))
+
+
+class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
+    """Dynamic-tree greedy speculation (`topology` a DynamicTree) for up to `batch` requests."""
+
+    def __init__(self, target, drafter, batch: int, capacity: int, topology,
+                 eos_ids: Sequence[int] = (), capture: bool = True, rounds_per_replay=None,
+                 record_margins: bool = False):
+        if topology.budget > topology.depth * topology.width:
+            raise SpecPilotError(f"{topology}: the budget exceeds depth * width kept nodes")
+        self.topology = topology
+        # A tree of `budget` nodes is at most that deep: forced runs use a comb that deep.
+        comb = comb_shape(topology.budget, min(topology.depth, topology.budget))
+        super().__init__(target, drafter, batch, capacity, comb, eos_ids, capture,
+                         rounds_per_replay, record_margins)
+        d, w, dev = topology.depth, topology.width, self.device
+        self.scratch = d * w
+        self.scratch_depth = torch.arange(self.scratch, device=dev) // w + 1
+        self.eye_w = torch.eye(w, dtype=torch.bool, device=dev)
+        self.tree_positions = torch.arange(topology.budget + 1, device=dev)
+
+    def _span(self) -> int:
+        # The drafter's scratch reaches past the target's tree.
+        return max(self.topology.depth * self.topology.width, self.topology.budget)
+
+    def _draft_dynamic(self, base: torch.Tensor):
+        """Scratch tokens, scores, parents (-1: root) [B, D*W] and ancestors [B, D*W, D*W]."""
+        t, b = self.topology, base.shape[0]
+        w, dw, dev = t.width, self.scratch, self.device
+        pos = base[:, None] + self.catch_up_offsets
+        tokens = torch.stack([self.prev, self.last], dim=1)
+        logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
+                                      self.catch_up_logit)
+        # Scores in float64, as the eager mechanism keeps them (sums of log-probabilities
+        # decide between near-equal branches).
+        top = torch.topk(F.log_softmax(logits[:, 0].double(), dim=-1), w, dim=-1)
+        toks, scores = [top.indices], [top.values]
+        parents = [torch.full((b, w), -1, dtype=torch.int64, device=dev)]
+        anc = torch.zeros((b, dw, dw), dtype=torch.bool, device=dev)
+        anc[:, :w, :w] = self.eye_w
+        for d in range(1, t.depth):
+            above = torch.arange((d - 1) * w, d * w, device=dev)
+            slots = base[:, None] + 1 + above[None, :]
+            pos = (base[:, None] + d).expand_as(slots)
+            # Root and scratch slots as one pattern: column 0 the root, 1 + j scratch node j.
+            pattern = torch.cat([torch.ones((b, w, 1), dtype=torch.bool, device=dev),
+                                 anc[:, above]], dim=2)
+            mask = placed_mask(pattern, base, self.slot_ids[0, 0])
+            logits = self.drafter.forward(toks[-1], pos, slots, mask, self.dcache)
+            cand = torch.topk(F.log_softmax(logits.double(), dim=-1), w, dim=-1)  # [B, W, W]
+            total = (scores[-1][:, :, None] + cand.values).flatten(1)
+            # The w best candidates (ties: the earlier one), kept in candidate order (parent,
+            # then rank), as runtime/dynamic_tree.py keeps them.
+            keep = torch.sort(torch.sort(-total, dim=1, stable=True).indices[:, :w], dim=1).values
+            toks.append(cand.indices.flatten(1).gather(1, keep))
+            scores.append(total.gather(1, keep))
+            parent = (d - 1) * w + keep // w                                      # scratch idx
+            parents.append(parent)
+            rows = anc.gather(1, parent[:, :, None].expand(b, w, dw))
+            rows[:, :, d * w:(d + 1) * w] |= self.eye_w
+            anc[:, d * w:(d + 1) * w] = rows
+        return (torch.cat(toks, dim=1), torch.cat(scores, dim=1), torch.cat(parents, dim=1), anc)
+
+    def _round(self, k: int) -> None:
+        t = self.topology
+        base = self._base()
+        toks, scores, parents, anc = self._draft_dynamic(base)
+        b, n = base.shape[0], t.budget
+        # The budget best by score (stable: ties keep level-major order, shallower first),
+        # then breadth-first (scratch order is level-major).
+        order = torch.sort(-scores, dim=1, stable=True).indices[:, :n]
+        chosen = torch.sort(order, dim=1).values                                   # [B, N]
+        place = torch.full((b, self.scratch), -1, dtype=torch.int64, device=self.device)
+        place.scatter_(1, chosen, self.tree_positions[1:][None, :].expand(b, n) - 1)
+        parent_scratch = parents.gather(1, chosen)
+        parent_row = torch.where(parent_scratch < 0, torch.zeros_like(parent_scratch),
+                                 1 + place.gather(1, parent_scratch.clamp(min=0)))
+        nodes = toks.gather(1, chosen)
+        depths = self.scratch_depth[chosen]
+        pattern = torch.zeros((b, n + 1, n + 1), dtype=torch.bool, device=self.device)
+        pattern[:, :, 0] = True
+        picked = anc.gather(1, chosen[:, :, None].expand(b, n, self.scratch))
+        pattern[:, 1:, 1:] = picked.gather(2, chosen[:, None, :].expand(b, n, n))
+        tokens = torch.cat([self.last[:, None], nodes], dim=1)
+        pos = base[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
+        slots = base[:, None] + self.tree_positions
+        logits = self.target.forward(tokens, pos, slots,
+                                     placed_mask(pattern, base, self.slot_ids[0, 0]), self.tcache)
+        g = torch.argmax(logits, dim=-1)
+        path, count = self._walk_rows(nodes, parent_row, g)
+        rows = torch.cat([torch.zeros_like(count)[:, None], 1 + path.clamp(min=0)], dim=1)
+        if self.record_margins:
+            self._round_margins = top2_margin(logits).gather(1, rows)
+        scratch_path = torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path)
+        self._compact(base, path, drafter_path=scratch_path)
+        self._commit(g.gather(1, rows), count)
+
+    def _walk_rows(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
+        """The greedy walk with per-row parents: (accepted node per depth or -1, count)."""
+        b = nodes.shape[0]
+        current = torch.zeros(b, dtype=torch.int64, device=self.device)
+        alive = torch.ones(b, dtype=torch.bool, device=self.device)
+        path = []
+        for _ in range(self.topology.depth):
+            want = g.gather(1, current[:, None])
+            match = (parent_row == current[:, None]) & (nodes == want) & alive[:, None]
+            found = match.any(dim=1)
+            pick = match.to(torch.int64).argmax(dim=1)
+            current = torch.where(found, 1 + pick, current)
+            alive = alive & found
+            path.append(torch.where(found, pick, torch.full_like(pick, -1)))
+        path = torch.stack(path, dim=1)
+        return path, (path >= 0).sum(dim=1)
