@@ -114,26 +114,3 @@ def test_a_contrary_drafter_still_gives_ar_output_and_comb_shapes_are_trees():
         shape = comb_shape(budget, depth)
         assert shape.num_nodes == budget and shape.max_depth == depth
         assert all(p < i for i, p in enumerate(shape.parents))
-
-
-def test_dynamic_tree_programs_run_and_force_on_the_graphed_runtime():
-    from dataclasses import replace
-
-    from specpilot.deploy import build_deployment
-    from specpilot.ir import CaptureGraphs, SetTopology, apply, stock_program
-    from specpilot.runtime.decoder import ModelPair
-    from specpilot.runtime.graphed_program import (decoder_for, force_graphed, release_decoders,
-                                                   run_graphed)
-
-    s = pair_setup(4)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(apply(stock, CaptureGraphs(True)), SetTopology(TOPOLOGIES[0]))
-    program = replace(program, batch=replace(program.batch, max_batch_size=4))
-    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
-    release_decoders()
-    assert isinstance(decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False),
-                      GraphedDynamicTreeDecoder)
-    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
-    assert r.tokens == s["reference"].tokens and r.mean_accepted > 1.0
-    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
-                 s["reference"])

@@ -83,26 +83,3 @@ def test_sparse_trees_whose_deepest_branch_is_not_the_first_child():
     assert_clean(compare_to_reference(decoder.force(s["prompts"], s["reference"].tokens),
                                       s["reference"], default_tolerance(torch.float32)),
                  s["reference"])
-
-
-def test_tree_programs_run_and_force_on_the_graphed_runtime():
-    from dataclasses import replace
-
-    from specpilot.deploy import build_deployment
-    from specpilot.ir import CaptureGraphs, SetTopology, apply, stock_program
-    from specpilot.runtime.decoder import ModelPair
-    from specpilot.runtime.graphed_program import (decoder_for, force_graphed, release_decoders,
-                                                   run_graphed)
-
-    s = pair_setup(11)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((2, 2))))
-    program = replace(program, batch=replace(program.batch, max_batch_size=3))
-    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
-    release_decoders()
-    assert isinstance(decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False),
-                      GraphedTreeDecoder)
-    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
-    assert r.tokens == s["reference"].tokens and r.mean_accepted > 1.0
-    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
-                 s["reference"])
