@@ -26,6 +26,7 @@ import torch
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import parse_shapes, random_tensors
 from specpilot.bench.step_costs import measure_round, time_median
+from specpilot.ir.topology import Chain
 from specpilot.runtime.cuda_graphs import GraphedAR, GraphedStep
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.model import Transformer
@@ -103,7 +104,7 @@ def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> 
         seconds = wall(lambda: plain.generate(prompts, new))
         out[f"ar_token_wall_s_{per}_per_replay"] = (seconds - out["prefill_wall_s"]) / (new - 1)
         del plain
-    out["round_gpu_s"] = measure_round(target, drafter, batch, k, context, graphs, 5, 20)
+    out["round_gpu_s"] = measure_round(target, drafter, batch, Chain(k), context, graphs, 5, 20)
     decoder = GraphedChainDecoder(target, drafter, batch, context + new + 2 * k + 2, k,
                                   capture=graphs)
     decoder.generate(prompts, 8)

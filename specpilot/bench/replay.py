@@ -20,8 +20,9 @@ batch costs
 
 where the catch-up width is the largest (accepted + 1) of the previous step over the rows still
 active (1 on the first step; finished rows pad with 1). Where the costs hold a measured graphed
-round for a chain at this batch size (the graphed runtime: drafter, verification, acceptance
-and commit in one CUDA graph), one step costs that round instead, and the figure says so. Plain AR decodes each request's new_tokens - 1 tokens
+round of the profile's topology at this batch size (the graphed runtime: drafting, verification,
+acceptance, compaction and commit in one CUDA graph), one step costs that round instead, and
+the figure says so. Plain AR decodes each request's new_tokens - 1 tokens
 after its prefill, one target(B, 1) step per token of the batch's longest request. Every figure
 computed here is labelled "replayed acceptance".
 """
@@ -33,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from specpilot.ir.errors import IRError, SpecPilotError
-from specpilot.ir.topology import Chain, Topology, topology_from_json
+from specpilot.ir.topology import Topology, topology_from_json
 from specpilot.runtime.tree_plan import TreePlan
 
 PROFILE_FORMAT = "specpilot-acceptance-profile"
@@ -177,9 +178,8 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     order = [i % count for i in range(padded)]
     ar_step = costs.target(batch, 1)
     graphed_round = None
-    if isinstance(profile.topology, Chain) and getattr(costs, "has_round", None) \
-            and costs.has_round(batch, profile.topology.k):
-        graphed_round = costs.round(batch, profile.topology.k)
+    if getattr(costs, "has_round", None) and costs.has_round(batch, profile.topology):
+        graphed_round = costs.round(batch, profile.topology)
     tokens = spec_steps = ar_steps = 0
     spec_seconds = 0.0
     for start in range(0, padded, batch):

@@ -88,12 +88,12 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
         progress(f"[bench] drafter steps at batch {b}")
         costs.drafter_costs[b] = measure_forwards(drafter, b, drafter_widths, settings.context,
                                                   graphed, settings.warmup, settings.repeats)
-    if isinstance(topology, Chain) and graphed:
+    if graphed:
         # The graphed runtime's whole round (both models resident, as when decoding).
         for b in settings.batch_sizes:
-            progress(f"[bench] graphed chain({topology.k}) round at batch {b}")
-            costs.round_costs.setdefault(topology.k, {})[b] = measure_round(
-                target, drafter, b, topology.k, settings.context, graphed, settings.warmup,
+            progress(f"[bench] graphed {topology} round at batch {b}")
+            costs.round_costs.setdefault(str(topology), {})[b] = measure_round(
+                target, drafter, b, topology, settings.context, graphed, settings.warmup,
                 settings.repeats)
             _release(dev)
     del target, drafter

@@ -8,8 +8,8 @@ batch size, measured as the median of timed runs after warm-up.
                         explicitly; a chain uses target(B, k + 1))
   accept(B, topology)   greedy acceptance of a whole batch plus the KV commit (compaction for
                         trees), host loop included: what speculative_generate runs per step
-  round(B, k)           one whole chain(k) round of the graphed runtime (drafter catch-up and
-                        steps, verification, acceptance and commit on the device; one graph)
+  round(B, topology)    one whole round of the graphed runtime (drafting, verification,
+                        acceptance, compaction and commit on the device; one graph)
 
 Forwards are CUDA-graphed and timed with CUDA events on a GPU, run eagerly and timed with a host
 clock elsewhere. All new tokens sit after `context` committed positions.
@@ -40,7 +40,7 @@ class StepCosts:
     drafter_costs: Dict[int, Dict[int, float]] = field(default_factory=dict)
     tree_costs: Dict[str, Dict[int, float]] = field(default_factory=dict)     # str(topology)
     accept_costs: Dict[str, Dict[int, float]] = field(default_factory=dict)   # str(topology)
-    round_costs: Dict[int, Dict[int, float]] = field(default_factory=dict)    # chain k -> batch
+    round_costs: Dict[str, Dict[int, float]] = field(default_factory=dict)    # str(topology)
 
     def _get(self, table, key, batch, what):
         try:
@@ -63,18 +63,18 @@ class StepCosts:
     def accept(self, batch: int, topology: Topology) -> float:
         return self._get(self.accept_costs, str(topology), batch, f"accept/commit of {topology}")
 
-    def round(self, batch: int, k: int) -> float:
-        if not self.has_round(batch, k):
-            raise MissingStepCost(f"no measured graphed chain({k}) round at batch {batch}: "
+    def round(self, batch: int, topology: Topology) -> float:
+        if not self.has_round(batch, topology):
+            raise MissingStepCost(f"no measured graphed {topology} round at batch {batch}: "
                                   f"measure it (add the batch size to --batch-sizes)")
-        return self.round_costs[k][batch]
+        return self.round_costs[str(topology)][batch]
 
-    def has_round(self, batch: int, k: int) -> bool:
-        return batch in self.round_costs.get(k, {})
+    def has_round(self, batch: int, topology: Topology) -> bool:
+        return batch in self.round_costs.get(str(topology), {})
 
     def to_json(self) -> dict:
-        """target/drafter as {batch: {width: s}}, verify_trees/accept as {topology: {batch: s}},
-        graphed_rounds as {k: {batch: s}}."""
+        """target/drafter as {batch: {width: s}}, verify_trees/accept/graphed_rounds as
+        {topology: {batch: s}}."""
         def keyed(table):
             return {str(k): {str(b): v for b, v in sorted(row.items())} for k, row in table.items()}
         return {"context": self.context, "graphed": self.graphed, "unit": "seconds",
@@ -91,8 +91,7 @@ class StepCosts:
         def by_topology(table):
             return {t: {int(b): float(s) for b, s in row.items()} for t, row in table.items()}
 
-        rounds = {int(k): {int(b): float(s) for b, s in row.items()}
-                  for k, row in obj.get("graphed_rounds", {}).items()}
+        rounds = by_topology(obj.get("graphed_rounds", {}))
         return cls(int(obj["context"]), bool(obj["graphed"]), by_batch(obj["target"]),
                    by_batch(obj["drafter"]), by_topology(obj["verify_trees"]),
                    by_topology(obj["accept"]), rounds)
@@ -193,11 +192,27 @@ def measure_accept(model, batch: int, topology: Topology, context: int, warmup: 
     return time_median(accept_and_commit, dev, warmup, repeats, host_bound=True)
 
 
-def measure_round(target, drafter, batch: int, k: int, context: int, graphed: bool, warmup: int,
-                  repeats: int) -> float:
-    """Median seconds of one graphed chain(k) round at `batch` after `context` positions."""
+def measure_round(target, drafter, batch: int, topology: Topology, context: int, graphed: bool,
+                  warmup: int, repeats: int) -> float:
+    """Median seconds of one graphed round of `topology` (chain, static or dynamic tree) at
+    `batch` after `context` positions."""
+    from specpilot.ir.topology import DynamicTree
     from specpilot.runtime.graphed_chain import GraphedChainDecoder
+    from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
+    from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
-    capacity = context + (warmup + repeats + 3) * (k + 1)
-    decoder = GraphedChainDecoder(target, drafter, batch, capacity, k, capture=graphed)
+    if isinstance(topology, DynamicTree):
+        span = max(topology.budget, topology.depth * topology.width)
+    else:
+        span = topology.num_nodes
+    capacity = context + (warmup + repeats + 3) * (span + 1)
+    if isinstance(topology, Chain):
+        decoder = GraphedChainDecoder(target, drafter, batch, capacity, topology.k,
+                                      capture=graphed)
+    elif isinstance(topology, DynamicTree):
+        decoder = GraphedDynamicTreeDecoder(target, drafter, batch, capacity, topology,
+                                            capture=graphed)
+    else:
+        decoder = GraphedTreeDecoder(target, drafter, batch, capacity, topology.shape(),
+                                     capture=graphed)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)

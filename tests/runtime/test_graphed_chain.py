@@ -135,8 +135,11 @@ def test_round_timing_runs_every_row_on(tmp_path):
     from specpilot.bench.step_costs import measure_round
 
     s = pair_setup(4)
-    assert 0 < measure_round(s["target"], s["drafter"], 2, 3, context=8, graphed=False,
-                             warmup=1, repeats=2) < 5.0
+    from specpilot.ir.topology import DynamicTree, Tree
+
+    for topology in (Chain(3), Tree((2, 2)), DynamicTree(budget=4, depth=2, width=2)):
+        assert 0 < measure_round(s["target"], s["drafter"], 2, topology, context=8,
+                                 graphed=False, warmup=1, repeats=2) < 5.0
     decoder = GraphedChainDecoder(s["target"], s["drafter"], 2, 40, 3, capture=False)
     run = decoder.timing_round(8)
     run()

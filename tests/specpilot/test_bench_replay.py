@@ -133,7 +133,7 @@ def test_step_costs_round_trip_through_json():
 
 def test_a_measured_graphed_round_replaces_the_sum_of_steps():
     costs = chain2_costs()
-    costs.round_costs[2] = {1: 2 * MS}          # batch 1 only
+    costs.round_costs["chain(2)"] = {1: 2 * MS}          # batch 1 only
     fig = replay(PROFILE, costs, 1)
     # 3 speculative steps of one 2 ms round each; AR as before (6 steps of 3 ms).
     assert fig.spec_seconds == pytest.approx(6 * MS) and fig.spec_steps == 3
@@ -142,6 +142,6 @@ def test_a_measured_graphed_round_replaces_the_sum_of_steps():
     # Batch 2 has no measured round: the sum of step costs, said so.
     assert replay(PROFILE, costs, 2).step_model == "sum of step costs"
     again = StepCosts.from_json(json.loads(json.dumps(costs.to_json())))
-    assert again == costs and again.round(1, 2) == 2 * MS
+    assert again == costs and again.round(1, Chain(2)) == 2 * MS
     with pytest.raises(MissingStepCost, match="round at batch 2"):
-        costs.round(2, 2)
+        costs.round(2, Chain(2))
