@@ -14,11 +14,11 @@ from typing import List, Optional
 
 from specpilot.ir import Program, program_id
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.ar import ARResult, generate_ar
+from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.cuda_graphs import GraphsUnavailable, require_cuda
-from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_runnable,
                                       force_program)
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.mechanisms import run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
                                                run_graphed)
