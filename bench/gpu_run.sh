@@ -10,6 +10,7 @@
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
 #   compile1   specpilot compile of the pair at batch 1     compile16   the same at batch 16
+#              (a compile cut by the time limit resumes at its last round when run again)
 #   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
@@ -87,6 +88,7 @@ phase() {
         local b=${1#compile}
         step "$1" timeout 560 python3 -m specpilot compile --target "$PAIR/target" \
             --drafter "$PAIR/drafter" --batch-size "$b" --rounds "${ROUNDS:-3}" \
+            --candidates "${COMPILE_CANDIDATES:-4}" --repeats "${COMPILE_REPEATS:-2}" \
             --prompts "$(( b > 8 ? b : 8 ))" --max-new-tokens "${COMPILE_NEW:-128}" \
             --memory "$MEMORY" --out "$RESULTS/compile-b$b" ;;
     mechanisms)

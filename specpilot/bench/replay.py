@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List
 
 from specpilot.ir.errors import IRError, SpecPilotError
-from specpilot.ir.topology import Topology, topology_from_json
+from specpilot.ir.topology import DynamicTree, Topology, topology_from_json
 from specpilot.runtime.tree_plan import TreePlan
 
 PROFILE_FORMAT = "specpilot-acceptance-profile"
@@ -84,7 +84,7 @@ class AcceptanceProfile:
             topology = topology_from_json(obj.get("topology"))
         except IRError as exc:
             fail(f"topology: {exc}")
-        depth = TreePlan.build(topology).shape.max_depth
+        depth = topology_depth(topology)
         lengths, tokens = obj.get("accepted_lengths"), obj.get("new_tokens")
         if not isinstance(lengths, list) or not lengths or not all(isinstance(r, list) for r in lengths):
             fail("accepted_lengths must be a non-empty list (one list per request)")
@@ -118,6 +118,13 @@ class AcceptanceProfile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProfileError(f"cannot read acceptance profile {path!r}: {exc}") from None
         return cls.from_json(obj, path)
+
+
+def topology_depth(topology: Topology) -> int:
+    """Most drafts one step can accept."""
+    if isinstance(topology, DynamicTree):
+        return topology.depth
+    return TreePlan.build(topology).shape.max_depth
 
 
 def _is_int(x) -> bool:
@@ -172,14 +179,19 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     target/drafter/verify/accept(batch, ...) -> seconds)."""
     if batch < 1:
         raise SpecPilotError(f"batch size must be at least 1, got {batch}")
-    plan = TreePlan.build(profile.topology)
     count = len(profile.accepted_lengths)
     padded = math.ceil(count / batch) * batch
     order = [i % count for i in range(padded)]
     ar_step = costs.target(batch, 1)
-    graphed_round = None
+    graphed_round, plan = None, None
     if getattr(costs, "has_round", None) and costs.has_round(batch, profile.topology):
         graphed_round = costs.round(batch, profile.topology)
+    elif isinstance(profile.topology, DynamicTree):
+        raise MissingStepCost(f"{profile.topology} is replayed from a measured graphed round "
+                              f"only (its shape changes every step): measure at batch {batch} "
+                              f"on a GPU")
+    else:
+        plan = TreePlan.build(profile.topology)
     tokens = spec_steps = ar_steps = 0
     spec_seconds = 0.0
     for start in range(0, padded, batch):

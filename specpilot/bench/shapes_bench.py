@@ -14,7 +14,8 @@ from typing import Callable, Optional, Sequence
 
 import torch
 
-from specpilot.ir.topology import Chain, Tree
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.tree_plan import TreePlan
 
 from .replay import REPLAYED, AcceptanceProfile, replay
@@ -59,14 +60,24 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
     for preset in (target_preset, drafter_preset):
         preset.config(settings.scale)  # refuse a bad scale before any measurement
     topology = profile.topology
-    plan = TreePlan.build(topology)
     dev = torch.device(device)
     graphed = dev.type == "cuda"
     costs = StepCosts(settings.context, graphed)
-    trees = list(dict.fromkeys(([] if isinstance(topology, Chain) else [topology])
-                               + list(settings.trees)))
-    target_widths = set(range(1, settings.max_width + 1)) | {plan.num_nodes + 1}
-    drafter_widths = set(range(1, plan.shape.max_depth + 2)) | {len(l) for l in plan.levels}
+    if isinstance(topology, DynamicTree):
+        if not graphed:
+            raise SpecPilotError(f"{topology} is replayed from a graphed round, which needs a "
+                                 f"CUDA GPU")
+        # Its shape changes every step: only the whole graphed round has a fixed cost.
+        trees, shaped = list(settings.trees), []
+        target_widths = set(range(1, settings.max_width + 1)) | {topology.budget + 1}
+        drafter_widths = {1, 2, topology.width}
+    else:
+        plan = TreePlan.build(topology)
+        trees = list(dict.fromkeys(([] if isinstance(topology, Chain) else [topology])
+                                   + list(settings.trees)))
+        shaped = [topology]
+        target_widths = set(range(1, settings.max_width + 1)) | {plan.num_nodes + 1}
+        drafter_widths = set(range(1, plan.shape.max_depth + 2)) | {len(l) for l in plan.levels}
 
     progress(f"[bench] building {target_preset.name} (scale {settings.scale}) on {device}")
     target = build_preset(target_preset.name, device, dtype, settings.scale, seed=1)
@@ -77,7 +88,7 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
         for tree in trees:
             costs.tree_costs.setdefault(str(tree), {})[b] = measure_tree_verify(
                 target, b, tree, settings.context, graphed, settings.warmup, settings.repeats)
-        for shape in dict.fromkeys([topology, *trees]):
+        for shape in dict.fromkeys([*shaped, *trees]):
             costs.accept_costs.setdefault(str(shape), {})[b] = measure_accept(
                 target, b, shape, settings.context, settings.warmup, settings.repeats)
     _release(dev)
@@ -129,7 +140,9 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
     costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
     rows, figures = replay_rows(profile, costs, settings.batch_sizes)
     target, drafter = parse_shapes(settings.shapes)
-    plan = TreePlan.build(profile.topology)
+    topology = profile.topology
+    verify_width = (topology.budget + 1 if isinstance(topology, DynamicTree)
+                    else TreePlan.build(topology).num_nodes + 1)
     return {
         "kind": REPLAYED, "label": REPLAYED,
         "name": settings.name or f"{target.name}_{drafter.name}-replayed",
@@ -138,7 +151,7 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
                      "device": device, "context": settings.context,
                      "batch_sizes": list(settings.batch_sizes), "warmup": settings.warmup,
                      "repeats": settings.repeats, "profile": settings.acceptance,
-                     "topology": str(profile.topology), "verify_width": plan.num_nodes + 1,
+                     "topology": str(profile.topology), "verify_width": verify_width,
                      "trees": [str(t) for t in settings.trees],
                      "profile_requests": len(profile.accepted_lengths),
                      "profile_mean_accepted": profile.mean_accepted,

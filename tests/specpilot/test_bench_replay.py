@@ -145,3 +145,20 @@ def test_a_measured_graphed_round_replaces_the_sum_of_steps():
     assert again == costs and again.round(1, Chain(2)) == 2 * MS
     with pytest.raises(MissingStepCost, match="round at batch 2"):
         costs.round(2, Chain(2))
+
+
+def test_dynamic_tree_profiles_load_and_replay_from_a_graphed_round_only():
+    from specpilot.ir.topology import DynamicTree
+
+    topology = DynamicTree(budget=6, depth=3, width=2)
+    profile = AcceptanceProfile.from_json(
+        AcceptanceProfile(topology, [[3, 0], [1]], [6, 3]).to_json())
+    assert profile.topology == topology
+    costs = chain2_costs()
+    with pytest.raises(MissingStepCost, match="graphed round only"):
+        replay(profile, costs, 1)
+    costs.round_costs[str(topology)] = {1: 5 * MS}
+    fig = replay(profile, costs, 1)
+    # 3 steps of 5 ms against AR's (5 + 2) steps of 3 ms.
+    assert fig.spec_seconds == pytest.approx(15 * MS) and fig.ar_seconds == pytest.approx(21 * MS)
+    assert fig.step_model.startswith("graphed round")
