@@ -143,9 +143,10 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             "rows": rows,
         }
 
-    # Our systems first: their peak memory is then measured without the HF models resident,
-    # and a time budget that runs out cuts the (slow) HF baselines, not the systems under test.
-    ordered = sorted(systems, key=lambda s: s.family == "hf")
+    # Our graphed systems first (quick, and their peak memory is measured without the HF
+    # models resident), then the HF baselines, then our eager systems: a time budget that runs
+    # out cuts the slowest measurements, and the HF models are released before the eager ones.
+    ordered = sorted(systems, key=lambda s: 1 if s.family == "hf" else (0 if s.graphed else 2))
     for i, system in enumerate(ordered):
         for b in settings.batch_sizes:
             elapsed = time.perf_counter() - started

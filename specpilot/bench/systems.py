@@ -41,6 +41,7 @@ class System(ABC):
     name = ""
     family = "ours"          # "ours" (token-forced) or "hf" (exact-match count only)
     description = ""
+    graphed = False          # runs CUDA graphs (fast to measure; measured first)
 
     def __init__(self):
         self.notes: List[str] = []
@@ -94,6 +95,8 @@ class StrongAR(System):
                    "stopping on the device (the graphed runtime with no drafter); torch backend "
                    "with its CUDA fast path (cuBLAS GEMMs on fused q/k/v and gate/up, compiled "
                    "norm/RoPE/SwiGLU, SDPA attention)")
+
+    graphed = True
 
     def __init__(self, pair: ModelPair):
         super().__init__()
