@@ -7,7 +7,8 @@ For the torch backend with and without its CUDA fast path, at each batch size:
                         GraphedAR, and the graphed runtime with chains of 0 at 1 and 4 rounds
                         per replay
   prefill_wall_s        one eager prefill of the prompt
-  round_gpu_s           one graphed chain(k) round, device time
+  round_gpu_s           one graphed chain(k) round, device time (and one of a static tree
+                        (3, 2, 1) and of a dynamic tree of 8 nodes)
   round_wall_s          wall time per round of GraphedChainDecoder.generate
 so that "bound by kernel count", "bound by the host loop" and "bound by bytes" can be told apart.
 
@@ -26,7 +27,7 @@ import torch
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import parse_shapes, random_tensors
 from specpilot.bench.step_costs import measure_round, time_median
-from specpilot.ir.topology import Chain
+from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.cuda_graphs import GraphedAR, GraphedStep
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.model import Transformer
@@ -105,6 +106,9 @@ def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> 
         out[f"ar_token_wall_s_{per}_per_replay"] = (seconds - out["prefill_wall_s"]) / (new - 1)
         del plain
     out["round_gpu_s"] = measure_round(target, drafter, batch, Chain(k), context, graphs, 5, 20)
+    for topology in (Tree((3, 2, 1)), DynamicTree(budget=8, depth=4, width=2)):
+        out[f"round_gpu_s {topology}"] = measure_round(target, drafter, batch, topology, context,
+                                                       graphs, 5, 20)
     decoder = GraphedChainDecoder(target, drafter, batch, context + new + 2 * k + 2, k,
                                   capture=graphs)
     decoder.generate(prompts, 8)
