@@ -77,8 +77,8 @@ def add_parser(sub) -> None:
                    help="Program(s) to measure besides the stock one")
     g.add_argument("--mechanisms", action="store_true",
                    help="also measure the verification and batching mechanisms (mech:* systems: "
-                        "graphed adaptive lengths, dynamic tree, two-level, ragged, refill, "
-                        "combined)")
+                        "graphed adaptive lengths, graphed static and dynamic trees, eager "
+                        "dynamic tree, two-level, ragged, refill, combined)")
     g.add_argument("--time-budget", type=float, metavar="S",
                    help="stop starting new measurements after S seconds; the rest are recorded "
                         "as skipped (results so far are kept in <name>.partial.json as it runs)")
