@@ -33,6 +33,7 @@ from specpilot.ir.errors import SpecPilotError
 
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
+from .graphed_loop import replay_until_done
 from .speculative import SpecResult
 from .ar import ARResult
 from .steps import append_step, check_capacity, top2_margin
@@ -338,36 +339,7 @@ class GraphedChainDecoder:
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 
     def _loop(self, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
-        """Replay until every request is done; returns the rounds run per chain length (their
-        sum is the number of rounds). After queueing replay j the host reads the status of the
-        last round of replay j - 1 (all finished? which length next?), so the GPU always has
-        work queued. Forced runs cycle through every length, so that every verification width
-        is checked."""
-        cuda = self.device.type == "cuda"
-        per = self.rounds_per_replay
-        replays_max = -(-self.width // per)
-        host = torch.zeros((replays_max, 2), dtype=torch.int64, pin_memory=cuda)
-        events = [torch.cuda.Event() for _ in range(3)] if cuda else []
-        lengths = sorted(replays)
-        k = lengths[-1]
-        rounds: Dict[int, int] = {}
-        for j in range(replays_max):
-            if forced:
-                k = lengths[j % len(lengths)]
-            elif self.adaptive and j >= 2:
-                k = min(max(int(host[j - 2, 1]), lengths[0]), lengths[-1])
-            replays[k]()
-            rounds[k] = rounds.get(k, 0) + per
-            last = min((j + 1) * per, self.width) - 1
-            host[j].copy_(self.status[last], non_blocking=cuda)
-            if cuda:
-                events[j % 3].record()
-            if j >= 1:
-                if cuda:
-                    events[(j - 1) % 3].synchronize()
-                if bool(host[j - 1, 0]):
-                    break
-        return rounds
+        return replay_until_done(self, replays, forced)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
