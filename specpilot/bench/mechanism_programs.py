@@ -68,5 +68,6 @@ def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
     for name, program in mechanism_programs(stock).items():
         steps = ", ".join(str(t) for t in program.history)
         cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem
-        out.append(cls(f"mech:{name}", program, pair, f"stock + {steps}"))
+        out.append(cls(f"mech:{name}", program, pair, f"stock + {steps}",
+                       graphs_only=program.kernels.capture_graphs))
     return out

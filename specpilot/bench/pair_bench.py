@@ -63,11 +63,11 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
     stock = stock_program(build_deployment(target_dir, drafter_dir, gpu=gpu, dtype=dtype))
     out = [ProgramSystem("stock", stock, pair,
                          f"SpecPilot stock Program: {stock.draft.topology}, torch backend, eager")]
-    if torch.device(pair.target.device).type == "cuda":
-        graphed = apply(stock, CaptureGraphs(on=True))
-        out.append(ProgramSystem("stock_graphed", graphed, pair,
-                                 f"SpecPilot stock Program + CaptureGraphs: "
-                                 f"{graphed.draft.topology}, each round one CUDA graph"))
+    graphed = apply(stock, CaptureGraphs(on=True))
+    out.append(ProgramSystem("stock_graphed", graphed, pair,
+                             f"SpecPilot stock Program + CaptureGraphs: "
+                             f"{graphed.draft.topology}, each round one CUDA graph",
+                             graphs_only=True))
     if settings.mechanisms:
         from .mechanism_programs import mechanism_systems
         out += mechanism_systems(stock, pair)

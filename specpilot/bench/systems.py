@@ -141,7 +141,10 @@ class ProgramSystem(System):
     replaced by it; everything else is the Program's). With `kernels.capture_graphs` on a GPU
     its rounds are CUDA graphs (runtime/graphed_program.py), captured in `setup`."""
 
-    def __init__(self, name: str, program: Program, pair: ModelPair, description: str = ""):
+    def __init__(self, name: str, program: Program, pair: ModelPair, description: str = "",
+                 graphs_only: bool = False):
+        """`graphs_only`: a system that exists to measure graph capture is skipped, with the
+        reason, where its rounds cannot be graphed (rather than measured eagerly)."""
         super().__init__()
         self.name, self.program, self.pair = name, program, pair
         self.description = description or (f"Program {program_id(program)[:12]}: "
@@ -156,7 +159,9 @@ class ProgramSystem(System):
             self.refusal = "this Program speculates and the pair has no drafter"
         refusal = graph_refusal(program, pair.target.device)
         self.graphed = refusal is None
-        if program.kernels.capture_graphs and not self.graphed:
+        if graphs_only and not self.graphed:
+            self.refusal = self.refusal or f"its rounds cannot be graphed here: {refusal}"
+        elif program.kernels.capture_graphs and not self.graphed:
             self.notes.append(f"kernels.capture_graphs is on, but rounds run eagerly: {refusal}")
 
     def unavailable(self, batch_size):

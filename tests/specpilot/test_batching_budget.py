@@ -43,3 +43,19 @@ def test_budgets_include_speculation_off_and_the_ridge_and_are_legal(gpu_program
     assert {full, full // 2, 16, min(full, max(16, ridge_budget(program)))} <= budgets
     for t in proposals:
         check(program, t)
+
+
+def test_the_bench_sets_the_adaptive_budget_per_batch_size_at_the_ridge(gpu_program):
+    from types import SimpleNamespace
+
+    from specpilot.bench.mechanism_programs import BudgetedProgramSystem, mechanism_programs
+
+    program = mechanism_programs(gpu_program)["graphed_adaptive"]
+    pair = SimpleNamespace(drafter=object(), target=SimpleNamespace(device="cpu"))
+    system = BudgetedProgramSystem("mech:graphed_adaptive", program, pair, graphs_only=True)
+    k = program.draft.topology.k
+    for batch in (1, 16, 64):
+        sized = system.at_batch(batch)
+        want = min(batch * (k + 1), max(batch, ridge_budget(sized)))
+        assert sized.batch.max_batch_size == batch and sized.batch.token_budget == want
+    assert "CUDA graphs need a CUDA GPU" in system.unavailable(1)
