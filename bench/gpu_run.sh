@@ -16,13 +16,15 @@
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
+# BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
+# PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
 # BATCHES (1,4,16,64), REPEATS (3), RESULTS (default /tmp/specpilot-results, kept between
 # calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 set -uo pipefail
 : "${OUT:?set OUT to an empty output folder}"
 export PYTHONUNBUFFERED=1
-# Inductor compiles in-process: a pool of compile workers competes with the timed host loops.
+# Inductor compiles in-process, so no pool of compile workers runs beside the timed host loops.
 export TORCHINDUCTOR_COMPILE_THREADS=${TORCHINDUCTOR_COMPILE_THREADS:-1}
 PAIR=${PAIR:-/tmp/specpilot-pair}
 RESULTS=${RESULTS:-/tmp/specpilot-results}
