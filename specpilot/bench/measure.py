@@ -93,12 +93,21 @@ def _new_tokens(out: RunOutput) -> int:
 
 def add_speedups(rows) -> None:
     """Set speedup_vs_hf_ar and speedup_vs_strong_ar on every measured row: the ratio of its
-    median tokens/s to the baseline's at the same batch size (None where not measured)."""
+    median tokens/s to the baseline's at the same batch size (None where not measured); and
+    forward_cost_vs_strong_ar: its seconds per target forward (prefill included) over strong
+    AR's, i.e. what one speculative round costs in AR steps. The speedup over strong AR is
+    about tokens_per_target_forward / forward_cost_vs_strong_ar: the two say what the
+    accepted length would allow and what the round's cost eats of it."""
     medians = {(r["system"], r["batch_size"]): r["tokens_per_s"]["median"]
                for r in rows if r["status"] == "measured"}
+    per_forward = {(r["system"], r["batch_size"]): r["seconds"]["median"] / r["target_forwards"]
+                   for r in rows if r["status"] == "measured" and r.get("target_forwards")}
     for r in rows:
         if r["status"] != "measured":
             continue
         for base in ("hf_ar", "strong_ar"):
             m = medians.get((base, r["batch_size"]))
             r[f"speedup_vs_{base}"] = r["tokens_per_s"]["median"] / m if m else None
+        mine, ar = (per_forward.get((r["system"], r["batch_size"])),
+                    per_forward.get(("strong_ar", r["batch_size"])))
+        r["forward_cost_vs_strong_ar"] = mine / ar if mine and ar else None

@@ -44,17 +44,19 @@ def pair_markdown(doc: dict) -> str:
     lines = []
     for r in doc["rows"]:
         if r["status"] != "measured":
-            lines.append([r["system"], str(r["batch_size"])] + ["–"] * 7 +
+            lines.append([r["system"], str(r["batch_size"])] + ["–"] * 8 +
                           [f"{r['status']}: {r['reason']}"])
             continue
         mem = r["peak_memory_bytes"]
         lines.append([r["system"], str(r["batch_size"]), _rate(r),
                       _num(r.get("speedup_vs_hf_ar")), _num(r.get("speedup_vs_strong_ar")),
                       _num(r["mean_accepted"]), _num(r["tokens_per_target_forward"]),
+                      _num(r.get("forward_cost_vs_strong_ar")),
                       str(r["target_forwards"]), _num(None if mem is None else mem / GIB),
                       _correctness(r)])
     header = ["system", "batch", "tokens/s median (min–max)", "× HF AR", "× strong AR",
-              "mean accepted", "tokens / target fwd", "target fwds", "peak GiB", "correctness"]
+              "mean accepted", "tokens / target fwd", "fwd cost (strong AR steps)",
+              "target fwds", "peak GiB", "correctness"]
     systems = "\n".join(f"- `{x['name']}`: {x['description']}"
                         + "".join(f" ({n})" for n in x["notes"]) for x in doc["systems"])
     return (f"## {doc['name']}\n\n"

@@ -266,3 +266,23 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     assert all("CUDA graphs need a CUDA GPU" in r["reason"] for r in skipped.values())
     described = {s["name"]: s["description"] for s in doc["systems"]}
     assert "SetBatchLayout" in described["mech:ragged_adaptive_refill"]
+
+
+def test_forward_cost_says_what_a_round_costs_in_strong_ar_steps():
+    from specpilot.bench.measure import add_speedups
+
+    def row(system, seconds, forwards, tokens):
+        return {"system": system, "batch_size": 1, "status": "measured",
+                "seconds": {"median": seconds}, "target_forwards": forwards,
+                "tokens_per_s": {"median": tokens / seconds}}
+
+    # Strong AR: 100 forwards in 1 s. A Program: 40 rounds of 2.5 tokens in 0.8 s.
+    rows = [row("strong_ar", 1.0, 100, 100), row("stock_graphed", 0.8, 40, 100),
+            {"system": "hf_assisted", "batch_size": 1, "status": "skipped", "reason": "x"}]
+    add_speedups(rows)
+    assert rows[1]["forward_cost_vs_strong_ar"] == pytest.approx((0.8 / 40) / (1.0 / 100))
+    assert rows[1]["speedup_vs_strong_ar"] == pytest.approx(1.25)
+    # speedup = tokens per forward / forward cost: 2.5 / 2.0
+    assert rows[1]["speedup_vs_strong_ar"] == pytest.approx(2.5 / rows[1]["forward_cost_vs_strong_ar"])
+    assert rows[0]["forward_cost_vs_strong_ar"] == pytest.approx(1.0)
+    assert "forward_cost_vs_strong_ar" not in rows[2]
