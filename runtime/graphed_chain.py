@@ -34,6 +34,7 @@ from specpilot.ir.errors import SpecPilotError
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
 from .graphed_loop import replay_until_done
+from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
 from .steps import append_step, check_capacity, top2_margin
@@ -88,6 +89,12 @@ class GraphedChainDecoder:
         dev = self.device = target.device
         self.tcache = target.new_cache(batch, capacity)
         self.dcache = drafter.new_cache(batch, capacity) if drafter is not None else None
+        # On a GPU the prefill is a graph too (prompts padded to buckets); on the CPU it is the
+        # eager padded prefill of the other decoders, so results compare bit for bit there.
+        self._prefiller = None
+        if target.device.type == "cuda":
+            models = [(target, self.tcache)] + ([(drafter, self.dcache)] if drafter else [])
+            self._prefiller = StaticPrefill(models, batch, capacity, capture)
         # Output/reference rows: a request may overshoot its limit by k within its last round.
         self.width = capacity + k + 1
         i64 = dict(dtype=torch.int64, device=dev)
@@ -314,19 +321,27 @@ class GraphedChainDecoder:
         stay inactive); returns the target's first argmax per row."""
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
-        zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
-        logits = append_step(self.target, self.tcache, zeros, rows)
+        if self._prefiller is not None:
+            logits = self._prefiller.run(rows)
+        else:
+            zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
+            logits = append_step(self.target, self.tcache, zeros, rows)
+            if self.drafter is not None:
+                append_step(self.drafter, self.dcache, zeros, rows)
         g0 = torch.argmax(logits, dim=-1)
         if self.record_margins:
             self.margins[:, 0] = top2_margin(logits)
-        if self.drafter is not None:
-            append_step(self.drafter, self.dcache, zeros, rows)
         self.length.copy_(torch.tensor([len(p) for p in rows], dtype=torch.int64).to(dev))
         self.prev.copy_(torch.tensor([p[-1] for p in rows], dtype=torch.int64).to(dev))
         self.limit.copy_(torch.tensor(limits + [0] * (self.batch - n), dtype=torch.int64).to(dev))
         self.out[:, 0] = g0
         self.count.fill_(1)
         return g0
+
+    def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Capture the prefill graphs these prompts will need now (e.g. before timing)."""
+        if self._prefiller is not None:
+            self._prefiller.prepare([len(p) for p in prompts])
 
     def _check(self, prompts, max_new_tokens: int) -> None:
         if not prompts or len(prompts) > self.batch:

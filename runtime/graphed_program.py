@@ -85,6 +85,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
            tuple(pair.eos_ids), capture)
     if key in _decoders:
         _decoders.move_to_end(key)
+        _decoders[key].prepare_prefill(prompts)
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
@@ -102,6 +103,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
                                       pair.eos_ids, capture=capture, adaptive=adaptive,
                                       length_cap=cap)
     _decoders[key] = decoder
+    decoder.prepare_prefill(prompts)
     return decoder
 
 

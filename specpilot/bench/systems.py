@@ -115,6 +115,7 @@ class StrongAR(System):
         capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
         self.decoder = GraphedChainDecoder(self.pair.target, None, batch_size, capacity, 0,
                                            self.pair.eos_ids)
+        self.decoder.prepare_prefill(prompts)
 
     def run(self, prompts, batch_size, max_new_tokens):
         tokens, forwards = [], 0

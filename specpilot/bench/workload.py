@@ -50,6 +50,7 @@ def stock_reference(pair: ModelPair, prompts: Sequence[Sequence[int]],
     capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
     decoder = GraphedChainDecoder(pair.target, None, 1, capacity, 0, pair.eos_ids,
                                   record_margins=True)
+    decoder.prepare_prefill(prompts)
     out = ARResult([], [], 0)
     for p in prompts:
         r = decoder.generate_reference([p], max_new_tokens)

@@ -1,0 +1,87 @@
+"""Prefill as CUDA graphs: prompts padded to a bucket width, one graph per bucket.
+
+A prefill's shape is the batch's longest prompt, so it cannot be one graph; but padded up to a
+multiple of `BUCKET` tokens it takes a handful of shapes, each captured once (all buckets share
+one memory pool: their graphs never run at the same time). Padding is what the eager prefill
+does anyway (runtime/steps.append_step): pad tokens write K/V past each prompt's end, where
+nothing reads them before the decode overwrites them. Run eagerly (capture=False) the same
+static buffers serve, so the padding logic is tested without a GPU.
+"""
+from __future__ import annotations
+
+from typing import Dict, List, Sequence, Tuple
+
+import torch
+
+from .cuda_graphs import WARMUP_RUNS
+
+BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
+
+
+class StaticPrefill:
+    """Prefill of up to `batch` prompts into each (model, cache) of `targets`; `run` returns
+    the first model's float32 logits at each row's last prompt token, [batch, V]."""
+
+    def __init__(self, targets: Sequence[Tuple[object, object]], batch: int, capacity: int,
+                 capture: bool):
+        self.targets, self.batch, self.capacity, self.capture = list(targets), batch, capacity, capture
+        self.device = self.targets[0][0].device
+        self._buckets: Dict[int, dict] = {}
+        self._pool = torch.cuda.graph_pool_handle() if capture else None
+
+    def width_for(self, longest: int) -> int:
+        return min(-(-longest // BUCKET) * BUCKET, self.capacity)
+
+    def prepare(self, lengths: Sequence[int]) -> None:
+        """Build (capture) the buckets of these prompt lengths now, e.g. before timing."""
+        for width in sorted({self.width_for(n) for n in lengths}):
+            self._bucket(width)
+
+    def _bucket(self, width: int) -> dict:
+        if width in self._buckets:
+            return self._buckets[width]
+        dev, b = self.device, self.batch
+        pos = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(b, width).clone()
+        static = {"tokens": torch.zeros((b, width), dtype=torch.int64, device=dev),
+                  "positions": pos,
+                  "mask": torch.arange(self.capacity, device=dev)[None, None, :] <= pos[:, :, None],
+                  "last": torch.zeros((b, 1), dtype=torch.int64, device=dev)}
+
+        def body():
+            out = None
+            for model, cache in self.targets:
+                logits = model.forward(static["tokens"], static["positions"], static["positions"],
+                                       static["mask"], cache, static["last"])
+                out = logits if out is None else out
+            return out[:, 0]
+
+        static["body"] = body
+        if self.capture:
+            current = torch.cuda.current_stream(dev)
+            side = torch.cuda.Stream(device=dev)
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for _ in range(WARMUP_RUNS):
+                    body()
+            current.wait_stream(side)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=self._pool):
+                static["logits"] = body()
+            static["graph"] = graph
+        self._buckets[width] = static
+        return static
+
+    def run(self, rows: List[List[int]]) -> torch.Tensor:
+        """Prefill `rows` (exactly `batch` prompts); logits at each row's last token."""
+        width = self.width_for(max(len(r) for r in rows))
+        static = self._bucket(width)
+        table = torch.zeros((self.batch, width), dtype=torch.int64)
+        for i, r in enumerate(rows):
+            table[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
+        static["tokens"].copy_(table.to(self.device))
+        static["last"].copy_(torch.tensor([[len(r) - 1] for r in rows],
+                                          dtype=torch.int64).to(self.device))
+        if self.capture:
+            static["graph"].replay()
+            return static["logits"]
+        return static["body"]()
