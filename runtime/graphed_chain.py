@@ -114,6 +114,12 @@ class GraphedChainDecoder:
         # Per round: [all requests finished (0/1), longest length wanted next]; one row is the
         # only thing the host reads back per replay.
         self.status = torch.zeros((self.width, 2), **i64)
+        # The host's copy of one status row per replay, and events to wait on them: allocated
+        # once (page-locked memory is slow to allocate), reused by every call.
+        cuda = dev.type == "cuda"
+        self.host_status = torch.zeros((-(-self.width // rounds_per_replay), 2),
+                                       dtype=torch.int64, pin_memory=cuda)
+        self.events = [torch.cuda.Event() for _ in range(3)] if cuda else []
         self.eos = torch.tensor(sorted(set(eos_ids)), **i64) if eos_ids else None
         self.slot_ids = torch.arange(capacity, device=dev)[None, None, :]
         self.chain = torch.arange(k + 1, device=dev)

@@ -28,7 +28,6 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import TreeShape
 
 from .graphed_tree import GraphedTreeDecoder, placed_mask
-from .steps import top2_margin
 
 
 def comb_shape(budget: int, depth: int) -> TreeShape:
@@ -122,33 +121,6 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         pattern[:, :, 0] = True
         picked = anc.gather(1, chosen[:, :, None].expand(b, n, self.scratch))
         pattern[:, 1:, 1:] = picked.gather(2, chosen[:, None, :].expand(b, n, n))
-        tokens = torch.cat([self.last[:, None], nodes], dim=1)
-        pos = base[:, None] + torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
-        slots = base[:, None] + self.tree_positions
-        logits = self.target.forward(tokens, pos, slots,
-                                     placed_mask(pattern, base, self.slot_ids[0, 0]), self.tcache)
-        g = torch.argmax(logits, dim=-1)
-        path, count = self._walk_rows(nodes, parent_row, g)
-        rows = torch.cat([torch.zeros_like(count)[:, None], 1 + path.clamp(min=0)], dim=1)
-        if self.record_margins:
-            self._round_margins = top2_margin(logits).gather(1, rows)
-        scratch_path = torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path)
-        self._compact(base, path, drafter_path=scratch_path)
-        self._commit(g.gather(1, rows), count)
-
-    def _walk_rows(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
-        """The greedy walk with per-row parents: (accepted node per depth or -1, count)."""
-        b = nodes.shape[0]
-        current = torch.zeros(b, dtype=torch.int64, device=self.device)
-        alive = torch.ones(b, dtype=torch.bool, device=self.device)
-        path = []
-        for _ in range(self.topology.depth):
-            want = g.gather(1, current[:, None])
-            match = (parent_row == current[:, None]) & (nodes == want) & alive[:, None]
-            found = match.any(dim=1)
-            pick = match.to(torch.int64).argmax(dim=1)
-            current = torch.where(found, 1 + pick, current)
-            alive = alive & found
-            path.append(torch.where(found, pick, torch.full_like(pick, -1)))
-        path = torch.stack(path, dim=1)
-        return path, (path >= 0).sum(dim=1)
+        positions = torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
+        logits = self._verify_tree(base, nodes, pattern, positions)
+        self._accept(base, nodes, parent_row, logits, drafter_nodes=chosen)

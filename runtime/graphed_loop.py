@@ -4,8 +4,6 @@ from __future__ import annotations
 
 from typing import Dict
 
-import torch
-
 
 def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
     """Replay until every request of `decoder` (a GraphedChainDecoder) is done; returns the
@@ -17,9 +15,8 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
     that every verification width is checked."""
     cuda = decoder.device.type == "cuda"
     per = decoder.rounds_per_replay
-    replays_max = -(-decoder.width // per)
-    host = torch.zeros((replays_max, 2), dtype=torch.int64, pin_memory=cuda)
-    events = [torch.cuda.Event() for _ in range(3)] if cuda else []
+    host, events = decoder.host_status, decoder.events
+    replays_max = host.shape[0]
     lengths = sorted(replays)
     k = lengths[-1]
     rounds: Dict[int, int] = {}

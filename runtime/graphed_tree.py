@@ -72,14 +72,14 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         self.slots_after = torch.arange(n + 1, **i64)
         self.parent_row = torch.tensor([1 + p if p >= 0 else 0 for p in shape.parents], **i64)
         self.ranks = torch.tensor(shape.ranks, **i64)
-        self.node_tokens_ranks = [self.ranks[lv.start:lv.stop] for lv in self.levels]
-        # For each node of level d + 1: its parent's place within level d (the root for d = 0).
-        self.parent_place = [torch.tensor([shape.parents[c] - (self.levels[d - 1].start if d else -1)
-                                           - (0 if d else 1) for c in lv], **i64)
-                             for d, lv in enumerate(self.levels)]
+        self.level_ranks = [self.ranks[lv.start:lv.stop] for lv in self.levels]
+        # For each node of a level below the first: its parent's place within the level above.
+        self.parent_place = [None] + [
+            torch.tensor([shape.parents[c] - above.start for c in lv], **i64)
+            for above, lv in zip(self.levels, self.levels[1:])]
         self.branching = [int(self.ranks[lv.start:lv.stop].max()) + 1 for lv in self.levels]
         forced_path = self._forced_path()
-        self.first_path = torch.tensor(forced_path, **i64)
+        self.forced_path = torch.tensor(forced_path, **i64)
         on_path = torch.zeros(n, dtype=torch.bool)
         on_path[forced_path] = True
         self.on_forced_path = on_path.to(dev)
@@ -111,7 +111,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
                                       self.catch_up_logit)
         top = torch.topk(logits, self.branching[0], dim=-1).indices        # [B, 1, b1]
-        levels = [top[:, 0, self.node_tokens_ranks[0]]]
+        levels = [top[:, 0, self.level_ranks[0]]]
         for d in range(1, len(self.levels)):
             above = self.levels[d - 1]
             rows = torch.arange(above.start + 1, above.stop + 1, device=self.device)
@@ -120,35 +120,39 @@ class GraphedTreeDecoder(GraphedChainDecoder):
             logits = self.drafter.forward(levels[-1], pos.expand_as(slots), slots,
                                           self._tree_mask(rows, base), self.dcache)
             top = torch.topk(logits, self.branching[d], dim=-1).indices    # [B, |L_d|, b]
-            levels.append(top[:, self.parent_place[d], self.node_tokens_ranks[d]])
+            levels.append(top[:, self.parent_place[d], self.level_ranks[d]])
         return torch.cat(levels, dim=1)
 
-    def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor) -> torch.Tensor:
+    def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor,
+                     pattern: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None):
+        """The target's logits [B, n + 1, V] over root + nodes under the tree mask (the static
+        tree's, or a per-row `pattern` [B, n + 1, n + 1] with node `positions` [B, n + 1])."""
+        b = base.shape[0]
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
-        pos = base[:, None] + self.offsets
+        pos = base[:, None] + (self.offsets if positions is None else positions)
         slots = base[:, None] + self.slots_after
-        logits = self.target.forward(tokens, pos, slots, self._tree_mask(self.slots_after, base),
-                                     self.tcache)
-        if self.record_margins:
-            self._tree_margins = top2_margin(logits)
-        return torch.argmax(logits, dim=-1)                                # [B, n + 1]
+        if pattern is None:
+            pattern = self.pattern[None].expand(b, *self.pattern.shape)
+        return self.target.forward(tokens, pos, slots,
+                                   placed_mask(pattern, base, self.slot_ids[0, 0]), self.tcache)
 
-    def _walk(self, nodes: torch.Tensor, g: torch.Tensor):
-        """(accepted node per depth or -1 [B, D], accepted count n [B])."""
+    def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
+        """Greedy acceptance down the tree: (accepted node per depth or -1 [B, D], count [B]).
+        At each depth the child of the current node whose token is the target's argmax there
+        (siblings hold distinct tokens, so at most one matches). `parent_row` [n] or [B, n]:
+        each node's parent as a verification row (0 = the root)."""
         b = nodes.shape[0]
         current = torch.zeros(b, dtype=torch.int64, device=self.device)
         alive = torch.ones(b, dtype=torch.bool, device=self.device)
         path = []
-        for lv in self.levels:
-            idx = torch.arange(lv.start, lv.stop, device=self.device)
+        for _ in range(self.k):
             want = g.gather(1, current[:, None])
-            match = ((self.parent_row[idx][None, :] == current[:, None])
-                     & (nodes[:, lv.start:lv.stop] == want) & alive[:, None])
+            match = (parent_row == current[:, None]) & (nodes == want) & alive[:, None]
             found = match.any(dim=1)
-            chosen = idx[match.to(torch.int64).argmax(dim=1)]
-            current = torch.where(found, 1 + chosen, current)
+            pick = match.to(torch.int64).argmax(dim=1)
+            current = torch.where(found, 1 + pick, current)
             alive = alive & found
-            path.append(torch.where(found, chosen, torch.full_like(chosen, -1)))
+            path.append(torch.where(found, pick, torch.full_like(pick, -1)))
         path = torch.stack(path, dim=1)
         return path, (path >= 0).sum(dim=1)
 
@@ -171,14 +175,24 @@ class GraphedTreeDecoder(GraphedChainDecoder):
     def _round(self, k: int) -> None:
         base = self._base()
         nodes = self._draft_tree(base)
-        g = self._verify_tree(base, nodes)
-        path, n = self._walk(nodes, g)
+        logits = self._verify_tree(base, nodes)
+        self._accept(base, nodes, self.parent_row, logits)
+
+    def _accept(self, base: torch.Tensor, nodes: torch.Tensor, parent_row: torch.Tensor,
+                logits: torch.Tensor, drafter_nodes: Optional[torch.Tensor] = None) -> None:
+        """Walk, compact and commit: the committed tokens are the target's argmaxes along the
+        accepted path, the last one its bonus token. `drafter_nodes` [B, n]: where the drafter
+        holds each node, when its slots differ from the target's."""
+        g = torch.argmax(logits, dim=-1)
+        path, n = self._walk(nodes, parent_row, g)
         rows = torch.cat([torch.zeros_like(n)[:, None], 1 + path.clamp(min=0)], dim=1)
-        committed = g.gather(1, rows)                                      # [B, D + 1]
         if self.record_margins:
-            self._round_margins = self._tree_margins.gather(1, rows)
-        self._compact(base, path)
-        self._commit(committed, n)
+            self._round_margins = top2_margin(logits).gather(1, rows)
+        drafter_path = None
+        if drafter_nodes is not None:
+            drafter_path = torch.where(path >= 0, drafter_nodes.gather(1, path.clamp(min=0)), path)
+        self._compact(base, path, drafter_path)
+        self._commit(g.gather(1, rows), n)
 
     def _forced_round(self, k: int) -> None:
         base = self._base()
@@ -191,11 +205,11 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         # The reference on the forced path; its siblings get other, distinct tokens.
         nodes = torch.where(self.on_forced_path[None, :], at_depth,
                             (at_depth + 1 + self.ranks[None, :]) % vocab)
-        g = self._verify_tree(base, nodes)
-        path = self.first_path[None, :].expand(ref.shape[0], -1)
+        logits = self._verify_tree(base, nodes)
+        path = self.forced_path[None, :].expand(ref.shape[0], -1)
         rows = torch.cat([torch.zeros_like(self.count)[:, None], 1 + path], dim=1)
         if self.record_margins:
-            self._round_margins = self._tree_margins.gather(1, rows)
-        self._write(g.gather(1, rows), torch.full_like(self.count, depth))
+            self._round_margins = top2_margin(logits).gather(1, rows)
+        self._write(torch.argmax(logits, dim=-1).gather(1, rows), torch.full_like(self.count, depth))
         self._compact(base, path)
         self._commit_forced(depth)

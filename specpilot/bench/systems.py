@@ -64,18 +64,26 @@ class System(ABC):
         pass
 
 
-class EagerAR(System):
-    name = "ar_torch"
-    description = "SpecPilot greedy AR, torch backend, eager (padded batches)"
+class _ARSystem(System):
+    """Plain greedy AR of the target in batches: subclasses say how a batch is decoded and how
+    it proposes tokens when fed the reference (token forcing)."""
 
     def __init__(self, pair: ModelPair):
         super().__init__()
         self.pair = pair
 
+    @abstractmethod
+    def _decode(self, prompts, max_new_tokens: int):
+        """An ARResult (or SpecResult) of one batch."""
+
+    @abstractmethod
+    def _forced(self, prompts, reference_tokens) -> List[List[int]]:
+        """The decoder's own argmax at every reference position of one batch."""
+
     def run(self, prompts, batch_size, max_new_tokens):
         tokens, forwards = [], 0
         for chunk in batches(prompts, batch_size):
-            r = generate_ar(self.pair.target, chunk, max_new_tokens, self.pair.eos_ids)
+            r = self._decode(chunk, max_new_tokens)
             tokens += r.tokens
             forwards += r.target_forwards
         return RunOutput(tokens, forwards)
@@ -83,13 +91,24 @@ class EagerAR(System):
     def check(self, prompts, batch_size, reference, output):
         proposals = []
         for start in range(0, len(prompts), batch_size):
-            proposals += forced_ar_proposals(self.pair.target, prompts[start:start + batch_size],
-                                             reference.tokens[start:start + batch_size])
+            proposals += self._forced(prompts[start:start + batch_size],
+                                      reference.tokens[start:start + batch_size])
         return {"forcing": forcing_json(forcing_report(proposals, reference,
                                                        self.pair.target.dtype))}
 
 
-class StrongAR(System):
+class EagerAR(_ARSystem):
+    name = "ar_torch"
+    description = "SpecPilot greedy AR, torch backend, eager (padded batches)"
+
+    def _decode(self, prompts, max_new_tokens):
+        return generate_ar(self.pair.target, prompts, max_new_tokens, self.pair.eos_ids)
+
+    def _forced(self, prompts, reference_tokens):
+        return forced_ar_proposals(self.pair.target, prompts, reference_tokens)
+
+
+class StrongAR(_ARSystem):
     name = "strong_ar"
     description = ("SpecPilot greedy AR, each step one CUDA graph with its input, argmax and "
                    "stopping on the device (the graphed runtime with no drafter); torch backend "
@@ -99,8 +118,7 @@ class StrongAR(System):
     graphed = True
 
     def __init__(self, pair: ModelPair):
-        super().__init__()
-        self.pair = pair
+        super().__init__(pair)
         self.decoder: Optional[GraphedChainDecoder] = None
 
     def unavailable(self, batch_size):
@@ -117,21 +135,11 @@ class StrongAR(System):
                                            self.pair.eos_ids)
         self.decoder.prepare_prefill(prompts)
 
-    def run(self, prompts, batch_size, max_new_tokens):
-        tokens, forwards = [], 0
-        for chunk in batches(prompts, batch_size):
-            r = self.decoder.generate(chunk, max_new_tokens)
-            tokens += r.tokens
-            forwards += r.target_forwards
-        return RunOutput(tokens, forwards)
+    def _decode(self, prompts, max_new_tokens):
+        return self.decoder.generate(prompts, max_new_tokens)
 
-    def check(self, prompts, batch_size, reference, output):
-        proposals = []
-        for start in range(0, len(prompts), batch_size):
-            proposals += self.decoder.force(prompts[start:start + batch_size],
-                                            reference.tokens[start:start + batch_size])
-        return {"forcing": forcing_json(forcing_report(proposals, reference,
-                                                       self.pair.target.dtype))}
+    def _forced(self, prompts, reference_tokens):
+        return self.decoder.force(prompts, reference_tokens)
 
     def teardown(self):
         self.decoder = None

@@ -50,7 +50,7 @@ def test_forcing_is_clean_and_catches_a_missing_compaction():
                                       default_tolerance(torch.float32)), ref)
 
     class NoCompaction(GraphedTreeDecoder):
-        def _compact(self, base, path):
+        def _compact(self, base, path, drafter_path=None):
             pass
 
     broken = NoCompaction(s["target"], s["drafter"], 4, 64, shape, capture=False)
