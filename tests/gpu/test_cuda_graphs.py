@@ -7,7 +7,8 @@ import torch
 from hf_factory import make_checkpoint, random_prompts
 from specpilot.bench.correctness import forced_ar_proposals
 from specpilot.runtime.ar import generate_ar
-from specpilot.runtime.cuda_graphs import GraphedAR, GraphedStep, graphed_generate_ar
+from specpilot.runtime.cuda_graphs import GraphedStep
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.model import Transformer
 
 pytestmark = [
@@ -34,7 +35,8 @@ def test_graphed_ar_equals_generate_ar(folders, family, dtype):
     free = generate_ar(model, prompts, 20)
     eos = [free.tokens[0][3], free.tokens[2][9]]
     want = generate_ar(model, prompts, 20, eos)
-    got = graphed_generate_ar(model, prompts, 20, eos)
+    got = GraphedChainDecoder(model, None, 4, 48, 0, eos,
+                              record_margins=True).generate_reference(prompts, 20)
     assert got.tokens == want.tokens
     tol = dict(rtol=1e-4, atol=1e-4) if dtype == "float32" else dict(rtol=2e-2, atol=5e-2)
     for g, w in zip(got.margins, want.margins):
@@ -64,33 +66,12 @@ def test_a_replayed_step_equals_the_eager_forward(folders):
 
 def test_one_captured_decoder_serves_many_calls_and_forced_runs(folders):
     model = _model(folders, "llama3", "bfloat16")
-    decoder = GraphedAR(model, batch=4, capacity=64)
+    decoder = GraphedChainDecoder(model, None, 4, 64, 0)
     for seed, lengths in ((64, (5, 9, 2, 13)), (65, (12,)), (66, (3, 8, 1))):
         prompts = random_prompts(lengths, seed=seed)
         assert decoder.generate(prompts, 16).tokens == generate_ar(model, prompts, 16).tokens
     other = _model(folders, "qwen3", "bfloat16")
     prompts = random_prompts((6, 3, 9), seed=67)
     reference = generate_ar(other, prompts, 12)
-    forced = decoder.generate(prompts, 1, force_reference=reference)
-    assert forced.tokens == forced_ar_proposals(model, prompts, reference.tokens)
-
-
-def test_graphed_decode_is_faster_than_eager_at_batch_one(folders):
-    # The point of capture: launch overhead dominates a tiny model's step.
-    import time
-
-    model = _model(folders, "llama3", "bfloat16")
-    prompts = random_prompts((8,), seed=68)
-    decoder = GraphedAR(model, batch=1, capacity=200)
-
-    def timed(fn):
-        fn()
-        torch.cuda.synchronize()
-        start = time.perf_counter()
-        fn()
-        torch.cuda.synchronize()
-        return time.perf_counter() - start
-
-    eager = timed(lambda: generate_ar(model, prompts, 128))
-    graphed = timed(lambda: decoder.generate(prompts, 128))
-    assert graphed < eager
+    forced = decoder.force(prompts, reference.tokens)
+    assert forced == forced_ar_proposals(model, prompts, reference.tokens)

@@ -49,7 +49,6 @@ def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fu
 @pytest.mark.parametrize("family", ["llama3", "mistral"])
 def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family):
     from specpilot.bench.correctness import forced_ar_proposals
-    from specpilot.runtime.cuda_graphs import graphed_generate_ar
     from specpilot.runtime.torch_backend import TorchBackend
 
     folder = make_checkpoint(tmp_path, family, seed=84)
@@ -61,7 +60,8 @@ def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path
     report = compare_to_reference(forced_ar_proposals(fast, prompts, want.tokens), want,
                                   default_tolerance(torch.bfloat16))
     assert report.passed, report.format()
-    assert graphed_generate_ar(fast, prompts, 24).tokens == generate_ar(fast, prompts, 24).tokens
+    graphed = GraphedChainDecoder(fast, None, 4, 64, 0).generate(prompts, 24)
+    assert graphed.tokens == generate_ar(fast, prompts, 24).tokens
 
 
 def test_captured_plain_greedy_rounds_give_the_reference_and_its_margins(tmp_path):

@@ -1,13 +1,14 @@
-"""The static-buffer decode loop of runtime/cuda_graphs.py, run eagerly (capture=False) on CPU
-against `generate_ar` and the eager forced AR; capture itself is covered by tests/gpu."""
+"""Graphed greedy AR (runtime/graphed_chain.py with chains of 0) and the static-buffer step of
+runtime/cuda_graphs.py, run eagerly (capture=False) on CPU against `generate_ar` and the eager
+forced AR, for two model families; capture itself is covered by tests/gpu."""
 import pytest
 import torch
 
 from specpilot.bench.correctness import forced_ar_proposals
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.ar import ARResult, generate_ar
-from specpilot.runtime.cuda_graphs import (GraphedAR, GraphedStep, GraphsUnavailable,
-                                           graphed_generate_ar)
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.cuda_graphs import GraphedStep, GraphsUnavailable
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.model import Transformer
 
@@ -39,7 +40,8 @@ def test_static_loop_equals_generate_ar_with_per_request_eos(models, family):
     eos = [free.tokens[0][3], free.tokens[2][6]]
     want = generate_ar(model, prompts, 14, eos)
     assert [len(t) for t in want.tokens] != [14] * 4  # the EOS really cut something
-    got = graphed_generate_ar(model, prompts, 14, eos, capture=False)
+    decoder = GraphedChainDecoder(model, None, 4, 32, 0, eos, capture=False, record_margins=True)
+    got = decoder.generate_reference(prompts, 14)
     assert got.tokens == want.tokens
     for g, w in zip(got.margins, want.margins):
         torch.testing.assert_close(torch.tensor(g), torch.tensor(w), rtol=1e-5, atol=1e-5)
@@ -49,7 +51,7 @@ def test_static_loop_equals_generate_ar_with_per_request_eos(models, family):
 
 def test_one_decoder_serves_calls_with_fewer_prompts_than_its_batch(models):
     model = models["llama3"]
-    decoder = GraphedAR(model, batch=3, capacity=40, capture=False)
+    decoder = GraphedChainDecoder(model, None, 3, 40, 0, capture=False)
     for seed, lengths in ((33, (5, 9, 2)), (34, (12,)), (35, (3, 8))):
         prompts = random_prompts(lengths, seed=seed)
         assert decoder.generate(prompts, 10).tokens == generate_ar(model, prompts, 10).tokens
@@ -60,12 +62,12 @@ def test_forced_run_proposes_what_eager_forced_ar_proposes(models):
     prompts = random_prompts((6, 3, 9), seed=36)
     # A reference from another model: the forced decoder disagrees often, yet keeps going.
     reference = generate_ar(other, prompts, 12)
-    decoder = GraphedAR(model, batch=3, capacity=30, capture=False)
-    forced = decoder.generate(prompts, 1, force_reference=reference)
-    assert forced.tokens == forced_ar_proposals(model, prompts, reference.tokens)
-    assert forced.tokens != reference.tokens
+    decoder = GraphedChainDecoder(model, None, 3, 30, 0, capture=False)
+    forced = decoder.force(prompts, reference.tokens)
+    assert forced == forced_ar_proposals(model, prompts, reference.tokens)
+    assert forced != reference.tokens
     own = generate_ar(model, prompts, 12)
-    assert decoder.generate(prompts, 1, force_reference=own).tokens == own.tokens
+    assert decoder.force(prompts, own.tokens) == own.tokens
 
 
 def test_static_step_copies_new_inputs_and_matches_forward(models):
@@ -88,21 +90,19 @@ def test_static_step_copies_new_inputs_and_matches_forward(models):
 
 def test_capacity_and_batch_errors_name_the_fix(models):
     model = models["llama3"]
-    decoder = GraphedAR(model, batch=2, capacity=12, capture=False)
-    with pytest.raises(CapacityError, match="larger capacity"):
+    decoder = GraphedChainDecoder(model, None, 2, 12, 0, capture=False)
+    with pytest.raises(CapacityError, match="cache slots"):
         decoder.generate(random_prompts((8,), seed=38), 8)
-    with pytest.raises(SpecPilotError, match="larger batch"):
+    with pytest.raises(SpecPilotError, match="built for batch 2"):
         decoder.generate(random_prompts((2, 2, 2), seed=39), 3)
     with pytest.raises(SpecPilotError, match="non-empty"):
-        decoder.generate(random_prompts((2,), seed=40), 3, force_reference=ARResult([[]]))
+        decoder.force(random_prompts((2,), seed=40), [[]])
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")
 def test_capture_without_cuda_is_a_clear_error(models):
     model = models["llama3"]
     with pytest.raises(GraphsUnavailable, match="CUDA graphs need a CUDA GPU"):
-        graphed_generate_ar(model, random_prompts((3,), seed=41), 4)
-    with pytest.raises(GraphsUnavailable, match="CUDA graphs need a CUDA GPU"):
-        GraphedAR(model, 1, 16)
+        GraphedChainDecoder(model, None, 1, 16, 0)
     with pytest.raises(GraphsUnavailable, match="CUDA graphs need a CUDA GPU"):
         GraphedStep(model, model.new_cache(1, 8), 1)
