@@ -54,14 +54,18 @@ def default_device() -> str:
 
 def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32",
               device: Optional[str] = None, program: Optional[Program] = None,
-              kernel_cache=None, fuse_projections: Optional[bool] = None) -> ModelPair:
+              kernel_cache=None, fast_path: Optional[bool] = None) -> ModelPair:
     """Load target (and drafter) for decoding; a clear error if they do not share a vocabulary.
 
     With `program`, each model is built the way the Program runs it: in the Program's dtype,
     with its kernel backend (`generated`: the Program's own kernels, built into `kernel_cache`)
     and its per-linear weight formats. Without, both use the torch backend with dense weights.
+
+    `fast_path` (default: `cuda_fast_path`) loads torch-backend models with q/k/v and gate/up
+    fused and the backend's fused kernels (runtime/fast_ops.py, unless SPECPILOT_FAST_OPS=0).
     """
     device = device or default_device()
+    fast = cuda_fast_path(device, program) if fast_path is None else fast_path
     if program is not None:
         check_runnable(program)
         if dtype != program.models.target.dtype:
@@ -70,20 +74,18 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 
     def model(folder: str, role: str) -> Transformer:
         if program is None or program.kernels.backend == "torch":
-            # On CUDA the torch backend runs fused kernels (runtime/fast_ops.py) as well.
-            backend = TorchBackend(fast_ops=fuse_projections and fast_ops_enabled())
+            backend = TorchBackend(fast_ops=fast and fast_ops_enabled())
             if program is None:
                 return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
-                                                   fuse_projections=fuse_projections)
+                                                   fuse_projections=fast)
             spec = getattr(program.models, role)
             return Transformer.from_checkpoint(folder, spec.dtype, device, backend=backend,
                                                weight_formats=spec.formats(),
-                                               fuse_projections=fuse_projections)
+                                               fuse_projections=fast)
         spec = getattr(program.models, role)
         return Transformer.from_checkpoint(folder, spec.dtype, device,
                                            backend=make_backend(program, role, kernel_cache),
-                                           weight_formats=spec.formats(),
-                                           fuse_projections=fuse_projections)
+                                           weight_formats=spec.formats())
 
     target = model(target_dir, "target")
     tokenizer = load_tokenizer(target_dir)
@@ -93,6 +95,14 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
     return ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
+
+
+def cuda_fast_path(device, program: Optional[Program] = None) -> bool:
+    """Whether models load with the CUDA fast path: on a CUDA device with the torch backend.
+    (On the CPU the stock decoder is compared with HF bit for bit in float32, so it keeps the
+    reference ops and unfused projections.)"""
+    return (torch.device(device).type == "cuda"
+            and (program is None or program.kernels.backend == "torch"))
 
 
 def make_backend(program: Program, role: str, kernel_cache=None):

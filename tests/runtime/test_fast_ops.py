@@ -38,3 +38,27 @@ def test_norm_rope_and_swiglu_formulas_equal_the_references():
         want = (gate.double() / (1 + torch.exp(-gate.double())) * up.double())
         torch.testing.assert_close(silu_mul_formula(gate, up).double(), want,
                                    rtol=1e-6 if dtype == torch.float32 else 2e-2, atol=1e-6)
+
+
+def test_load_pair_takes_the_fast_path_on_cuda_with_the_torch_backend_only(tmp_path, monkeypatch):
+    from specpilot.deploy import build_deployment
+    from specpilot.ir import SetBackend, apply, stock_program
+    from specpilot.runtime.decoder import cuda_fast_path, load_pair
+
+    from hf_factory import make_checkpoint
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=5)
+    program = stock_program(build_deployment(folder, folder, gpu="NVIDIA H200"))
+    assert cuda_fast_path("cuda") and cuda_fast_path("cuda:0", program)
+    assert not cuda_fast_path("cpu") and not cuda_fast_path("cpu", program)
+    assert not cuda_fast_path("cuda", apply(program, SetBackend("generated")))
+    # Asked for explicitly on the CPU (its compiled ops off), the loaded models are fused and
+    # decode to the same tokens as the default load.
+    monkeypatch.setenv("SPECPILOT_FAST_OPS", "0")
+    fused = load_pair(folder, folder, "float32", "cpu", fast_path=True)
+    plain = load_pair(folder, folder, "float32", "cpu")
+    assert "self_attn.qkv_proj" in fused.target.layers[0].linears
+    assert "self_attn.q_proj" in plain.target.layers[0].linears
+    from specpilot.runtime.ar import generate_ar
+    prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
+    assert generate_ar(fused.target, prompts, 8).tokens == generate_ar(plain.target, prompts, 8).tokens
