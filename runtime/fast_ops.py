@@ -3,14 +3,13 @@
 A decode step of a small model is bound by how many kernels it launches, not by its bytes: the
 reference RMSNorm is about ten elementwise kernels, RoPE five per tensor, the reference attention
 a dozen (float32 copies of the cache, two einsums, mask, softmax). Here RMSNorm, RoPE and the
-SwiGLU product are the reference formulas compiled by `torch.compile` (each becomes one fused
-kernel), and attention is one `scaled_dot_product_attention` call. Grouped-query attention is
+SwiGLU product are the reference functions themselves compiled by `torch.compile` (`compiled`;
+each becomes one fused kernel), and attention is one `scaled_dot_product_attention` call. Grouped-query attention is
 expressed without copying the cache: the query heads that share a kv head become extra query
 rows of that head, with the mask repeated for them.
 
 The arithmetic is the reference's up to rounding order (fused reductions, bf16 attention
-probabilities), which token forcing tolerates as near-ties; the eager forms are kept so that
-the CPU and the tests run the same formulas uncompiled.
+probabilities), which token forcing tolerates as near-ties.
 """
 from __future__ import annotations
 
@@ -26,24 +25,6 @@ def fast_ops_enabled() -> bool:
     """Whether CUDA models get the fast path (default on; SPECPILOT_FAST_OPS=0 turns it off,
     e.g. to measure what it saves)."""
     return os.environ.get(FAST_OPS_ENV, "1") != "0"
-
-
-def rmsnorm_formula(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """RMSNorm as `reference_ops.rmsnorm_ref` computes it (float32 statistics, HF rounding)."""
-    s32 = x.float()
-    normed = (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    return (weight.float() * normed.float()).to(x.dtype)
-
-
-def rope_formula(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """HF's rotary embedding of x [B, T, H, D] with cos/sin [B, T, D] in x's dtype."""
-    half = x.shape[-1] // 2
-    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-    return x * cos[:, :, None, :] + rotated * sin[:, :, None, :]
-
-
-def silu_mul_formula(gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
-    return F.silu(gate) * up
 
 
 def grouped_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
@@ -62,14 +43,7 @@ def grouped_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
 
 
-class CompiledOps:
-    """The formulas above, compiled on first use (shapes dynamic, so batch and width changes do
-    not recompile beyond the size-1 specialisations)."""
-
-    def __init__(self):
-        self._compiled = {}
-
-    def __call__(self, name: str, fn):
-        if name not in self._compiled:
-            self._compiled[name] = torch.compile(fn, dynamic=True, fullgraph=True)
-        return self._compiled[name]
+def compiled(fn):
+    """`fn` compiled with shapes dynamic, so batch and width changes do not recompile beyond the
+    size-1 specialisations."""
+    return torch.compile(fn, dynamic=True, fullgraph=True)

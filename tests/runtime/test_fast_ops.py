@@ -1,10 +1,10 @@
-"""The torch backend's CUDA fast path (runtime/fast_ops.py), its formulas run eagerly on CPU
-against the reference ops in float64/float32; compiling them is covered by tests/gpu."""
+"""The torch backend's CUDA fast path (runtime/fast_ops.py): the grouped SDPA attention against
+the reference attention, and when load_pair takes the path; compiling is covered by tests/gpu."""
 import pytest
 import torch
 
-from specpilot.runtime.fast_ops import grouped_sdpa, rmsnorm_formula, rope_formula, silu_mul_formula
-from specpilot.runtime.reference_ops import attention_ref, rmsnorm_ref, rope_ref
+from specpilot.runtime.fast_ops import grouped_sdpa
+from specpilot.runtime.reference_ops import attention_ref
 
 
 @pytest.mark.parametrize("h,hkv", [(4, 4), (8, 2), (6, 1)])
@@ -23,21 +23,6 @@ def test_grouped_sdpa_equals_the_reference_attention(h, hkv, t):
     want = attention_ref(q, k, v, mask, 0.25).reshape(b, t, h * d)
     # The reference computes in float32 whatever its inputs; the float64 SDPA is the exact one.
     torch.testing.assert_close(got, want.to(got.dtype), rtol=1e-4, atol=1e-6)
-
-
-def test_norm_rope_and_swiglu_formulas_equal_the_references():
-    gen = torch.Generator().manual_seed(7)
-    for dtype in (torch.float32, torch.bfloat16):
-        x = torch.randn(2, 3, 4, 32, generator=gen).to(dtype)
-        w = (1 + 0.1 * torch.randn(32, generator=gen)).to(dtype)
-        assert torch.equal(rmsnorm_formula(x, w, 1e-5), rmsnorm_ref(x, w, 1e-5)[0])
-        cos, sin = torch.randn(2, 3, 32, generator=gen).to(dtype), torch.randn(2, 3, 32, generator=gen).to(dtype)
-        want = rope_ref(x.reshape(6, 4, 32), cos.reshape(6, 32), sin.reshape(6, 32)).reshape(x.shape)
-        assert torch.equal(rope_formula(x, cos, sin), want)
-        gate, up = torch.randn(5, 9, generator=gen).to(dtype), torch.randn(5, 9, generator=gen).to(dtype)
-        want = (gate.double() / (1 + torch.exp(-gate.double())) * up.double())
-        torch.testing.assert_close(silu_mul_formula(gate, up).double(), want,
-                                   rtol=1e-6 if dtype == torch.float32 else 2e-2, atol=1e-6)
 
 
 def test_load_pair_takes_the_fast_path_on_cuda_with_the_torch_backend_only(tmp_path, monkeypatch):
