@@ -17,6 +17,7 @@ from specpilot.runtime.row_tree import RowTree
 from specpilot.runtime.step_loop import decode_with_mechanisms
 
 from hf_factory import make_pair, random_prompts
+from torch_threads import single_thread_fixture
 
 MAX_NEW = 16
 PROMPT_LENGTHS = (5, 11, 2, 8)
@@ -25,14 +26,8 @@ SEEDS = (11, 4)
 _FOLDER = tempfile.TemporaryDirectory(prefix="specpilot-mechanisms-")
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """One intra-op thread while a module runs: at these tiny shapes thread hand-offs cost more
-    than they save, and on a loaded machine spinning threads made single tests 20x slower."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Imported by the mechanism test modules as their autouse fixture.
+one_thread = single_thread_fixture()
 
 
 def noisy_copy(checkpoint_dir, scale, seed):

@@ -13,15 +13,10 @@ from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.model import Transformer
 
 from hf_factory import make_checkpoint, random_prompts
+from torch_threads import single_thread_fixture
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    # Tiny shapes: threads only add contention on a shared machine.
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_thread = single_thread_fixture()
 
 
 @pytest.fixture(scope="module")

@@ -11,6 +11,7 @@ from specpilot.bench.step_costs import (measure_accept, measure_forwards, measur
                                         time_median)
 from specpilot.ir.topology import Chain, Tree
 from specpilot.runtime.config import parse_model_config
+from torch_threads import single_thread_fixture
 
 SCALE = 1 / 32
 
@@ -25,12 +26,7 @@ PUBLISHED = {
 }
 
 
-@pytest.fixture(autouse=True)
-def _one_thread():
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+_one_thread = single_thread_fixture()
 
 
 @pytest.mark.parametrize("name", sorted(PUBLISHED))

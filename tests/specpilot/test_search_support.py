@@ -11,17 +11,11 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from hf_factory import make_checkpoint
+from torch_threads import single_thread_fixture
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Run torch on one intra-op thread (imported as an autouse fixture by the test modules):
-    the tiny models gain nothing from two, and two threads spinning on a busy machine make a
-    test take ten times longer."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+# Imported by the test modules as their autouse fixture.
+one_thread = single_thread_fixture()
 
 
 def perturbed_copy(folder: str, out: str, scale: float, seed: int) -> str:
