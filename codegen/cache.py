@@ -100,6 +100,17 @@ class KernelCache:
         self.failures.append(error)
         return error
 
+    def render(self, spec: KernelSpec, template_dir, backend_ok: bool, kind: str) -> str:
+        """The rendered source of `spec` for a `kind` ("Triton" or "CUDA") build; a family of
+        another backend, or a failed render, is recorded here and raised as a BuildError."""
+        if not backend_ok:
+            raise self.record_failure(BuildError(str(spec), "render",
+                                                 f"family {spec.family!r} is not a {kind} family"))
+        try:
+            return render_kernel(spec, template_dir)
+        except BuildError as exc:
+            raise self.record_failure(exc) from None
+
     def remembered(self, key: str, interpreted: bool) -> Any:
         return self._modules.get((key, interpreted))
 
@@ -135,13 +146,7 @@ def build_triton_module(spec: KernelSpec, cache: Optional[KernelCache] = None,
     leaves no file of the kernel behind.
     """
     cache = cache if cache is not None else KernelCache()
-    if spec.backend != "triton":
-        raise cache.record_failure(BuildError(str(spec), "render",
-                                              f"family {spec.family!r} is not a Triton family"))
-    try:
-        source = render_kernel(spec, template_dir)
-    except BuildError as exc:
-        raise cache.record_failure(exc) from None
+    source = cache.render(spec, template_dir, spec.backend == "triton", "Triton")
     key = cache.key(source, python_toolchain())
     interpreted = triton_interpreting()
     module = cache.remembered(key, interpreted)

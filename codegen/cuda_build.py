@@ -25,7 +25,6 @@ from typing import Any, Callable, List, Optional, Sequence
 from .cache import KernelCache, python_toolchain
 from .errors import BuildError
 from .kernel_spec import KernelSpec
-from .render import render_kernel
 
 DEFAULT_ARCH = "sm_90"
 NVCC_TIMEOUT_S = 600
@@ -145,13 +144,8 @@ def build_cuda_module(spec: KernelSpec, cache: Optional[KernelCache] = None,
     Failures raise BuildError (recorded in `cache.failures`) and leave nothing in the cache.
     """
     cache = cache if cache is not None else KernelCache()
-    if spec.backend != "cuda" or spec.schema.host_launcher is None:
-        raise cache.record_failure(BuildError(str(spec), "render",
-                                              f"family {spec.family!r} is not a CUDA family"))
-    try:
-        source = render_kernel(spec, template_dir)
-    except BuildError as exc:
-        raise cache.record_failure(exc) from None
+    source = cache.render(spec, template_dir,
+                          spec.backend == "cuda" and spec.schema.host_launcher is not None, "CUDA")
     nvcc = _require_nvcc(str(spec), cache)
     flags = nvcc_flags(arch)
     key = cache.key(source, {**cuda_toolchain(nvcc, arch), "flags": " ".join(flags), "kind": "module"})
