@@ -94,6 +94,18 @@ class HFSystem(System):
         super().__init__()
         self.models = models
 
+    assistant = False     # assisted generation with the pair's drafter
+
+    def setup(self, batch_size, prompts, max_new_tokens):
+        self.models.load(with_drafter=self.assistant)
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        self.models.target_calls = 0
+        tokens = []
+        for chunk in batches(prompts, batch_size):
+            tokens += self.models.generate(chunk, max_new_tokens, assistant=self.assistant)
+        return RunOutput(tokens, self.models.target_calls)
+
     def check(self, prompts, batch_size, reference, output):
         return {"exact_match": exact_match(output.tokens, reference.tokens)}
 
@@ -102,32 +114,13 @@ class HFGreedy(HFSystem):
     name = "hf_ar"
     description = "HF transformers greedy generate (left-padded batches)"
 
-    def setup(self, batch_size, prompts, max_new_tokens):
-        self.models.load(with_drafter=False)
-
-    def run(self, prompts, batch_size, max_new_tokens):
-        self.models.target_calls = 0
-        tokens = []
-        for chunk in batches(prompts, batch_size):
-            tokens += self.models.generate(chunk, max_new_tokens, assistant=False)
-        return RunOutput(tokens, self.models.target_calls)
-
 
 class HFAssisted(HFSystem):
     name = "hf_assisted"
     description = "HF transformers assisted generation with the same drafter (assistant_model=)"
+    assistant = True
 
     def unavailable(self, batch_size) -> Optional[str]:
         if batch_size != 1:
             return "HF assisted generation supports batch size 1 only"
         return None
-
-    def setup(self, batch_size, prompts, max_new_tokens):
-        self.models.load(with_drafter=True)
-
-    def run(self, prompts, batch_size, max_new_tokens):
-        self.models.target_calls = 0
-        tokens = []
-        for chunk in batches(prompts, batch_size):
-            tokens += self.models.generate(chunk, max_new_tokens, assistant=True)
-        return RunOutput(tokens, self.models.target_calls)
