@@ -58,7 +58,8 @@ def stdlib_python_files(root: Path = None) -> list:
     return sorted(found)
 
 
-def _spread_key(relpath: str) -> str:
+def spread_key(relpath: str) -> str:
+    """Order of files: a hash of the relative path spreads picks over all packages."""
     return hashlib.sha256(relpath.encode("utf-8")).hexdigest()
 
 
@@ -76,7 +77,7 @@ def _read_source(path: Path):
 def load_corpus(max_bytes: int, holdout_files: int, root: Path = None) -> Corpus:
     """Held-out files first, then training files up to `max_bytes`, in a fixed hash order."""
     root = Path(root) if root is not None else stdlib_root()
-    relpaths = sorted(stdlib_python_files(root), key=_spread_key)
+    relpaths = sorted(stdlib_python_files(root), key=spread_key)
     heldout, train, used = [], [], 0
     for rel in relpaths:
         if len(heldout) < holdout_files:

@@ -26,7 +26,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from specpilot.zoo.corpus import EXCLUDED_DIRS, MAX_FILE_BYTES, Corpus, SourceFile
+from specpilot.zoo.corpus import EXCLUDED_DIRS, MAX_FILE_BYTES, Corpus, SourceFile, spread_key
 from specpilot.zoo.presets import ZooError
 
 TEST_DIRS = frozenset({"test", "tests", "testing"})
@@ -75,10 +75,6 @@ def environment_fingerprint() -> str:
     return "\n".join(["%d.%d.%d" % sys.version_info[:3], *dists])
 
 
-def _spread_key(relpath: str) -> str:
-    return hashlib.sha256(relpath.encode("utf-8")).hexdigest()
-
-
 def _small_file(entry: os.DirEntry) -> bool:
     try:
         return entry.is_file() and entry.stat().st_size <= MAX_FILE_BYTES
@@ -105,7 +101,7 @@ def walk_sources(roots) -> list:
                 elif entry.name.endswith(".py") and not is_test_file(entry.name) and _small_file(entry):
                     rel = os.path.relpath(entry.path, root.path).replace(os.sep, "/")
                     relpath = f"{root.label}/{rel}"
-                    found.append(Candidate(relpath, Path(entry.path), (_spread_key(relpath), relpath, index)))
+                    found.append(Candidate(relpath, Path(entry.path), (spread_key(relpath), relpath, index)))
     return sorted(found, key=lambda c: c.order)
 
 
