@@ -9,7 +9,8 @@
 #   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair)
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
-#   compile1   specpilot compile of the pair at batch 1     compile16   the same at batch 16
+#   compileB   specpilot compile of the pair at batch B (compile1, compile16, ...; all share
+#              one memory, so a later compile starts from what the earlier ones validated)
 #              (a compile cut by the time limit resumes at its last round when run again)
 #   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
@@ -18,7 +19,7 @@
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
-# BATCHES (1,4,16,64), REPEATS (3), RESULTS (default /tmp/specpilot-results, kept between
+# BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
 # calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 set -uo pipefail
@@ -44,6 +45,8 @@ step() {  # step NAME COMMAND...: run and time one phase, its output in $OUT/NAM
 }
 
 setup() {
+    # Lanes on several GPUs (bench/gpu_lanes.sh) share one checkout: one install at a time.
+    exec 9>/tmp/specpilot-setup.lock && flock 9
     if ls .whl/*.whl >/dev/null 2>&1; then
         python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
             --target /tmp/site .whl/*.whl >/dev/null 2>&1
@@ -52,6 +55,7 @@ setup() {
     python3 -c "import specpilot._C" 2>/dev/null ||
         python3 -m pip install -q -e . --no-deps --no-build-isolation >/dev/null 2>&1 ||
         { echo "install failed"; exit 1; }
+    flock -u 9
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader
 }
 
@@ -79,6 +83,7 @@ phase() {
         step bench timeout 540 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-3}" \
+            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-3}}" \
             --time-budget "${BENCH_BUDGET:-450}" --out-dir "$RESULTS" --name gpu-small ;;
     shapes)
         local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
@@ -86,7 +91,7 @@ phase() {
         step shapes timeout 400 python3 -m specpilot bench --shapes llama-3.1-8b:llama-3.2-1b \
             --acceptance "$profile" --batch-sizes "${SHAPE_BATCHES:-1,4,16,64}" --repeats "${SHAPE_REPEATS:-10}" \
             --out-dir "$RESULTS" --name llama8b-1b-replayed ;;
-    compile1|compile16)
+    compile[0-9]*)
         local b=${1#compile}
         step "$1" timeout 560 python3 -m specpilot compile --target "$PAIR/target" \
             --drafter "$PAIR/drafter" --batch-size "$b" --rounds "${ROUNDS:-3}" \
@@ -97,7 +102,7 @@ phase() {
         step mechanisms timeout 560 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
-            --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
+            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
             --out-dir "$RESULTS" --name mechanisms ;;
     *)
         echo "unknown phase $1"; status=1 ;;
@@ -108,7 +113,8 @@ setup
 for p in "$@"; do
     phase "$p"
 done
-# Results stay on the machine for later phases; a copy of all of them comes back each call.
-tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
+# Results stay on the machine for later phases; a copy of all of them comes back each call
+# (bench/gpu_lanes.sh packs them once, after all its lanes).
+[ -n "${NO_TAR:-}" ] || tar czf "$OUT/results.tar.gz" -C "$RESULTS" .
 echo "gpu run $([ $status -eq 0 ] && echo passed || echo FAILED)"
 exit $status

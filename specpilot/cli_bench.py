@@ -61,6 +61,9 @@ def add_parser(sub) -> None:
     p.add_argument("--out-dir", default="bench/results", metavar="DIR")
     p.add_argument("--repeats", type=positive_int, metavar="R",
                    help="timed runs, median reported (default 3; 10 per step with --shapes)")
+    p.add_argument("--eager-repeats", type=positive_int, metavar="R",
+                   help="--pair mode: timed runs of the HF and eager systems (default: --repeats); "
+                        "the graphed systems take --repeats")
     p.add_argument("--warmup", type=int, metavar="W",
                    help="untimed runs first (default 1; 3 per step with --shapes)")
     p.add_argument("--device", choices=("cpu", "cuda"), help="default: cuda if available")
@@ -130,7 +133,7 @@ def _run_pair(args, device, env) -> int:
     settings = PairBenchSettings(
         pair=args.pair, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
         prompts=args.prompts, workload=args.workload,
-        repeats=args.repeats or 3, warmup=1 if args.warmup is None else args.warmup,
+        repeats=args.repeats or 3, eager_repeats=args.eager_repeats, warmup=1 if args.warmup is None else args.warmup,
         programs=args.program, systems=args.systems, device=device, dtype=args.dtype,
         name=args.name, time_budget_s=args.time_budget, mechanisms=args.mechanisms)
     partial = PartialResults(args.out_dir, args.name or default_name(args.pair))

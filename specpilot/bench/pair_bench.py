@@ -35,6 +35,7 @@ class PairBenchSettings:
     prompts: Optional[int] = None           # None: the whole workload
     workload: str = "humaneval"
     repeats: int = 3
+    eager_repeats: Optional[int] = None     # timed runs of HF and eager systems (None: repeats)
     warmup: int = 1
     programs: Sequence[str] = ()            # Program JSON files
     systems: Optional[Sequence[str]] = None  # None: every builtin plus every --program
@@ -130,6 +131,7 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
                          "prompts": len(prompts), "base_prompts": settings.prompts,
                          "max_new_tokens": settings.max_new_tokens,
                          "batch_sizes": list(settings.batch_sizes), "repeats": settings.repeats,
+                         "eager_repeats": repeats_of(settings, None),
                          "warmup": settings.warmup, "dtype": dtype, "device": device,
                          "systems": [s.name for s in systems],
                          "time_budget_s": settings.time_budget_s},
@@ -158,7 +160,7 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             n = workload_size(len(prompts), settings.prompts, b)
             part = ARResult(reference.tokens[:n], reference.margins[:n], 0)
             row, output = measure(system, prompts[:n], part, b, settings.max_new_tokens,
-                                  settings.warmup, settings.repeats, device, progress)
+                                  settings.warmup, repeats_of(settings, system), device, progress)
             if row["status"] != "measured":
                 progress(f"  {row['status']}: {row['reason']}")
             rows.append(row)
@@ -171,6 +173,14 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             hf.release()
     add_speedups(rows)
     return document(), profiles
+
+
+def repeats_of(settings: PairBenchSettings, system: Optional[System]) -> int:
+    """Timed runs of `system`: the graphed ones take `repeats`; HF and eager systems take
+    `eager_repeats` where given (on a slow host one run of them takes minutes). With `system`
+    None: the eager systems' count."""
+    eager = settings.repeats if settings.eager_repeats is None else settings.eager_repeats
+    return settings.repeats if system is not None and system.graphed else eager
 
 
 def workload_size(available: int, base: Optional[int], batch: int) -> int:

@@ -63,6 +63,7 @@ def pair_markdown(doc: dict) -> str:
             f"{env['gpu']}, torch {env['torch']}, transformers {env['transformers']}, "
             f"{env['date']}. Pair `{s['pair']}` ({s['dtype']}), {s['prompts']} {s['workload']} "
             f"prompts, {s['max_new_tokens']} new tokens, greedy; median of {s['repeats']} runs "
+            f"{_eager_runs(s)}"
             f"after {s['warmup']} warm-up. Reference: the stock decoder (greedy AR, batch 1). "
             f"Peak GiB: GPU memory allocated during a system's runs, resident models "
             f"included.\n\n"
@@ -129,3 +130,11 @@ def update_section(path: str, name: str, markdown: str) -> None:
     with open(tmp, "w", encoding="utf-8") as f:
         f.write(text)
     os.replace(tmp, path)
+
+
+def _eager_runs(settings: dict) -> str:
+    """How many runs the HF and eager systems took, where that differs from the graphed ones."""
+    eager = settings.get("eager_repeats")
+    if eager is None or eager == settings["repeats"]:
+        return ""
+    return f"({eager} for the HF and eager systems) "

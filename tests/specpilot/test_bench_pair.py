@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from hf_factory import hf_greedy, load_hf, make_checkpoint
+from specpilot.bench import pair_bench
 from specpilot.bench.replay import REPLAYED, AcceptanceProfile, replay
 from specpilot.bench.report_md import update_section
 from specpilot.bench.step_costs import StepCosts
@@ -206,7 +207,6 @@ def test_bad_input_is_one_clear_line_and_exit_2(bench, tmp_path, capsys, case):
 def test_a_spent_time_budget_skips_the_rest_and_partial_results_are_kept(bench, monkeypatch):
     """With a budget of zero seconds nothing is measured; every cell is recorded as skipped,
     and a bench that stops part-way leaves the rows it measured in <name>.partial.json."""
-    import specpilot.bench.pair_bench as pair_bench
     from specpilot.bench.results import PartialResults
 
     root, _ = bench
@@ -286,3 +286,14 @@ def test_forward_cost_says_what_a_round_costs_in_strong_ar_steps():
     assert rows[1]["speedup_vs_strong_ar"] == pytest.approx(2.5 / rows[1]["forward_cost_vs_strong_ar"])
     assert rows[0]["forward_cost_vs_strong_ar"] == pytest.approx(1.0)
     assert "forward_cost_vs_strong_ar" not in rows[2]
+
+
+def test_eager_repeats_apply_to_hf_and_eager_systems_only():
+    from types import SimpleNamespace
+    settings = pair_bench.PairBenchSettings(pair="unused", repeats=3, eager_repeats=1)
+    graphed, eager = SimpleNamespace(graphed=True), SimpleNamespace(graphed=False)
+    assert pair_bench.repeats_of(settings, graphed) == 3
+    assert pair_bench.repeats_of(settings, eager) == 1
+    assert pair_bench.repeats_of(settings, None) == 1
+    same = pair_bench.PairBenchSettings(pair="unused", repeats=2)
+    assert pair_bench.repeats_of(same, eager) == pair_bench.repeats_of(same, graphed) == 2
