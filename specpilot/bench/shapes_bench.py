@@ -26,8 +26,9 @@ from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_ro
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = drafter catch-up "
                 "+ drafter tree levels + target verification + accept/commit, each at its "
-                "measured cost (forwards CUDA-graphed on a GPU), or, for a chain on a GPU, one "
-                "measured graphed round (all of that in one CUDA graph); host work of the "
+                "measured cost (forwards CUDA-graphed on a GPU), or, on a GPU, one measured "
+                "graphed round of the profile's topology (chain, static or dynamic tree: all of "
+                "that in one CUDA graph); host work of the "
                 "decode loop beyond that is not counted; AR = one graphed target step per token")
 
 
