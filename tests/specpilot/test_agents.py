@@ -9,7 +9,7 @@ from specpilot.agents import (BatchingAgent, Budget, KernelAgent, TopologyAgent,
 from specpilot.cost import AssumedAcceptance, CostModel, RankProfile, gpu_spec
 from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
-from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout,
+from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
                           SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology, Tree,
                           apply, check, record_escape_rates, stock_program)
 from specpilot.runtime.decoder import check_runnable
@@ -323,3 +323,16 @@ def test_a_tune_kernel_that_does_not_lower_is_a_recorded_candidate_failure(lower
     assert "kernels.overrides[target.layers.9.mlp.down_proj]" in failures[0].reason
     assert "48 is not a power of two" in failures[1].reason
     assert failures[0].transformations == bad.transformations
+
+
+def test_topology_proposals_take_the_best_of_each_shape_family_first():
+    from specpilot.agents.topology import diverse_best
+    chains = [SetDraftLength(k) for k in (2, 3, 5, 6)]
+    trees = [SetTopology(t) for t in (Tree((2, 1)), Tree((3, 2, 1)), Tree((2, 2)))]
+    # predicted gains: every tree above every chain, as a roofline that overrates trees says
+    ranked = ([(0.9 - 0.1 * i, t) for i, t in enumerate(trees)]
+              + [(0.3 - 0.05 * i, t) for i, t in enumerate(chains)])
+    picked = diverse_best(ranked, 3)
+    assert picked == [trees[0], trees[1], chains[0]]       # best chain in, still best first
+    assert diverse_best(ranked, 1) == [trees[0]]
+    assert diverse_best(ranked, 10) == [t for _, t in ranked]
