@@ -22,6 +22,13 @@ decides the output. `capture=False` runs the same round eagerly on any device (C
 
 With k = 0 and no drafter a round is one plain greedy step: the same device-resident loop
 serves as the graphed AR baseline, so AR and speculation are timed with the same host loop.
+
+Adaptive draft lengths (`adaptive=True`) follow the rule of runtime/adaptive_draft.py, on the
+device: per request, moving averages of accepted drafts and of rejections give the per-draft
+acceptance probability alpha, and the next length maximises the expected tokens per unit of
+round cost (1 + alpha + ... + alpha^L) / (1 + c L). The earlier rule, one more than the mean
+accepted drafts, could hardly grow (accepted drafts never exceed the length drafted), so one
+rejection left a request drafting short chains for dozens of rounds.
 """
 from __future__ import annotations
 
@@ -31,6 +38,8 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
+from .adaptive_draft import (DRAFT_STEP_COST, acceptance_rate, best_lengths, check_draft_cost,
+                             update_acceptance)
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
 from .graphed_loop import replay_until_done
@@ -51,11 +60,14 @@ class GraphedChainDecoder:
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  adaptive: bool = False, length_cap: Optional[int] = None,
-                 rounds_per_replay: Optional[int] = None, record_margins: bool = False):
-        """`adaptive`: each request drafts one more than its recent mean acceptance (as
-        runtime/adaptive_draft.py), at most `length_cap` (default k); each round replays the
-        graph of the longest length any request wanted one round earlier (the host reads it
-        one round behind), and a request's acceptance stops at its own length.
+                 rounds_per_replay: Optional[int] = None, record_margins: bool = False,
+                 draft_cost: float = DRAFT_STEP_COST):
+        """`adaptive`: each request drafts the length in 1..`length_cap` (default k) that
+        maximises its expected tokens per round cost, from its estimated acceptance (as
+        runtime/adaptive_draft.py, `draft_cost` being a drafter step's cost relative to a
+        verification); each round replays the graph of the longest length any request wanted
+        one round earlier (the host reads it one round behind), and a request's acceptance
+        stops at its own length.
 
         `rounds_per_replay` rounds are captured back to back in one graph (default 4 with
         capture, 1 without): the host's work per replay (launch, one status copy, one event)
@@ -125,10 +137,13 @@ class GraphedChainDecoder:
         self.chain = torch.arange(k + 1, device=dev)
         self.catch_up_offsets = torch.tensor([-1, 0], **i64)
         self.catch_up_logit = torch.ones((batch, 1), **i64)
-        # Adaptive draft length: per request a moving average of accepted drafts and the length
-        # it drafts next; per round the longest wanted length (the host picks graphs by it).
+        # Adaptive draft length: per request moving averages of accepted drafts and of
+        # rejections per round, and the length it drafts next; per round the longest wanted
+        # length (the host picks graphs by it).
         self.adaptive, self.length_cap = adaptive, cap
-        self.ema = torch.zeros(batch, dtype=torch.float32, device=dev)
+        self.draft_cost = check_draft_cost(draft_cost)
+        self.accepted_avg = torch.full((batch,), float(cap), dtype=torch.float32, device=dev)
+        self.rejected_avg = torch.zeros(batch, dtype=torch.float32, device=dev)
         self.draft_len = torch.full((batch,), cap, **i64)
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
@@ -198,11 +213,15 @@ class GraphedChainDecoder:
         n = self._accepted(drafts, g)
         if self.adaptive:
             n = torch.minimum(n, self.draft_len)
-        self._commit(g, n)
+            self._commit(g, n, drafted=self.draft_len.clamp(max=k))
+        else:
+            self._commit(g, n)
 
-    def _commit(self, committed: torch.Tensor, n: torch.Tensor) -> None:
+    def _commit(self, committed: torch.Tensor, n: torch.Tensor,
+                drafted: Optional[torch.Tensor] = None) -> None:
         """Commit committed[:, 0..n] per active row (the last of them becomes `last`, not yet
-        in the cache), move the state on, and decide who stops."""
+        in the cache), move the state on, and decide who stops. `drafted` (adaptive lengths
+        only): each row's drafts this round, against which `n` tells a rejection."""
         self._write(committed, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
@@ -220,16 +239,18 @@ class GraphedChainDecoder:
             still = still & ~hit
         self.active.copy_(still)
         if self.adaptive:
-            self._adapt(n, before)
+            self._adapt(n, drafted, before)
         self._log_round(torch.where(before, n, torch.full_like(n, -1)))
 
-    def _adapt(self, n: torch.Tensor, before: torch.Tensor) -> None:
-        """Next lengths: one more than the moving average of accepted drafts, within 1..cap."""
-        from .adaptive_draft import SMOOTHING
-
-        ema = SMOOTHING * n.float() + (1.0 - SMOOTHING) * self.ema
-        self.ema.copy_(torch.where(before, ema, self.ema))
-        wanted = (torch.floor(self.ema).to(torch.int64) + 1).clamp(1, self.length_cap)
+    def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
+        """Next lengths: the acceptance estimates of the rows that ran this round take in `n`
+        accepted of `drafted`, and each row wants the length in 1..cap with the most expected
+        tokens per round cost (runtime/adaptive_draft.py). Tensor operations only."""
+        accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
+        self.accepted_avg.copy_(torch.where(before, accepted, self.accepted_avg))
+        self.rejected_avg.copy_(torch.where(before, rejected, self.rejected_avg))
+        alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
+        wanted = best_lengths(alpha, self.length_cap, self.draft_cost)
         self.draft_len.copy_(wanted)
         r = self.round_index.clamp(max=self.width - 1)
         longest = torch.where(self.active, wanted, torch.ones_like(wanted)).max()
@@ -319,7 +340,9 @@ class GraphedChainDecoder:
         self.status[:, 0].zero_()
         self.status[:, 1].fill_(self.length_cap)
         self.round_index.zero_()
-        self.ema.zero_()
+        # The optimistic prior: as if each request had just accepted a full chain.
+        self.accepted_avg.fill_(float(self.length_cap))
+        self.rejected_avg.zero_()
         self.draft_len.fill_(self.length_cap)
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:

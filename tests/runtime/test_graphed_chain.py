@@ -11,6 +11,7 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.speculative import speculative_generate
 from specpilot.ir.topology import Chain
 
+from adaptive_reference import WrongBefore, reference_lengths, rounds_from
 from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_caught, assert_clean, noisy_copy,
                              pair_setup)
 
@@ -172,9 +173,43 @@ def test_a_drafter_that_is_always_wrong_shrinks_adaptive_rounds_to_one_draft():
                                   capture=False, adaptive=True)
     r = decoder.generate(s["prompts"], MAX_NEW)
     assert r.tokens == s["reference"].tokens
-    # The first two rounds run the full length (the host reads lengths one round behind);
-    # from then on every request wants a single draft.
-    assert r.stats.get("rounds_chain_1", 0) >= r.target_forwards - 1 - 2
+    # Every request wants the lengths of the rule (float64, by hand) after each round: 3, 2,
+    # then 1 for good. The first two rounds run the full length (the host reads the wanted
+    # length one replay behind, after queueing the next).
+    rounds = r.target_forwards - 1
+    wanted = reference_lengths(4, lambda n: 0, rounds)[1:]
+    graphs = [4, 4] + wanted[:rounds - 2]
+    assert wanted[:3] == [3, 2, 1] and rounds > 6
+    assert r.stats == {f"rounds_chain_{n}": graphs.count(n) for n in sorted(set(graphs))}
+
+
+@pytest.mark.parametrize("cap", [3, 5])
+def test_a_perfect_drafter_keeps_adaptive_rounds_at_the_cap(cap):
+    s = pair_setup(11)
+    decoder = GraphedChainDecoder(s["target"], s["target"], 4, 48, 5, s["eos"], capture=False,
+                                  adaptive=True, length_cap=cap)
+    r = decoder.generate(s["prompts"], MAX_NEW)
+    assert r.tokens == s["reference"].tokens
+    assert set(r.stats) == {f"rounds_chain_{cap}"}
+    assert all(a == cap for row in r.accepted_lengths for a in row)
+
+
+def test_a_drafter_that_turns_right_gets_adaptive_rounds_back_to_the_cap():
+    s = pair_setup(4)
+    k, new, switch = 4, 40, 16
+    reference = generate_ar(s["target"], s["prompts"], new)
+    decoder = GraphedChainDecoder(s["target"], WrongBefore(s["target"], switch), 4, 64, k,
+                                  capture=False, adaptive=True)
+    r = decoder.generate(s["prompts"], new)
+    assert r.tokens == reference.tokens
+    for prompt, accepted in zip(s["prompts"], r.accepted_lengths):
+        assert 0 in accepted                 # drafts were rejected before the switch ...
+        # ... and once its root is past it a request accepts the full chain within four rounds,
+        # for good: from the worst state it wants 1, 3, then 4 drafts, and the graph's length
+        # follows the wanted one two rounds behind (accepted 1, 1, 1, 3, 4 at the slowest).
+        right = rounds_from(accepted, len(prompt), switch)
+        assert len(accepted) > right + 5
+        assert accepted[right + 4:] == [k] * (len(accepted) - right - 4)
 
 
 @pytest.mark.parametrize("budget,expect_off", [(4, True), (12, False)])

@@ -1,0 +1,63 @@
+"""An independent float64 statement of the adaptive draft-length rule (runtime/adaptive_draft.py)
+for the tests to check the eager and the device-resident versions against, and a drafter that
+is wrong up to a position and right after it."""
+import torch
+
+from mechanism_setup import ContraryDrafter
+
+SMOOTHING = 0.5        # the rule's documented weight of the newest round
+DRAFT_COST = 0.25      # the rule's documented default drafter step cost
+
+
+def expected_tokens(alpha: float, length: int) -> float:
+    """Tokens per round of a chain of `length` with per-draft acceptance alpha (closed form)."""
+    if alpha == 1.0:
+        return float(length + 1)
+    return (1.0 - alpha ** (length + 1)) / (1.0 - alpha)
+
+
+def reference_length(alpha: float, cap: int, cost: float = DRAFT_COST) -> int:
+    """argmax over L in 1..cap of E(L) / (1 + cost L), the shortest on a tie."""
+    return max(range(1, cap + 1),
+               key=lambda n: (expected_tokens(alpha, n) / (1.0 + cost * n), -n))
+
+
+def reference_lengths(cap, accepted_fraction, rounds, start=None, cost=DRAFT_COST):
+    """The lengths a request drafts over `rounds` rounds when each round accepts
+    `accepted_fraction(length)` drafts, from the prior (a = cap, r = 0) or `start` = (a, r)."""
+    a, r = (float(cap), 0.0) if start is None else start
+    out = []
+    for _ in range(rounds):
+        n = reference_length(a / (a + r), cap, cost)
+        out.append(n)
+        got = accepted_fraction(n)
+        a = SMOOTHING * got + (1 - SMOOTHING) * a
+        r = SMOOTHING * (1.0 if got < n else 0.0) + (1 - SMOOTHING) * r
+    return out
+
+
+class WrongBefore(ContraryDrafter):
+    """The target as a drafter, except that its top choice is forbidden wherever the logits are
+    at a position before `position`: drafts are all wrong there, all right from there on."""
+
+    def __init__(self, model, position: int):
+        super().__init__(model)
+        self.position = position
+
+    def forward(self, tokens, positions, slots, mask, cache, logits_at=None):
+        logits = self.model.forward(tokens, positions, slots, mask, cache, logits_at)
+        at = positions if logits_at is None else positions.gather(1, logits_at)
+        wrong = logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf"))
+        return torch.where((at < self.position)[..., None], wrong, logits)
+
+
+def rounds_from(accepted, first_root, position):
+    """Index of the first round of a request (its accepted drafts per round, its first round's
+    root at `first_root`) whose root is at or past `position`: from there on all its drafts
+    are right under WrongBefore(position)."""
+    root = first_root
+    for i, n in enumerate(accepted):
+        if root >= position:
+            return i
+        root += n + 1
+    return len(accepted)
