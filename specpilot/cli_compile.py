@@ -2,9 +2,11 @@
 
 Rounds of: cost report -> agents propose -> candidates built -> token forcing, then timing ->
 winners combined -> memory updated. Writes runs/NAME/round-K/ per round, runs/NAME/best/ (and
-runs/NAME/program.json) for the best Program, and runs/NAME/report.md with plots. Without
+runs/NAME/program.json) for the best Program, and runs/NAME/report.md and report.json with plots.
+Mechanisms validated on alike deployments (the memory) are evaluated first, together. Without
 --target/--drafter it compiles the built-in default: the zoo's pair (gpu-small on a CUDA GPU,
-tiny elsewhere), trained once on this machine and cached. Rerunning a killed compile with the same --out resumes it.
+tiny elsewhere), trained once on this machine and cached. Rerunning a killed compile with the
+same --out resumes it.
 """
 from __future__ import annotations
 
@@ -100,6 +102,7 @@ def run(args) -> int:
     report = build_run_report(result.out_dir)
     best = os.path.join(result.out_dir, "best")
     print(f"best Program: round {result.best_round}, {os.path.join(best, 'program.json')}")
+    print(result.evaluations.summary())
     print(f"report: {report}")
     print(f"compile took {time.perf_counter() - start:.0f} s")
     return 0

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from specpilot.cost.report import CostReport
+from specpilot.search.output_check import output_summary
 
 
 def _tps(value: Optional[float]) -> str:
@@ -23,6 +24,15 @@ def forcing_line(forcing: Optional[dict]) -> str:
             f"near-tie flips, {len(forcing.get('violations', []))} violations")
 
 
+def _output_lines(what: str, record: dict) -> List[str]:
+    """The unforced-output check of `what`, with every near-tie divergence it tolerated."""
+    if not record.get("output"):
+        return []
+    return [f"Unforced output of {what}: {output_summary(record['output'])} (a first divergence "
+            f"is tolerated only at a near-tie of the reference, margin below "
+            f"{record['output']['tolerance']:.3g}).", ""]
+
+
 def _cell(text) -> str:
     return str(text if text is not None else "—").replace("|", "\\|").replace("\n", " ")
 
@@ -38,7 +48,7 @@ def round_markdown(record: dict, diff_text: str) -> str:
                   f"tokens/s (spread {timing.get('spread', 0):.1%}); {record.get('ar_label')}: "
                   f"{_tps(ar.get('median_tokens_per_s'))} tokens/s.", "",
                   f"Token forcing of the stock Program: {forcing_line(record.get('forcing'))}.",
-                  ""]
+                  ""] + _output_lines("the stock Program", record)
         errors = record.get("prediction_errors") or {}
         if errors:
             lines += ["Cost-model prediction error before calibration: "
@@ -59,7 +69,9 @@ def round_markdown(record: dict, diff_text: str) -> str:
                   f"round (spread {base.get('spread', 0):.1%}); {measured}. Admission needs a "
                   f"gain above {record.get('threshold', 0):.1%}.", "",
                   f"Token forcing of the chosen Program: {forcing_line(record.get('forcing'))}.",
-                  ""]
+                  ""] + _output_lines("the chosen Program", record)
+        if "evaluations" in record:
+            lines += [f"Candidate evaluations this round: {record['evaluations']}.", ""]
     for note in record.get("notes") or []:
         lines += [f"Note: {note}", ""]
     lines += ["## IR diff", "", "```", diff_text.rstrip(), "```", ""]
@@ -79,7 +91,8 @@ def round_markdown(record: dict, diff_text: str) -> str:
     outcomes = record.get("outcomes") or []
     if outcomes:
         lines += ["## Candidates", "", "| candidate | direction | stage | tokens/s | gain | "
-                  "predicted error | forcing | reason |", "|---|---|---|---:|---:|---:|---|---|"]
+                  "predicted error | forcing | unforced output | reason |",
+                  "|---|---|---|---:|---:|---:|---|---|---|"]
         for o in outcomes:
             timing_o = o.get("timing") or {}
             forcing = o.get("forcing")
@@ -89,6 +102,6 @@ def round_markdown(record: dict, diff_text: str) -> str:
             lines.append(f"| {_cell(o['label'])} | {o['direction']} | {o['stage']} | "
                          f"{_tps(timing_o.get('median_tokens_per_s'))} | {_pct(o.get('gain'))} | "
                          f"{_pct(o.get('prediction_error'))} | {short} | "
-                         f"{_cell(o.get('reason'))} |")
+                         f"{_cell(output_summary(o.get('output')))} | {_cell(o.get('reason'))} |")
         lines.append("")
     return "\n".join(lines)

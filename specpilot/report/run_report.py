@@ -1,4 +1,5 @@
-"""`build_run_report(run_dir)`: runs/NAME/report.md and its PNG plots from the round folders."""
+"""`build_run_report(run_dir)`: runs/NAME/report.md, report.json and the PNG plots, from the
+round folders."""
 from __future__ import annotations
 
 import json
@@ -7,6 +8,8 @@ from typing import List
 
 from specpilot.ir import diff, format_diff, load_program
 from specpilot.ir.errors import SpecPilotError
+from specpilot.search.evaluations import count_evaluations, round_evaluations
+from specpilot.search.output_check import output_summary
 
 from .markdown import _pct, _tps, forcing_line
 from .plots import plot_cost_breakdown, plot_tokens_per_round
@@ -14,6 +17,7 @@ from .plots import plot_cost_breakdown, plot_tokens_per_round
 TOKENS_PLOT = "tokens_per_round.png"
 COST_PLOT = "cost_breakdown.png"
 REPORT_FILE = "report.md"
+REPORT_JSON = "report.json"
 
 
 class RunReportError(SpecPilotError):
@@ -43,9 +47,40 @@ def _stage_counts(records: List[dict]) -> dict:
     return counts
 
 
+def _near_tie_outputs(records: List[dict]) -> List[tuple]:
+    """(round, label, output check) of every evaluated candidate (and the stock Program) whose
+    unforced output was accepted with near-tie divergences."""
+    found = [(0, "stock Program", records[0].get("output"))]
+    found += [(r["round"], o["label"], o.get("output")) for r in records
+              for o in r.get("outcomes", [])]
+    return [(k, label, o) for k, label, o in found if (o or {}).get("near_tie_count")]
+
+
+def run_summary(run_dir: Path, records: List[dict]) -> dict:
+    """report.json of a run: the best Program, the evaluations spent (in all and until the best
+    was first reached), and per round its choice, speed, evaluations and near-tie divergences."""
+    best = records[-1]
+    count = count_evaluations(records)
+    return dict(count.to_json(), run=run_dir.name, best_round=best["round"],
+                best_program_id=best["program_id"],
+                best_tokens_per_s=best["timing"]["median_tokens_per_s"],
+                stock_tokens_per_s=records[0]["timing"]["median_tokens_per_s"],
+                ar_tokens_per_s=(records[0].get("ar_timing") or {}).get("median_tokens_per_s"),
+                stages=_stage_counts(records),
+                near_tie_outputs=[{"round": k, "label": label, "near_ties": o["near_ties"]}
+                                  for k, label, o in _near_tie_outputs(records)],
+                rounds=[{"round": r["round"], "chosen": r.get("chosen"),
+                         "program_id": r["program_id"],
+                         "tokens_per_s": r["timing"]["median_tokens_per_s"],
+                         "gain": r.get("gain"), "evaluations": round_evaluations(r),
+                         "admitted": sum(1 for o in r.get("outcomes", []) if o.get("admitted")),
+                         "near_tie_divergences": (r.get("output") or {}).get("near_tie_count", 0)}
+                        for r in records])
+
+
 def build_run_report(run_dir) -> Path:
-    """Write report.md, tokens_per_round.png and cost_breakdown.png into `run_dir`; returns the
-    report's path."""
+    """Write report.md, report.json, tokens_per_round.png and cost_breakdown.png into
+    `run_dir`; returns the path of report.md."""
     run_dir = Path(run_dir)
     records = load_rounds(run_dir)
     settings = {}
@@ -59,6 +94,7 @@ def build_run_report(run_dir) -> Path:
     ar_tps = (records[0].get("ar_timing") or {}).get("median_tokens_per_s")
     s, resolved = settings.get("settings", {}), settings.get("resolved", {})
     best = max(records, key=lambda r: r["round"])
+    summary = run_summary(run_dir, records)
     lines = [f"# Compile report: {run_dir.name}", "",
              f"Target `{s.get('target_dir')}`, drafter `{s.get('drafter_dir')}`, on "
              f"{resolved.get('gpu')} ({resolved.get('device')}, {resolved.get('dtype')}), "
@@ -68,6 +104,10 @@ def build_run_report(run_dir) -> Path:
              f"tokens/s = {best['timing']['median_tokens_per_s'] / stock_tps:.2f}x the stock "
              f"Program" + (f", {best['timing']['median_tokens_per_s'] / ar_tps:.2f}x "
                            f"{records[0].get('ar_label')}" if ar_tps else "") + ".", "",
+             f"The best Program was first chosen in round {summary['best_first_reached_round']}: "
+             f"best reached after {summary['evaluations_to_best']} candidate evaluations, of "
+             f"{summary['evaluations']} (a candidate evaluation is one candidate token-forced "
+             f"and, if it passed, timed).", "",
              f"![tokens/s per round]({TOKENS_PLOT})", "", f"![cost breakdown]({COST_PLOT})", "",
              "## Rounds", "",
              "Tokens/s are measured over the whole workload (prefills included); the "
@@ -108,10 +148,17 @@ def build_run_report(run_dir) -> Path:
     if rejected:
         lines += ["", "Rejected by token forcing:", ""]
         lines += [f"- round {k}: {o['label']}: {o.get('reason')}" for k, o in rejected]
+    near = _near_tie_outputs(records)
+    lines += ["", f"Unforced outputs accepted with near-tie divergences (a first divergence "
+              f"where the reference's top-1/top-2 margin is below the forcing tolerance): "
+              f"{len(near)}" + ("." if not near else ":"), ""]
+    lines += [f"- round {k}: {label}: {output_summary(o)}" for k, label, o in near]
     stock = load_program(str(run_dir / "round-0"))
     best_program = load_program(str(run_dir / f"round-{best['round']}"))
     lines += ["", "## The best Program against the stock Program", "", "```",
               format_diff(diff(stock, best_program)), "```", ""]
+    (run_dir / REPORT_JSON).write_text(json.dumps(summary, indent=1, sort_keys=True) + "\n",
+                                       encoding="utf-8")
     path = run_dir / REPORT_FILE
     path.write_text("\n".join(lines), encoding="utf-8")
     return path

@@ -45,6 +45,7 @@ class Outcome:
     program_id: Optional[str] = None
     forcing: Optional[dict] = None
     timing: Optional[dict] = None
+    output: Optional[dict] = None         # OutputCheck.to_json() of the unforced run
     gain: Optional[float] = None
     predicted_tokens_per_s: Optional[float] = None
     prediction_error: Optional[float] = None
@@ -62,7 +63,8 @@ class Outcome:
         from specpilot.ir import transformation_to_obj
         return {"label": self.label, "direction": self.direction, "stage": self.stage,
                 "admitted": self.admitted, "reason": self.reason, "program_id": self.program_id,
-                "forcing": self.forcing, "timing": self.timing, "gain": self.gain,
+                "forcing": self.forcing, "timing": self.timing, "output": self.output,
+                "gain": self.gain,
                 "predicted_tokens_per_s": self.predicted_tokens_per_s,
                 "prediction_error": self.prediction_error,
                 "transformations": [transformation_to_obj(t) for t in self.transformations]}

@@ -7,6 +7,8 @@
                     first calibration of the cost model
     rounds 1..N     `search.round.run_round` from the previous round's Program; each round is
                     written, recorded in the memory, then published (run_folder.py)
+    count           candidate evaluations in all and until the best Program was first reached,
+                    from the completed rounds' records (evaluations.py)
 """
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ from typing import Callable, List, Optional
 from specpilot.ir import Program, SetMaxBatchSize, apply, program_id, stock_program
 
 from .evaluate import Evaluator
+from .evaluations import EvaluationCount, count_evaluations, round_evaluations
 from .run_folder import RunFolder, write_json_atomic, write_text_atomic
 from .settings import COMPILE_FILE, CompileSettings, SettingsError
 
@@ -31,7 +34,8 @@ class CompileResult:
     out_dir: str
     best: Program
     best_round: int
-    rounds: List[dict]          # per completed round: index, program id, tokens/s, chosen
+    rounds: List[dict]          # per completed round: round, program id, evaluations
+    evaluations: EvaluationCount = EvaluationCount(0, 0, 0)
 
 
 @dataclass
@@ -224,8 +228,13 @@ def _compile(settings: CompileSettings, progress, hooks: Hooks) -> CompileResult
             progress(f"[round {k}] done: {result.chosen}; "
                      f"{result.timing['median_tokens_per_s']:,.1f} tok/s")
         best_round = max(recorded)
-        summary = [{"round": k, "program_id": pid} for k, pid in sorted(recorded.items())]
+        records = [folder.load_round_report(k) for k in sorted(recorded)]
+        summary = [{"round": r["round"], "program_id": r["program_id"],
+                    "evaluations": round_evaluations(r)} for r in records]
+        count = count_evaluations(records)
+        progress(f"[done] {count.summary()} (the best Program first chosen in round "
+                 f"{count.best_round})")
         return CompileResult(str(folder.root), folder.load_round_program(best_round), best_round,
-                             summary)
+                             summary, count)
     finally:
         memory.close()

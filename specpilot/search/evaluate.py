@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence
 from specpilot.ir import Program
 from specpilot.runtime.ar import ARResult
 
+from .output_check import OutputDivergence, first_divergences
+
 
 # Pairs built another way than the stock pair kept loaded at once: a candidate and its base.
 OWN_PAIRS = 2
@@ -39,7 +41,12 @@ class Timing:
     seconds: List[float]
     tokens: int
     mean_accepted: Optional[float] = None
-    mismatched_prompts: Sequence[int] = ()
+    # the first divergence from the reference of each prompt of the warm-up run that differs
+    divergences: Sequence[OutputDivergence] = ()
+
+    @property
+    def mismatched_prompts(self) -> List[int]:
+        return [d.prompt for d in self.divergences]
 
     @property
     def median_tokens_per_s(self) -> float:
@@ -59,7 +66,8 @@ class Timing:
         return {"tokens_per_s": self.tokens_per_s, "seconds": self.seconds,
                 "median_tokens_per_s": self.median_tokens_per_s, "spread": self.spread,
                 "tokens": self.tokens, "mean_accepted": self.mean_accepted,
-                "mismatched_prompts": list(self.mismatched_prompts)}
+                "mismatched_prompts": self.mismatched_prompts,
+                "divergences": [d._asdict() for d in self.divergences]}
 
 
 class Evaluator:
@@ -109,14 +117,13 @@ class Evaluator:
         return force_program(program, self.pair_for(program), self.prompts, self.reference)
 
     def time(self, program: Program, repeats: int) -> Timing:
-        """One warm-up run, whose output is compared with the reference, then `repeats` timed
-        unforced runs."""
+        """One warm-up run, whose output is compared with the reference (its first divergences
+        are kept, with the reference's margins there), then `repeats` timed unforced runs."""
         from specpilot.runtime.decoder import timed_program
 
         pair = self.pair_for(program)
         warm = timed_program(program, pair, self.prompts, self.max_new_tokens)
-        mismatched = [i for i, (a, b) in enumerate(zip(warm.tokens, self.reference.tokens))
-                      if list(a) != list(b)]
+        mismatched = first_divergences(warm.tokens, self.reference)
         runs = [timed_program(program, pair, self.prompts, self.max_new_tokens)
                 for _ in range(repeats)]
         return Timing([r.tokens_per_s for r in runs], [r.seconds for r in runs],
@@ -131,8 +138,7 @@ class Evaluator:
 
         pair, base_pair = self.pair_for(program), None
         warm = timed_program(program, pair, self.prompts, self.max_new_tokens)
-        mismatched = [i for i, (a, b) in enumerate(zip(warm.tokens, self.reference.tokens))
-                      if list(a) != list(b)]
+        mismatched = first_divergences(warm.tokens, self.reference)
         mine, theirs = [], []
         for _ in range(repeats):
             mine.append(timed_program(program, self.pair_for(program), self.prompts,

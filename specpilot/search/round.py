@@ -4,12 +4,16 @@
     cost report               roofline + calibration -> the gap to the ceiling by category
     rank directions           agents ordered by the gap of the categories they address
     propose                   agents in parallel (worker pool); memory seeds in round 1
+    evaluate the seeds        round 1 only: the memory's seeds that compose, as one candidate,
+                              evaluated first; if it is admitted the round ends with it (the
+                              agents' proposals wait for the next round, made from it)
     select candidates         distinct, untried Programs; each direction gets its share of the
                               budget, shares a direction cannot fill go to the others
     build candidates          lowered and built in parallel
     evaluate                  one at a time: token forcing first, then timing alternately with
-                              the base; admitted only if forcing is clean, the output equals the
-                              reference, and the gain exceeds the base's run-to-run spread
+                              the base; admitted only if forcing is clean, the unforced output
+                              equals the reference up to reported near-tie divergences
+                              (output_check.py), and the gain exceeds the base's run-to-run spread
     combine winners           admitted mechanisms that change disjoint attributes, applied
                               together, forced and timed again
 
@@ -20,13 +24,15 @@ from __future__ import annotations
 import concurrent.futures as cf
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 from specpilot.agents import Budget, ProposalSet, refusal
 from specpilot.cost import CostModel, CostReport
-from specpilot.ir import Program, diff, program_id
+from specpilot.ir import Program, program_id
 
 from .candidates import Candidate, Outcome, make_candidate, prepare
+from .output_check import check_output
+from .seeding import MEMORY, compose, seeded_candidate
 
 
 @dataclass
@@ -63,6 +69,8 @@ class RoundResult:
     cost_model: CostModel
     chosen_report: Optional[CostReport] = None    # the winner under the final calibration
     gain: Optional[float] = None                  # the winner's gain, timed alternately
+    output: Optional[dict] = None                 # the winner's unforced-output check
+    notes: List[str] = field(default_factory=list)
 
 
 def noise_threshold(base_timing, min_gain: float) -> float:
@@ -117,7 +125,7 @@ def propose(inputs: RoundInputs, agents, report: CostReport,
     with cf.ThreadPoolExecutor(max_workers=max(1, len(agents))) as pool:
         sets = list(pool.map(one, agents))
     if inputs.index == 1 and inputs.memory is not None:
-        seeds = ProposalSet("memory")
+        seeds = ProposalSet(MEMORY)
         for m in inputs.memory.seeds()[:inputs.settings.memory_seeds]:
             reason = refusal(inputs.base, m.transformation)
             if reason is None:
@@ -137,11 +145,12 @@ def worth_trying(earlier: List[Outcome]) -> bool:
             and (earlier[0].gain or 0.0) > 0.0)
 
 
-def _candidates(inputs: RoundInputs, sets: List[ProposalSet]):
+def _candidates(inputs: RoundInputs, sets: List[ProposalSet], evaluated_ids=()):
     """Proposals -> candidates: ({direction: [Candidate, ...]} in the sets' order, one per
-    distinct Program not tried before; the outcomes of the proposals left out)."""
+    distinct Program not tried before nor among `evaluated_ids`; the outcomes of the proposals
+    left out)."""
     outcomes: List[Outcome] = []
-    seen = {program_id(inputs.base)}
+    seen = {program_id(inputs.base), *evaluated_ids}
     by_direction: Dict[str, List[Candidate]] = {}
     for s in sets:
         for r in s.refusals:
@@ -168,7 +177,7 @@ def select(by_direction: Dict[str, List[Candidate]], shares: Dict[str, int],
            total: int) -> List[Candidate]:
     """Each direction's candidates (best first) cut to its share of `total`; slots a direction
     leaves unused go to the others in order. Memory seeds and the LLM agent come on top."""
-    extra_kinds = ("memory", "llm")
+    extra_kinds = (MEMORY, "llm")
     ranked = [d for d in by_direction if d not in extra_kinds]
     kept, used = {}, 0
     for d in ranked:
@@ -206,10 +215,11 @@ def evaluate(inputs: RoundInputs, candidate: Candidate, threshold: float) -> Out
         out.stage, out.reason = "output", f"timed run failed: {type(exc).__name__}: {exc}"
         return out
     out.timing = timing.to_json()
-    if timing.mismatched_prompts:
-        out.stage = "output"
-        out.reason = (f"unforced output differs from the reference on prompts "
-                      f"{list(timing.mismatched_prompts)[:8]}")
+    # the same near-tie rule, tolerance and reference margins as the forcing report
+    output = check_output(timing.divergences, len(ev.prompts), report.tolerance)
+    out.output = output.to_json()
+    if not output.passed:
+        out.stage, out.reason = "output", output.reason()
         return out
     error = _calibrate(inputs, candidate.program, candidate.label, timing)
     if error is not None:
@@ -248,25 +258,14 @@ def _calibrate(inputs: RoundInputs, program: Program, label: str, timing) -> Opt
     return prediction.seconds / timing.median_seconds - 1.0
 
 
-def _changed_paths(base: Program, program: Program) -> set:
-    return {c.path for c in diff(base, program) if not c.path.startswith("history")}
-
-
 def combine(inputs: RoundInputs, winners: List[Outcome]) -> Optional[Candidate]:
     """The base with the winners that change disjoint attributes, best first (of two winners
     that both set the topology only the better one); None when fewer than two combine."""
-    program, applied, used = inputs.base, [], set()
-    for w in sorted(winners, key=lambda o: -(o.gain or 0.0)):
-        alone = make_candidate(inputs.base, w.transformations, w.direction).program
-        paths = _changed_paths(inputs.base, alone)
-        if paths & used or any(refusal(program, t) is not None for t in w.transformations):
-            continue
-        program = make_candidate(program, w.transformations, "combined").program
-        applied += list(w.transformations)
-        used |= paths
+    ranked = sorted(winners, key=lambda o: -(o.gain or 0.0))
+    program, applied = compose(inputs.base, [w.transformations for w in ranked])
     if len(applied) < 2:
         return None
-    return Candidate(tuple(applied), program, "combined")
+    return Candidate(tuple(t for group in applied for t in group), program, "combined")
 
 
 @dataclass
@@ -300,6 +299,27 @@ def choose(inputs: RoundInputs, ready: List[Candidate], evaluated: List[Outcome]
     return choice, outcomes
 
 
+def _shown(o: Outcome) -> str:
+    return f"{o.tokens_per_s:,.1f} tok/s ({o.gain:+.1%})" if o.gain is not None else o.reason
+
+
+def evaluate_seeds(inputs: RoundInputs, sets: List[ProposalSet], threshold: float
+                   ) -> Tuple[Optional[Candidate], Optional[Outcome], List[Outcome]]:
+    """The memory's seeds that compose, as one candidate, built and evaluated before anything
+    else (mechanisms validated on alike deployments are the likeliest to pass here too).
+    Returns (the candidate and its evaluation, when it was evaluated; build failures)."""
+    seeded = seeded_candidate(inputs.base, sets)
+    if seeded is None or not worth_trying(inputs.tried.get(seeded.id, [])):
+        return None, None, []
+    ready, failed = prepare([seeded], inputs.kernel_cache_dir, inputs.settings.workers)
+    if not ready:
+        return None, None, failed
+    o = evaluate(inputs, seeded, threshold)
+    inputs.progress(f"[round {inputs.index}] memory seeds, first: {seeded.label}: {o.stage}; "
+                    f"{_shown(o)}")
+    return seeded, o, failed
+
+
 def run_round(inputs: RoundInputs) -> RoundResult:
     say, s = inputs.progress, inputs.settings
     tag = f"[round {inputs.index}]"
@@ -320,29 +340,44 @@ def run_round(inputs: RoundInputs) -> RoundResult:
     ranking = rank_directions(inputs.agents, report)
     shares = budgets(ranking, s.candidates_per_round, s.llm_budget)
     sets = propose(inputs, [a for _, a in ranking], report, shares)
-    by_direction, outcomes = _candidates(inputs, sets)
-    candidates = select(by_direction, shares, s.candidates_per_round)
-    say(f"{tag} proposals: " + ", ".join(f"{p.direction} {len(p.proposals)}" for p in sets)
-        + f"; {len(candidates)} new candidates")
-    ready, failed = prepare(candidates, inputs.kernel_cache_dir, s.workers)
-    outcomes += failed
+    say(f"{tag} proposals: " + ", ".join(f"{p.direction} {len(p.proposals)}" for p in sets))
 
-    evaluated: List[Outcome] = []
-    for i, c in enumerate(ready, start=1):
-        o = evaluate(inputs, c, threshold)
-        evaluated.append(o)
-        shown = f"{o.tokens_per_s:,.1f} tok/s ({o.gain:+.1%})" if o.gain is not None else o.reason
-        say(f"{tag} candidate {i}/{len(ready)} {c.label}: {o.stage}; {shown}")
+    seeded, seeded_outcome, outcomes = evaluate_seeds(inputs, sets, threshold)
+    ready = [seeded] if seeded is not None else []
+    evaluated: List[Outcome] = [seeded_outcome] if seeded_outcome is not None else []
     outcomes += evaluated
+    notes: List[str] = []
+    if seeded_outcome is not None and seeded_outcome.admitted:
+        waiting = sum(len(p.proposals) for p in sets if p.direction != MEMORY)
+        notes.append(f"the memory's seeds ({seeded.label}) were evaluated first, together, and "
+                     f"admitted: the round ends with them; the agents' {waiting} proposals are "
+                     f"not evaluated, the agents propose again in the next round, from this "
+                     f"Program")
+        say(f"{tag} {notes[-1]}")
+    else:
+        by_direction, refused = _candidates(inputs, sets, [c.id for c in ready])
+        outcomes += refused
+        candidates = select(by_direction, shares, s.candidates_per_round)
+        say(f"{tag} {len(candidates)} new candidates")
+        built, failed = prepare(candidates, inputs.kernel_cache_dir, s.workers)
+        outcomes += failed
+        for i, c in enumerate(built, start=1):
+            o = evaluate(inputs, c, threshold)
+            evaluated.append(o)
+            outcomes.append(o)
+            say(f"{tag} candidate {i}/{len(built)} {c.label}: {o.stage}; {_shown(o)}")
+        ready += built
 
     chosen, combined = choose(inputs, ready, evaluated, threshold)
     outcomes += combined
     chosen_program, chosen_label = chosen.program, chosen.label
     if chosen.outcome is None:
         chosen_timing, chosen_forcing, chosen_gain = base_timing.to_json(), None, None
+        chosen_output = None
     else:
         o = chosen.outcome
-        chosen_timing, chosen_forcing, chosen_gain = o.timing, o.forcing, o.gain
+        chosen_timing, chosen_forcing, chosen_gain, chosen_output = (o.timing, o.forcing, o.gain,
+                                                                     o.output)
     chosen_report = inputs.cost_model.report(chosen_program, inputs.acceptance, s.batch_size,
                                              inputs.context)
     chosen_report.measured_tokens_per_s = chosen_timing["median_tokens_per_s"]
@@ -351,4 +386,4 @@ def run_round(inputs: RoundInputs) -> RoundResult:
     return RoundResult(inputs.index, inputs.base, chosen_program, chosen_label,
                        base_timing.to_json(),
                        chosen_timing, chosen_forcing, report, ranking, sets, outcomes, threshold,
-                       inputs.cost_model, chosen_report, chosen_gain)
+                       inputs.cost_model, chosen_report, chosen_gain, chosen_output, notes)

@@ -9,9 +9,9 @@ from specpilot.ir import PROGRAM_FILE, Program, diff, format_diff, program_id, s
 from specpilot.ir.errors import SpecPilotError
 
 from .candidates import Outcome
+from .evaluations import EVALUATED_STAGES
+from .output_check import check_output
 from .run_folder import RunFolder, write_json_atomic, write_text_atomic
-
-MECHANISM_STAGES = ("forcing", "output", "admitted", "not_admitted")
 
 
 class StockForcingFailed(SpecPilotError):
@@ -33,9 +33,10 @@ def round_zero(stock: Program, evaluator, settings, device: str, progress) -> di
              f"({settings.baseline_repeats} runs each)")
     ar = evaluator.time_ar(settings.baseline_repeats)
     timing = evaluator.time(stock, settings.baseline_repeats)
-    if timing.mismatched_prompts:
-        raise StockForcingFailed(f"the stock Program's output differs from greedy AR on prompts "
-                                 f"{list(timing.mismatched_prompts)[:8]}")
+    output = check_output(timing.divergences, len(evaluator.prompts), forcing.tolerance)
+    if not output.passed:
+        raise StockForcingFailed(f"the stock Program's output differs from greedy AR: "
+                                 f"{output.reason()}")
     progress("[round 0] measuring the device and the drafter's acceptance")
     measured = measure_device(device)
     try:
@@ -69,14 +70,16 @@ def round_zero(stock: Program, evaluator, settings, device: str, progress) -> di
             "timing": dict(timing.to_json(), predicted_tokens_per_s=predicted.tokens_per_s),
             "base_timing": timing.to_json(),
             "ar_timing": ar.to_json(), "ar_label": evaluator.ar_label,
-            "forcing": forcing.to_json(), "cost_report": report.to_json(),
+            "forcing": forcing.to_json(), "output": output.to_json(),
+            "cost_report": report.to_json(),
             "chosen_cost_report": report.to_json(),
             "calibration": model.calibration.to_json(), "gpu_spec": spec.to_json(),
             "prediction_errors": errors, "device": device, "acceptance": acceptance,
             "acceptance_summary": {"label": acceptance.label,
                                    "rank_rates": acceptance.rank_rates(4),
                                    "per_depth_chain8": acceptance.per_depth_acceptance(8)},
-            "outcomes": [], "proposals": [], "ranking": [], "threshold": timing.spread}
+            "outcomes": [], "evaluations": 0, "proposals": [], "ranking": [],
+            "threshold": timing.spread}
 
 
 def result_record(result, zero: dict) -> dict:
@@ -85,12 +88,13 @@ def result_record(result, zero: dict) -> dict:
         "round": result.index, "kind": "search", "chosen": result.chosen,
         "program_id": program_id(result.program), "base_program_id": program_id(result.base),
         "timing": result.timing, "base_timing": result.base_timing, "forcing": result.forcing,
-        "threshold": result.threshold, "gain": result.gain,
+        "output": result.output, "threshold": result.threshold, "gain": result.gain,
         "ranking": [{"direction": a.direction, "gap_s_per_token": s} for s, a in result.ranking],
         "proposals": [{"direction": p.direction, "proposals": [str(t) for t in p.proposals],
                        "notes": p.notes, "error": p.error,
                        "refusals": [r.__dict__ for r in p.refusals]} for p in result.proposals],
         "outcomes": [o.to_json() for o in result.outcomes],
+        "evaluations": sum(1 for o in result.outcomes if o.stage in EVALUATED_STAGES),
         "cost_report": result.cost_report.to_json(),
         "chosen_cost_report": (result.chosen_report.to_json()
                                if result.chosen_report is not None else None),
@@ -108,10 +112,10 @@ def write_round(partial, k: int, result, stock: Program, base: Program,
     from specpilot.report.markdown import round_markdown
 
     if isinstance(result, dict):
-        record, program = dict(result), stock
+        record, program, own_notes = dict(result), stock, []
     else:
-        record, program = result_record(result, zero), result.program
-    record["notes"] = list(notes)
+        record, program, own_notes = result_record(result, zero), result.program, result.notes
+    record["notes"] = list(notes) + list(own_notes)
     save_program(program, str(partial / PROGRAM_FILE))
     text = (f"round {k} against round {k - 1}:\n{format_diff(diff(base, program))}\n\n"
             f"round {k} against the stock Program:\n{format_diff(diff(stock, program))}\n"
@@ -134,7 +138,7 @@ def record_round(memory, folder: RunFolder, partial, run_id: str, k: int, progra
     for o in (result.outcomes if result is not None else []):
         if not o.admitted:
             failures.append(Failure(o.label, o.stage, o.reason or ""))
-        if o.stage in MECHANISM_STAGES and len(o.transformations) == 1:
+        if o.stage in EVALUATED_STAGES and len(o.transformations) == 1:
             forcing = o.forcing or {}
             summary = {k2: forcing.get(k2) for k2 in ("passed", "positions_compared", "exact")}
             summary["violations"] = len(forcing.get("violations", []))

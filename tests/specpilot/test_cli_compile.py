@@ -44,6 +44,12 @@ def test_compile_report_diff_and_cost_of_the_result(pair, tmp_path, capsys):
     assert main(argv) == 0
     captured = capsys.readouterr()
     assert "best Program: round 1" in captured.out
+    summary = json.load(open(os.path.join(out, "report.json")))
+    evaluated = [o for o in json.load(open(os.path.join(out, "round-1", "candidates.json")))
+                 if o["forcing"] is not None or o["stage"] == "forcing"]
+    assert summary["evaluations"] == len(evaluated)
+    assert (f"best reached after {summary['evaluations_to_best']} candidate evaluations, of "
+            f"{len(evaluated)}") in captured.out
     assert "[round 1]" in captured.err                   # the progress display
     assert os.path.exists(os.path.join(out, "report.md"))
     assert main(["report", out]) == 0

@@ -1,5 +1,6 @@
 """Whole compiles on a tiny pair on the CPU: the run folder, the memory, reuse of mechanisms
-validated before, and resuming after a kill between rounds and in the middle of one."""
+validated before (a seeded compile reaches its best in fewer evaluations), and resuming after a
+kill between rounds and in the middle of one (counting evaluations the same way)."""
 import json
 import os
 import signal
@@ -29,6 +30,22 @@ def memory_rows(settings):
         return (m._db.execute("SELECT run_id, round FROM rounds ORDER BY round").fetchall(),
                 m._db.execute("SELECT transformation, round FROM mechanisms ORDER BY id")
                 .fetchall())
+
+
+def evaluations_by_hand(out_dir):
+    """(evaluations until the last round's Program was first chosen, in all), counted from the
+    round folders' candidates.json and round.json."""
+    per_round, ids = [], []
+    k = 0
+    while os.path.isdir(os.path.join(out_dir, f"round-{k}")):
+        with open(os.path.join(out_dir, f"round-{k}", "candidates.json")) as f:
+            per_round.append(sum(1 for o in json.load(f) if o["forcing"] is not None
+                                 or o["stage"] == "forcing"))
+        with open(os.path.join(out_dir, f"round-{k}", "round.json")) as f:
+            ids.append(json.load(f)["program_id"])
+        k += 1
+    first = ids.index(ids[-1])
+    return sum(per_round[:first + 1]), sum(per_round)
 
 
 def assert_consistent(settings, rounds):
@@ -113,7 +130,9 @@ def test_a_killed_compile_resumes_consistently(pair, tmp_path, moment):
     done = [k for _, k in recorded]
     assert done == ([0] if moment == "before_commit" else [0, 1])
     lines = []
-    compile_deployment(settings, progress=lines.append)
+    result = compile_deployment(settings, progress=lines.append)
+    assert (result.evaluations.to_best, result.evaluations.total) == evaluations_by_hand(
+        settings.out_dir)
     assert any(f"resuming after round {max(done)}" in line for line in lines)
     assert not any("[round 0]" in line for line in lines)          # round 0 not redone
     assert_consistent(settings, 2)
@@ -164,3 +183,40 @@ def test_sigkill_inside_an_open_round_transaction_then_resume(pair, tmp_path):
     assert [k for _, k in recorded] == [0, 1]       # the open transaction left nothing
     compile_deployment(settings, progress=lambda _: None)
     assert_consistent(settings, 2)
+
+
+def test_a_compile_seeded_from_the_memory_reaches_its_best_in_fewer_evaluations(pair, tmp_path):
+    """Batch 1 first, on an empty memory; then batch 2 (another setting, an alike deployment)
+    on the same memory file: its seeds are evaluated first, together, and end round 1."""
+    from specpilot.report import build_run_report
+
+    first = compile_deployment(small_settings(tmp_path, *pair, candidates_per_round=3,
+                                              out_dir=str(tmp_path / "runs" / "b1")),
+                               progress=lambda _: None)
+    assert first.evaluations.to_best >= 2, "the agents offered fewer than 2 candidates"
+    admitted = [o["label"] for o in json.load(open(tmp_path / "runs" / "b1" / "round-1" /
+                                                   "candidates.json")) if o["admitted"]]
+    assert admitted, "nothing was admitted on batch 1: nothing for the memory to seed"
+    lines = []
+    second = compile_deployment(small_settings(tmp_path, *pair, candidates_per_round=3,
+                                               batch_size=2,
+                                               out_dir=str(tmp_path / "runs" / "b2")),
+                                progress=lines.append)
+    one = json.load(open(tmp_path / "runs" / "b2" / "round-1" / "report.json"))
+    evaluated = [o for o in one["outcomes"] if o["forcing"] is not None]
+    assert [o["direction"] for o in evaluated] == ["memory"]
+    assert evaluated[0]["admitted"] and evaluated[0]["label"] in admitted
+    assert one["chosen"] == evaluated[0]["label"] and one["evaluations"] == 1
+    assert any("propose again in the next round" in n for n in one["notes"])
+    assert second.evaluations.to_best == 1 < first.evaluations.to_best
+    for run, result in (("b1", first), ("b2", second)):
+        assert (result.evaluations.to_best, result.evaluations.total) == evaluations_by_hand(
+            str(tmp_path / "runs" / run))
+        build_run_report(str(tmp_path / "runs" / run))
+        summary = json.load(open(tmp_path / "runs" / run / "report.json"))
+        assert summary["evaluations_to_best"] == result.evaluations.to_best
+        assert summary["evaluations"] == result.evaluations.total
+        text = open(tmp_path / "runs" / run / "report.md").read()
+        assert (f"best reached after {result.evaluations.to_best} candidate evaluations, of "
+                f"{result.evaluations.total}") in text
+    assert evaluated[0]["program_id"] == program_id(second.best)

@@ -137,3 +137,52 @@ def test_candidates_are_lowered_and_built_and_failures_recorded(tmp_path):
     again = KernelCache(cache)
     assert build_plan(generated.plan, again).ok
     assert again.stats.writes == 0 and again.stats.disk_hits > 0
+
+
+def test_memory_seeds_compose_into_one_candidate(tmp_path):
+    from specpilot.agents import ProposalSet
+    from specpilot.ir import CaptureGraphs, apply
+    from specpilot.search.seeding import seeded_candidate
+
+    target, drafter = agreeing_pair(tmp_path)
+    stock = stock_program(build_deployment(target, drafter, gpu="cpu", dtype="float32"))
+    memory = ProposalSet("memory", [SetDraftLength(2), SetTopology(Tree((2, 1))),
+                                    CaptureGraphs(True)])
+    agents = ProposalSet("topology", [SetDraftLength(5)])
+    seeded = seeded_candidate(stock, [memory, agents])
+    # the tree sets the topology SetDraftLength(2) already set: the better-ranked one is kept
+    assert seeded.transformations == (SetDraftLength(2), CaptureGraphs(True))
+    assert seeded.program == apply(apply(stock, SetDraftLength(2)), CaptureGraphs(True))
+    assert seeded.direction == "memory"
+    assert seeded_candidate(stock, [agents, ProposalSet("memory")]) is None
+
+
+def test_round_one_evaluates_the_memory_seeds_first_and_goes_on_when_they_fail(tmp_path):
+    from specpilot.ir import apply
+    from specpilot.memory import Mechanism, MemoryView
+    from specpilot.prompts import load_prompts
+
+    target, drafter = agreeing_pair(tmp_path)
+    lossy = perturbed_copy(target, os.path.join(str(tmp_path), "lossy"), 0.05, seed=99)
+    settings = small_settings(tmp_path, target, drafter, candidates_per_round=2)
+    stock = stock_program(build_deployment(target, drafter, gpu="cpu", dtype="float32"))
+    bad, good = SetDraftLength(3), SetTopology(Tree((2, 1)))
+    probe = load_pair(target, drafter, "float32", "cpu")
+    prompts = [probe.encode(t) for t in load_prompts(settings.workload)]
+    evaluator = LossyEvaluator(target, drafter, "float32", "cpu", prompts, 16, 1,
+                               lossy_dir=lossy, lossy_ids={program_id(apply(stock, bad))})
+    acceptance = measure_rank_profile(evaluator.stock_pair.drafter, prompts,
+                                      evaluator.reference.tokens)
+    seed = Mechanism(bad, {}, 0.3, True, {"passed": True}, True, "b", "earlier", 1)
+    inputs = RoundInputs(1, stock, CostModel(measure_device("cpu", repeats=1)), acceptance,
+                         evaluator, [Scripted("topology", ("topology",), [good, bad])],
+                         MemoryView({}, [(1.0, seed)]), settings, str(tmp_path / "kernels"), 32,
+                         progress=lambda _: None)
+    result = run_round(inputs)
+    evaluated = [o for o in result.outcomes if o.forcing is not None]
+    # the seed first (rejected by forcing here); then the agents' candidates, the seed's
+    # Program not evaluated twice
+    assert [(o.direction, o.label) for o in evaluated] == [("memory", str(bad)),
+                                                           ("topology", str(good))]
+    assert evaluated[0].stage == "forcing" and evaluated[1].forcing["passed"]
+    assert not result.notes

@@ -1,0 +1,55 @@
+"""Composing transformations into one candidate, and the memory's seeded candidate.
+
+Two places put several mechanisms into one Program: the memory's seeds at the start of a compile
+(mechanisms validated on alike deployments, evaluated first, together) and the round's winners
+(combined after they were evaluated alone). Both keep only mechanisms that change attributes no
+earlier one changed, so that a composition never silently overrides a part of another.
+"""
+from __future__ import annotations
+
+from typing import List, Optional, Sequence, Tuple
+
+from specpilot.agents import refusal
+from specpilot.ir import Program, Transformation, diff
+from specpilot.ir.errors import SpecPilotError
+
+from .candidates import Candidate, make_candidate
+
+MEMORY = "memory"
+
+
+def changed_paths(base: Program, program: Program) -> set:
+    """The attribute paths `program` changes against `base` (its history left out)."""
+    return {c.path for c in diff(base, program) if not c.path.startswith("history")}
+
+
+def compose(base: Program, groups: Sequence[Tuple[Transformation, ...]]
+            ) -> Tuple[Program, List[Tuple[Transformation, ...]]]:
+    """`base` with each group of transformations applied in order, skipping a group that the
+    Program so far refuses, that changes nothing, or that changes an attribute an earlier group
+    changed. Returns (the Program, the groups applied)."""
+    program, applied, used = base, [], set()
+    for group in groups:
+        try:
+            alone = make_candidate(base, group, "compose").program
+            paths = changed_paths(base, alone)
+            if not paths or paths & used or any(refusal(program, t) is not None for t in group):
+                continue
+            program = make_candidate(program, group, "compose").program
+        except SpecPilotError:      # refused part-way through the group: leave the group out
+            continue
+        applied.append(tuple(group))
+        used |= paths
+    return program, applied
+
+
+def seeded_candidate(base: Program, proposal_sets) -> Optional[Candidate]:
+    """One candidate of the memory's seeds (best first) that compose on `base`; None when the
+    memory offered none that applies."""
+    seeds = [t for s in proposal_sets if s.direction == MEMORY for t in s.proposals]
+    if not seeds:
+        return None
+    program, applied = compose(base, [(t,) for t in seeds])
+    if not applied:
+        return None
+    return Candidate(tuple(t for group in applied for t in group), program, MEMORY)
