@@ -65,6 +65,7 @@ phase() {
         step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --durations=25 \
             --junitxml="$RESULTS/gpu_tests.xml" \
             tests/gpu/test_graphed_chain_gpu.py tests/gpu/test_cuda_graphs.py \
+            tests/gpu/test_mechanisms_gpu.py tests/runtime/test_ragged_varlen.py \
             tests/gpu/test_bench_gpu.py tests/gpu/test_kernels_gpu.py \
             tests/gpu/test_gemv_lossless12_gpu.py ;;  # nvcc-heavy CUDA kernel tests last
     train)

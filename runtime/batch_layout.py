@@ -123,36 +123,44 @@ def _run_padded(model, cache, feeds: Sequence[Feed]) -> FeedLogits:
     b, s, device = cache.batch, cache.capacity, model.device
     width = max(len(f) for f in feeds)
     pad = pad_slot(cache)
-    tokens = torch.zeros((b, width), dtype=torch.int64)
-    positions = torch.zeros((b, width), dtype=torch.int64)
-    slots = torch.full((b, width), pad, dtype=torch.int64)
-    limits = torch.zeros((b, width), dtype=torch.int64)
-    extra_b, extra_t, extra_s = [], [], []
-    pad_b, pad_t = [], []
-    reads = torch.zeros((b, max(len(f) - f.logits_from for f in feeds)), dtype=torch.int64)
+    # Built on the host as lists, the per-token integers reach the device in three small
+    # transfers; the [B, W, S] mask is then built there, never copied.
+    tokens, positions, slots, limits = [], [], [], []
+    seen_b, seen_t, seen_s = [], [], []     # slots seen beyond the limit: ancestors, pads' slot
+    reads = []
+    n_reads = max(len(f) - f.logits_from for f in feeds)
     by_row = {f.row: f for f in feeds}
     for row in range(b):
         f = by_row.get(row)
         n = 0 if f is None else len(f)
-        if f is not None:
-            tokens[row, :n] = torch.tensor(f.tokens)
-            positions[row, :n] = torch.tensor(f.positions)
-            slots[row, :n] = torch.tensor(f.slots)
-            limits[row, :n] = torch.tensor(f.limits)
+        fill = width - n
+        if f is None:
+            tokens.append([0] * width)
+            positions.append([0] * width)
+            limits.append([0] * width)
+            slots.append([pad] * width)
+            reads.append([0] * n_reads)
+        else:
+            tokens.append(list(f.tokens) + [0] * fill)
+            positions.append(list(f.positions) + [0] * fill)
+            limits.append(list(f.limits) + [0] * fill)
+            slots.append(list(f.slots) + [pad] * fill)
             for t, ex in enumerate(f.extra):
-                extra_b += [row] * len(ex)
-                extra_t += [t] * len(ex)
-                extra_s += list(ex)
-            wanted = torch.tensor(logit_reads(f, width), dtype=torch.int64)
-            reads[row, :len(wanted)] = wanted
-            reads[row, len(wanted):] = n - 1
-        pad_b += [row] * (width - n)
-        pad_t += list(range(n, width))
-    mask = torch.arange(s)[None, None, :] < limits[:, :, None]
-    mask[extra_b, extra_t, extra_s] = True
-    mask[pad_b, pad_t, [pad] * len(pad_b)] = True           # a pad sees only the pad slot
-    logits = model.forward(tokens.to(device), positions.to(device), slots.to(device),
-                           mask.to(device), cache, logits_at=reads.to(device))
+                seen_b += [row] * len(ex)
+                seen_t += [t] * len(ex)
+                seen_s += list(ex)
+            wanted = logit_reads(f, width)
+            reads.append(wanted + [n - 1] * (n_reads - len(wanted)))
+        seen_b += [row] * fill                               # a pad sees only the pad slot
+        seen_t += list(range(n, width))
+        seen_s += [pad] * fill
+    tokens, positions, slots, limits = torch.tensor([tokens, positions, slots, limits],
+                                                    dtype=torch.int64, device=device)
+    seen = torch.tensor([seen_b, seen_t, seen_s], dtype=torch.int64, device=device)
+    mask = torch.arange(s, device=device)[None, None, :] < limits[:, :, None]
+    mask[seen[0], seen[1], seen[2]] = True
+    logits = model.forward(tokens, positions, slots, mask, cache,
+                           logits_at=torch.tensor(reads, dtype=torch.int64, device=device))
     parts, offsets = [], [0]
     for f in feeds:
         k = len(f) - f.logits_from
@@ -180,16 +188,20 @@ def _run_ragged(model, cache, feeds: Sequence[Feed]) -> FeedLogits:
         reads += list(range(start + f.logits_from, start + len(f)))
         cu.append(start + len(f))
         offsets.append(offsets[-1] + len(f) - f.logits_from)
-    flat_range = torch.arange(cache.batch * s)[None, :]
-    lo = torch.tensor(base)[:, None]
-    mask = (flat_range >= lo) & (flat_range < lo + torch.tensor(limits)[:, None])
-    mask[extra_t, extra_s] = True
+    # The lists reach the device in three small transfers; the [N, B*S] mask is built there (a
+    # host-built one would be a copy of up to hundreds of MiB per forward).
+    ints = torch.tensor([tokens, positions, slots, limits, base], dtype=torch.int64,
+                        device=device)
+    extra = torch.tensor([extra_t, extra_s], dtype=torch.int64, device=device)
+    flat_range = torch.arange(cache.batch * s, device=device)[None, :]
+    # token t sees its own row's slots before its limit, plus its extra slots
+    lo, hi = ints[4, :, None], (ints[4] + ints[3])[:, None]
+    mask = (flat_range >= lo) & (flat_range < hi)
+    mask[extra[0], extra[1]] = True
     # The feeds' own visibility (request-local) spares a varlen kernel reading it off the mask.
     visibility = ([x for f in feeds for x in f.limits], [ex for f in feeds for ex in f.extra])
     packed_model = with_varlen_attention(model, cu, [f.row for f in feeds], s, visibility)
-    logits = packed_model.forward(
-        torch.tensor([tokens], device=device), torch.tensor([positions], device=device),
-        torch.tensor([slots], device=device), mask[None].to(device), flat,
-        logits_at=torch.tensor([reads], device=device))
+    logits = packed_model.forward(ints[0:1], ints[1:2], ints[2:3], mask[None], flat,
+                                  logits_at=torch.tensor([reads], dtype=torch.int64, device=device))
     assert logits.shape[1] == offsets[-1] and total == cu[-1]
     return FeedLogits(logits[0], offsets)

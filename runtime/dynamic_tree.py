@@ -67,9 +67,10 @@ def choose_nodes(scores: Sequence[float], parents: Sequence[int], depths: Sequen
 def _keep_best(parent_scores: Sequence[float], logp: torch.Tensor, width: int):
     """(parent position, rank, token, score) of the `width` best children of a level."""
     top = torch.topk(logp, width, dim=-1)
+    values, indices = top.values.tolist(), top.indices.tolist()   # two reads, not two a parent
     cand = []
     for p, score in enumerate(parent_scores):
-        for k, (v, tok) in enumerate(zip(top.values[p].tolist(), top.indices[p].tolist())):
+        for k, (v, tok) in enumerate(zip(values[p], indices[p])):
             cand.append((score + v, p, k, tok))
     # Stable: ties keep the candidate that comes first (lower parent position, then rank).
     best = sorted(range(len(cand)), key=lambda c: -cand[c][0])[:width]

@@ -190,17 +190,19 @@ def ragged_greedy_accept(logits: torch.Tensor, offsets: Sequence[int], node_toke
     whose argmax is the bonus. Same result as `greedy_accept` on each request.
     """
     device = logits.device
+    node_tokens, parents, depths = (x.to(device) for x in (node_tokens, parents, depths))
     pred = torch.argmax(logits, dim=-1)
     counts = [node_offsets[i + 1] - node_offsets[i] for i in range(len(offsets) - 1)]
     total = int(node_offsets[-1])
-    request = torch.repeat_interleave(torch.arange(len(counts), device=device),
-                                      torch.tensor(counts, device=device))
-    node_base = torch.tensor(node_offsets[:-1], device=device, dtype=torch.int64)[request]
-    row_base = torch.tensor(offsets[:-1], device=device, dtype=torch.int64)[request]
-    parents = parents.to(device)
+    # Each node's request's first node and first logits row, built on the host from the
+    # offsets and copied to the device in one transfer.
+    request = [i for i, c in enumerate(counts) for _ in range(c)]
+    node_base, row_base = torch.tensor([[node_offsets[r] for r in request],
+                                        [offsets[r] for r in request]],
+                                       dtype=torch.int64, device=device)
     # The target row of a node's parent: the request's root row, or the parent node's row.
     parent_row = row_base + parents + 1
-    match = node_tokens.to(device) == pred[parent_row]
+    match = node_tokens == pred[parent_row]
     parent_global = torch.where(parents >= 0, node_base + parents, torch.full_like(parents, -1))
     accepted = match.clone()
     # Parents precede children, so `depth` sweeps settle every chain of ancestors.
@@ -208,10 +210,11 @@ def ragged_greedy_accept(logits: torch.Tensor, offsets: Sequence[int], node_toke
         from_parent = torch.where(parent_global >= 0, accepted[parent_global.clamp(min=0)],
                                   torch.ones_like(accepted))
         accepted = match & from_parent
-    depth_if_accepted = torch.where(accepted, depths.to(device), torch.zeros_like(depths))
+    depth_if_accepted = torch.where(accepted, depths, torch.zeros_like(depths))
+    # One read back: accepted depths, parents and predictions.
+    host = torch.cat([depth_if_accepted, parents, pred]).tolist()
+    acc, par, pred_list = host[:total], host[total:2 * total], host[2 * total:]
     out = []
-    acc, par = depth_if_accepted.tolist(), parents.tolist()
-    pred_list = pred.tolist()
     for i in range(len(counts)):
         lo, hi = node_offsets[i], node_offsets[i + 1]
         best = max(range(lo, hi), key=lambda g: (acc[g], -g), default=None)

@@ -26,7 +26,9 @@ REFILLS = ("drain", "continuous")
 class SlotRequest(Request):
     index: int = 0                     # the prompt's index in the caller's list
     cheap_len: int = 0                 # leading committed tokens in the cheap verifier's cache
-    ema: Optional[float] = None        # recent accepted drafts per step (adaptive draft length)
+    # The adaptive draft length's acceptance estimate (runtime/adaptive_draft.py
+    # AcceptanceEstimate); None before the request's first drafted round.
+    ema: Optional[object] = None
 
 
 def admit(index: int, prompt: Sequence[int], reference: Optional[List[int]],

@@ -140,12 +140,13 @@ def _accept(logits: FeedLogits, trees: List[RowTree], acceptance,
         node_offsets = [0]
         for t in trees:
             node_offsets.append(node_offsets[-1] + t.num_nodes)
-        flat = [(tok, p, d) for t in trees for tok, p, d in zip(t.tokens, t.parents, t.depths)]
-        cols = list(zip(*flat)) if flat else [(), (), ()]
-        return ragged_greedy_accept(logits.packed, logits.offsets,
-                                    torch.tensor(cols[0], dtype=torch.int64),
-                                    node_offsets, torch.tensor(cols[1], dtype=torch.int64),
-                                    torch.tensor(cols[2], dtype=torch.int64))
+        # The trees as (tokens, parents, depths) rows, copied to the logits' device at once.
+        cols = torch.tensor([[x for t in trees for x in t.tokens],
+                             [x for t in trees for x in t.parents],
+                             [x for t in trees for x in t.depths]],
+                            dtype=torch.int64, device=logits.packed.device)
+        return ragged_greedy_accept(logits.packed, logits.offsets, cols[0], node_offsets,
+                                    cols[1], cols[2])
     out = []
     for i, tree in enumerate(trees):
         if tree.num_nodes == 0:
