@@ -5,13 +5,12 @@ tree) and a few combinations decode exactly like greedy AR of the same target in
 pass token forcing. Skipped without CUDA.
 """
 import os
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
-from hf_factory import make_checkpoint, random_prompts
+from hf_factory import make_checkpoint, noisy_checkpoint, random_prompts
+from mechanism_setup import pick_eos
 from specpilot.bench.mechanism_programs import mechanism_programs
 from specpilot.deploy import build_deployment, detect_gpu
 from specpilot.ir import (DynamicTree, LayerSkipPrune, LowPrecisionPrune, SetBackend,
@@ -47,33 +46,11 @@ EXTRA = {
 }
 
 
-def _noisy_copy(folder, name, noise, seed):
-    """Checkpoint `folder` with Gaussian noise on every matrix: a drafter that agrees with the
-    target often, not always."""
-    out = os.path.join(os.path.dirname(folder), name)
-    shutil.copytree(folder, out)
-    path = os.path.join(out, "model.safetensors")
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
-               for k, t in load_file(path).items()}
-    save_file(tensors, path, metadata={"format": "pt"})
-    return out
-
-
-def _eos_ending_some(tokens):
-    """A token that ends request 0 early while another request never produces it, so that
-    requests finish at different times and continuous refill has slots to refill."""
-    for i, tok in enumerate(tokens[0][2:-4], start=2):
-        if tok not in tokens[0][:i] and any(tok not in other for other in tokens[1:]):
-            return tok
-    raise AssertionError("no token ends only some requests; change the prompt seed")
-
-
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     folder = tmp_path_factory.mktemp("mechanisms-gpu")
     target_dir = make_checkpoint(folder, "llama3", name="target", seed=31, **TARGET)
-    drafter_dir = _noisy_copy(target_dir, "drafter", noise=0.1, seed=32)
+    drafter_dir = noisy_checkpoint(target_dir, "drafter", noise=0.1, seed=32)
     stock = replay(stock_program(build_deployment(target_dir, drafter_dir, detect_gpu(),
                                                   "float32")), [SetMaxBatchSize(BATCH)])
     programs = {name: p for name, p in mechanism_programs(stock).items()
@@ -102,7 +79,7 @@ def test_mechanism_decode_on_cuda_equals_greedy_ar(setup, name, fast_path):
     assert pair.target.device.type == "cuda" and pair.drafter.device.type == "cuda"
     prompts = setup["prompts"]
     plain = generate_ar(pair.target, prompts, MAX_NEW)
-    eos = (_eos_ending_some(plain.tokens),)
+    eos = (pick_eos(plain.tokens),)
     reference = generate_ar(pair.target, prompts, MAX_NEW, eos_ids=eos)
     acceptance = acceptance_rule(program, pair)
 

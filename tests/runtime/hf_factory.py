@@ -198,3 +198,21 @@ def random_prompts(lengths: Sequence[int], seed: int, vocab_size: int = VOCAB_SI
     """Fresh seeded prompts of the given lengths."""
     gen = torch.Generator().manual_seed(seed)
     return [torch.randint(0, vocab_size, (n,), generator=gen).tolist() for n in lengths]
+
+
+def noisy_checkpoint(folder: str, name: str, noise: float, seed: int) -> str:
+    """A copy of checkpoint `folder` (as a sibling folder `name`) with Gaussian noise of `noise`
+    times each matrix's std on every matrix: a drafter that agrees with the target often, not
+    always. Returns the new folder."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    out = os.path.join(os.path.dirname(folder), name)
+    shutil.copytree(folder, out)
+    path = os.path.join(out, "model.safetensors")
+    gen = torch.Generator().manual_seed(seed)
+    tensors = {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
+               for k, t in load_file(path).items()}
+    save_file(tensors, path, metadata={"format": "pt"})
+    return out

@@ -55,7 +55,7 @@ class ContraryDrafter:
         return logits.scatter(-1, logits.argmax(-1, keepdim=True), float("-inf"))
 
 
-def _pick_eos(tokens):
+def pick_eos(tokens):
     """A token that ends request 0 early while another request never produces it, so that
     requests finish at different times."""
     for i, tok in enumerate(tokens[0][2:-4], start=2):
@@ -72,7 +72,7 @@ def pair_setup(seed: int):
     target = Transformer.from_checkpoint(target_dir)
     prompts = random_prompts(PROMPT_LENGTHS, seed=seed + 100)
     plain = generate_ar(target, prompts, MAX_NEW)
-    eos = (_pick_eos(plain.tokens),)
+    eos = (pick_eos(plain.tokens),)
     reference = generate_ar(target, prompts, MAX_NEW, eos_ids=eos)
     lengths = [len(t) for t in reference.tokens]
     assert min(lengths) < MAX_NEW == max(lengths), "requests must finish at different times"

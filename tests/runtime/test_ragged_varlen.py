@@ -5,11 +5,9 @@ wrapper, and greedy AR of the stock torch decoder for a whole ragged decode with
 backend (on the CPU the kernels run in Triton's interpreter, so the model is tiny).
 """
 import os
-import shutil
 
 import pytest
 import torch
-from safetensors.torch import load_file, save_file
 
 from specpilot.codegen.cache import triton_interpreting
 from specpilot.deploy import build_deployment
@@ -25,7 +23,7 @@ from specpilot.runtime.reference_ops import varlen_attention_ref
 from specpilot.runtime.row_tree import RowTree
 from specpilot.runtime.torch_backend import TorchBackend
 
-from hf_factory import make_checkpoint, random_prompts
+from hf_factory import make_checkpoint, noisy_checkpoint, random_prompts
 from mechanism_setup import one_thread  # noqa: F401  (autouse: one torch thread)
 
 MAX_NEW = 7
@@ -119,24 +117,11 @@ def test_sliding_window_masks_are_read_off_per_window(tmp_path):
     torch.testing.assert_close(got.packed, want.packed, rtol=1e-5, atol=1e-5)
 
 
-def noisy_copy(folder, name, noise, seed):
-    """A copy of checkpoint `folder` with Gaussian noise on every matrix: a drafter that agrees
-    with the target often, not always."""
-    out = os.path.join(os.path.dirname(folder), name)
-    shutil.copytree(folder, out)
-    path = os.path.join(out, "model.safetensors")
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
-               for k, t in load_file(path).items()}
-    save_file(tensors, path, metadata={"format": "pt"})
-    return out
-
-
 @pytest.fixture(scope="module")
 def generated_ragged(tmp_path_factory):
     folder = tmp_path_factory.mktemp("ragged-varlen")
     target_dir = make_checkpoint(folder, "llama3", name="target", seed=13, **TINY)
-    drafter_dir = noisy_copy(target_dir, "drafter", noise=0.1, seed=14)
+    drafter_dir = noisy_checkpoint(target_dir, "drafter", noise=0.1, seed=14)
     program = stock_program(build_deployment(target_dir, drafter_dir, "cpu", "float32"))
     for t in (SetBackend("generated"), SetBatchLayout("ragged"), SetTopology(Tree((2, 1))),
               SetMaxBatchSize(3)):

@@ -16,20 +16,12 @@ from specpilot.runtime.errors import CapacityError, TokenizerMismatch
 from specpilot.runtime.model import Transformer
 from specpilot.runtime.speculative import speculative_generate
 
-from mechanism_setup import ContraryDrafter, noisy_copy
+from mechanism_setup import ContraryDrafter, noisy_copy, pick_eos
 from hf_factory import hf_greedy, load_hf, make_checkpoint, make_pair, random_prompts
 
 MAX_NEW = 24
 TOPOLOGIES = [Chain(1), Chain(2), Chain(4), Chain(7),
               Tree((2, 2)), Tree((3, 1, 1)), Tree((4, 2, 2, 1)), Tree((1, 3))]
-
-
-def pick_eos(tokens):
-    """A token that ends request 0 early but that some other request never produces."""
-    for i, tok in enumerate(tokens[0][2:-4], start=2):
-        if tok not in tokens[0][:i] and any(tok not in other for other in tokens[1:]):
-            return tok
-    raise AssertionError("no token ends only some requests; change the prompt seed")
 
 
 @pytest.fixture(scope="module")

@@ -78,21 +78,32 @@ class LossyEvaluator(Evaluator):
         return super().pair_for(program)
 
 
-def test_a_round_rejects_a_lossy_candidate_by_forcing(tmp_path):
+def lossy_round_setup(tmp_path, **settings_kw):
+    """A round's ingredients where SetDraftLength(3) runs on a perturbed target (a lossy
+    candidate forcing must reject) and a (2, 1) tree runs on the true one: (settings, stock,
+    bad, good, evaluator, acceptance)."""
+    from specpilot.ir import apply
+    from specpilot.prompts import load_prompts
+
     target, drafter = agreeing_pair(tmp_path)
     lossy = perturbed_copy(target, os.path.join(str(tmp_path), "lossy"), 0.05, seed=99)
-    settings = small_settings(tmp_path, target, drafter, candidates_per_round=3,
-                              timing_repeats=2)
+    settings = small_settings(tmp_path, target, drafter, **settings_kw)
     stock = stock_program(build_deployment(target, drafter, gpu="cpu", dtype="float32"))
     bad, good = SetDraftLength(3), SetTopology(Tree((2, 1)))
-    from specpilot.ir import apply
     probe = load_pair(target, drafter, "float32", "cpu")
-    from specpilot.prompts import load_prompts
     prompts = [probe.encode(t) for t in load_prompts(settings.workload)]
     evaluator = LossyEvaluator(target, drafter, "float32", "cpu", prompts, 16, 1,
                                lossy_dir=lossy, lossy_ids={program_id(apply(stock, bad))})
     acceptance = measure_rank_profile(evaluator.stock_pair.drafter, prompts,
                                       evaluator.reference.tokens)
+    return settings, stock, bad, good, evaluator, acceptance
+
+
+def test_a_round_rejects_a_lossy_candidate_by_forcing(tmp_path):
+    from specpilot.ir import apply
+
+    settings, stock, bad, good, evaluator, acceptance = lossy_round_setup(
+        tmp_path, candidates_per_round=3, timing_repeats=2)
     agent = Scripted("topology", ("topology",), [bad, good])
     lines = []
     inputs = RoundInputs(1, stock, CostModel(measure_device("cpu", repeats=1)), acceptance,
@@ -158,21 +169,10 @@ def test_memory_seeds_compose_into_one_candidate(tmp_path):
 
 
 def test_round_one_evaluates_the_memory_seeds_first_and_goes_on_when_they_fail(tmp_path):
-    from specpilot.ir import apply
     from specpilot.memory import Mechanism, MemoryView
-    from specpilot.prompts import load_prompts
 
-    target, drafter = agreeing_pair(tmp_path)
-    lossy = perturbed_copy(target, os.path.join(str(tmp_path), "lossy"), 0.05, seed=99)
-    settings = small_settings(tmp_path, target, drafter, candidates_per_round=2)
-    stock = stock_program(build_deployment(target, drafter, gpu="cpu", dtype="float32"))
-    bad, good = SetDraftLength(3), SetTopology(Tree((2, 1)))
-    probe = load_pair(target, drafter, "float32", "cpu")
-    prompts = [probe.encode(t) for t in load_prompts(settings.workload)]
-    evaluator = LossyEvaluator(target, drafter, "float32", "cpu", prompts, 16, 1,
-                               lossy_dir=lossy, lossy_ids={program_id(apply(stock, bad))})
-    acceptance = measure_rank_profile(evaluator.stock_pair.drafter, prompts,
-                                      evaluator.reference.tokens)
+    settings, stock, bad, good, evaluator, acceptance = lossy_round_setup(
+        tmp_path, candidates_per_round=2)
     seed = Mechanism(bad, {}, 0.3, True, {"passed": True}, True, "b", "earlier", 1)
     inputs = RoundInputs(1, stock, CostModel(measure_device("cpu", repeats=1)), acceptance,
                          evaluator, [Scripted("topology", ("topology",), [good, bad])],
