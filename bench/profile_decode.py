@@ -1,6 +1,9 @@
 """Where a decode step's time goes, on random-weight models of a shape preset pair.
 
-For the torch backend with and without its CUDA fast path, at each batch size:
+For the torch backend in each fast-path mode (`--fast-ops`, default on a GPU: off, ops and
+layers; runtime/fast_ops.py), at each batch size:
+  fast_ops_mode         off (reference ops), ops (compiled op by op) or layers (compiled blocks)
+  first_forward_s       wall time of the first eager AR forward (compilation included)
   kernels_per_forward   CUDA kernels one eager AR forward launches (torch.profiler)
   ar_step_gpu_s         one CUDA-graphed AR step, device time (CUDA events)
   ar_token_wall_s_*     wall time per decode token of graphed greedy decoding (host loop included):
@@ -9,9 +12,12 @@ For the torch backend with and without its CUDA fast path, at each batch size:
   round_gpu_s           one graphed chain(k) round, device time (and one of a static tree
                         (3, 2, 1) and of a dynamic tree of 8 nodes)
   round_wall_s          wall time per decode round of GraphedChainDecoder.generate
+  compiled_graphs       (layers) graphs each compiled block holds after the row: more than
+                        one per shape class would mean recompiles
 so that "bound by kernel count", "bound by the host loop" and "bound by bytes" can be told apart.
 
   python3 bench/profile_decode.py --shapes zoo-gpu-small:zoo-gpu-small-drafter --out FILE.json
+  python3 bench/profile_decode.py --fast-ops ops,layers --out FILE.json   # the two fast paths
 
 Off a GPU it runs the same loops uncaptured, in float32 (useful only to check the script).
 """
@@ -34,12 +40,26 @@ from specpilot.runtime.steps import append_step
 from specpilot.runtime.torch_backend import TorchBackend
 
 
-def build(preset, fast: bool, seed: int, device: str, scale: float) -> Transformer:
+MODES = ("off", "ops", "layers")
+
+
+def build(preset, fast, seed: int, device: str, scale: float) -> Transformer:
+    """A random-weight model of `preset`; `fast` is a TorchBackend fast_ops value (a mode of
+    MODES, or a bool)."""
     config = preset.config(scale)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     tensors = random_tensors(config, device, dtype, seed)
     return Transformer(config, tensors, dtype, device, backend=TorchBackend(fast_ops=fast),
                        fuse_projections=True, consume_tensors=True)
+
+
+def first_forward_s(model, batch: int, context: int) -> float:
+    """Wall time of the model's first AR forward at this batch size (its compile, if any)."""
+    cache = model.new_cache(batch, context + 2)
+    tokens = torch.zeros((batch, 1), dtype=torch.int64, device=model.device)
+    slots = torch.full((batch, 1), context, device=model.device)
+    mask = torch.arange(context + 2, device=model.device)[None, None, :] <= slots[:, :, None]
+    return wall(lambda: model.forward(tokens, slots, slots, mask, cache))
 
 
 def kernels_per_forward(model, batch: int, context: int):
@@ -74,8 +94,8 @@ def wall(fn) -> float:
 def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> dict:
     dev = target.device
     graphs = dev.type == "cuda"
-    out = {"batch": batch, "kernels_per_forward": kernels_per_forward(target, batch, context),
-           "graphed": graphs}
+    out = {"batch": batch, "first_forward_s": first_forward_s(target, batch, context),
+           "kernels_per_forward": kernels_per_forward(target, batch, context), "graphed": graphs}
     cache = target.new_cache(batch, context + 2)
     step = GraphedStep(target, cache, width=1, capture=graphs)
     step.positions.fill_(context)
@@ -116,7 +136,22 @@ def profile_one(target, drafter, batch: int, context: int, new: int, k: int) -> 
     rounds = runs[new].target_forwards - runs[short].target_forwards
     out["round_wall_s"] = (seconds[new] - seconds[short]) / max(rounds, 1)
     out["rounds"] = runs[new].target_forwards - 1
+    for role, model in (("target", target), ("drafter", drafter)):
+        if model._blocks is not None:
+            out.setdefault("compiled_graphs", {})[role] = model._blocks.graphs()
     return out
+
+
+def modes(arg, device: str):
+    """The fast-path modes to profile: `arg` (comma-separated), by default all three on a GPU
+    and "off" elsewhere (there the compiled paths would time CPU code)."""
+    if arg is None:
+        return list(MODES) if device == "cuda" else ["off"]
+    chosen = [m.strip() for m in arg.split(",") if m.strip()]
+    unknown = [m for m in chosen if m not in MODES]
+    if unknown or not chosen:
+        raise SystemExit(f"--fast-ops: choose from {', '.join(MODES)} (got {arg!r})")
+    return chosen
 
 
 def main(argv=None) -> int:
@@ -128,17 +163,20 @@ def main(argv=None) -> int:
     p.add_argument("--k", type=int, default=4)
     p.add_argument("--scale", type=float, default=1.0, help="shrink every width (quick runs)")
     p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--fast-ops", default=None,
+                   help=f"comma-separated modes of {', '.join(MODES)} (default: all three on a "
+                        "GPU, off elsewhere)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     target_preset, drafter_preset = parse_shapes(args.shapes)
     doc = {"environment": environment(args.device, None), "settings": vars(args), "rows": []}
-    # The fast path compiles its ops: a GPU only.
-    for fast in ((False, True) if args.device == "cuda" else (False,)):
-        target = build(target_preset, fast, 1, args.device, args.scale)
-        drafter = build(drafter_preset, fast, 2, args.device, args.scale)
+    for mode in modes(args.fast_ops, args.device):
+        target = build(target_preset, mode, 1, args.device, args.scale)
+        drafter = build(drafter_preset, mode, 2, args.device, args.scale)
         for b in (int(x) for x in args.batch_sizes.split(",")):
-            row = dict(fast_ops=fast, **profile_one(target, drafter, b, args.context,
-                                                    args.new_tokens, args.k))
+            # fast_ops stays a bool (any fast path) for readers of earlier files.
+            row = dict(fast_ops=mode != "off", fast_ops_mode=target.backend.fast_ops_mode,
+                       **profile_one(target, drafter, b, args.context, args.new_tokens, args.k))
             print(json.dumps(row), flush=True)
             doc["rows"].append(row)
             with open(args.out, "w") as f:

@@ -21,7 +21,7 @@ from .graphed_program import decoder_for, force_graphed, graph_refusal, run_grap
 from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
-from .fast_ops import fast_ops_enabled
+from .fast_ops import OFF, fast_ops_mode
 from .torch_backend import TorchBackend
 
 
@@ -62,7 +62,8 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
     and its per-linear weight formats. Without, both use the torch backend with dense weights.
 
     `fast_path` (default: `cuda_fast_path`) loads torch-backend models with q/k/v and gate/up
-    fused and the backend's fused kernels (runtime/fast_ops.py, unless SPECPILOT_FAST_OPS=0).
+    fused and the backend's fused kernels: compiled op by op, or as whole layers with
+    SPECPILOT_FAST_OPS=layers, or none with SPECPILOT_FAST_OPS=0 (runtime/fast_ops.py).
     """
     device = device or default_device()
     fast = cuda_fast_path(device, program) if fast_path is None else fast_path
@@ -74,7 +75,7 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 
     def model(folder: str, role: str) -> Transformer:
         if program is None or program.kernels.backend == "torch":
-            backend = TorchBackend(fast_ops=fast and fast_ops_enabled())
+            backend = TorchBackend(fast_ops=fast_ops_mode() if fast else OFF)
             if program is None:
                 return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
                                                    fuse_projections=fast)

@@ -4,11 +4,19 @@ One entry point, `forward`, serves prefill, AR decode, chain verification and tr
 the caller says where each new token sits (`positions`, for RoPE), where its K/V goes in the cache
 (`slots`) and which cache slots each token may attend to (`mask`). The decode loops own those
 decisions; the model owns only the arithmetic.
+
+The arithmetic is three blocks: `prologue` (embeddings, RoPE tables, window masks),
+`decoder_layer` once per layer, `epilogue` (final norm, LM head). Eagerly, each op is one call of
+the backend. A decode step is bound by how many kernels it launches rather than by the bytes it
+reads (runtime/fast_ops.py has the H200 numbers), so with the torch backend's "layers" fast path
+(SPECPILOT_FAST_OPS=layers) each block is compiled whole instead: Inductor fuses the small ops
+between the GEMMs and SDPA (residual add with RMSNorm, RoPE with the KV write, SwiGLU), and every
+layer replays the one compiled layer graph with its own weights.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -16,6 +24,7 @@ from specpilot.ir.errors import SpecPilotError
 
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ModelConfig
+from .fast_ops import CompiledBlocks, mark_dims
 from .kv_cache import KVCache
 from .rope import cos_sin, inverse_frequencies
 from .torch_backend import TorchBackend
@@ -105,6 +114,11 @@ class Transformer:
                 k_norm=get(p + "self_attn.k_norm.weight") if config.qk_norm else None))
         self.inv_freq = inverse_frequencies(config).to(self.device)
         self.scale = config.head_dim ** -0.5
+        # The compiled blocks of the "layers" fast path (runtime/fast_ops.py). Made here so
+        # that shallow copies (runtime/two_level.py's cheap verifiers) share its graphs.
+        self._blocks = None
+        if compiles_layers(self.backend):
+            self._blocks = CompiledBlocks(f"{config.model_type}{config.hidden_size}")
 
     @classmethod
     def from_checkpoint(cls, checkpoint, dtype="float32", device="cpu", backend=None,
@@ -134,44 +148,146 @@ class Transformer:
         logits_at [B, R] picks the token indices whose logits are returned ([B, R, V] float32);
         None returns logits for all T.
         """
+        if compiles_layers(self.backend):
+            return self._compiled_forward(tokens, positions, slots, mask, cache, logits_at)
         cfg, be = self.config, self.backend
-        b, t = tokens.shape
-        rows = torch.arange(b, device=tokens.device)[:, None].expand(b, t)
-        cache.positions[rows, slots] = positions
-        windowed = {}
-        for window in {cfg.window_of(i) for i in range(cfg.num_layers)} - {None}:
-            # HF semantics: a key is visible while query_pos - key_pos < window.
-            windowed[window] = mask & ((positions[:, :, None] - cache.positions[:, None, :]) < window)
-        cos, sin = cos_sin(self.inv_freq, positions, self.dtype)
-        x = self.embed[tokens]
-        hd, h, hkv = cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
+        windows = self.windows()
+        x, cos, sin, masks = prologue(tokens, positions, slots, mask, cache.positions, self.embed,
+                                      self.inv_freq, windows, self.dtype)
+        delta, dims = None, self.dims()
         for i, layer in enumerate(self.layers):
-            lin = layer.linears
-            y = be.rmsnorm(x, layer.input_norm, cfg.rms_norm_eps)
-            if "self_attn.qkv_proj" in lin:
-                q, k, v = be.linear(y, lin["self_attn.qkv_proj"]).split([h * hd, hkv * hd, hkv * hd], -1)
-            else:
-                q = be.linear(y, lin["self_attn.q_proj"])
-                k = be.linear(y, lin["self_attn.k_proj"])
-                v = be.linear(y, lin["self_attn.v_proj"])
-            q, k, v = q.reshape(b, t, h, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
-            if layer.q_norm is not None:
-                q = be.rmsnorm(q, layer.q_norm, cfg.rms_norm_eps)
-                k = be.rmsnorm(k, layer.k_norm, cfg.rms_norm_eps)
-            q = be.rope(q, cos, sin)
-            k = be.rope(k, cos, sin)
-            cache.write(i, slots, k, v)
             window = cfg.window_of(i)
-            layer_mask = mask if window is None else windowed[window]
-            a = be.attention(q, cache.k[i], cache.v[i], layer_mask, self.scale)
-            x = x + be.linear(a, lin["self_attn.o_proj"])
-            y = be.rmsnorm(x, layer.post_norm, cfg.rms_norm_eps)
-            if "mlp.gate_up_proj" in lin:
-                act = be.silu_mul(*be.linear(y, lin["mlp.gate_up_proj"]).chunk(2, dim=-1))
-            else:
-                act = be.mlp_gate_up(y, lin["mlp.gate_proj"], lin["mlp.up_proj"])
-            x = x + be.linear(act, lin["mlp.down_proj"])
-        if logits_at is not None:
-            x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
-        x = be.rmsnorm(x, self.final_norm, cfg.rms_norm_eps)
-        return be.linear(x, self.lm_head).to(torch.float32)
+            layer_mask = masks[0 if window is None else 1 + windows.index(window)]
+            x, delta = decoder_layer(be, layer, x, delta, cos, sin, layer_mask, slots, cache.k[i],
+                                     cache.v[i], dims, cfg.rms_norm_eps, self.scale)
+        return epilogue(be, x, delta, logits_at, self.final_norm, self.lm_head, cfg.rms_norm_eps)
+
+    def windows(self) -> Tuple[int, ...]:
+        """The distinct sliding windows of the layers, in a fixed order."""
+        cfg = self.config
+        return tuple(sorted({cfg.window_of(i) for i in range(cfg.num_layers)} - {None}))
+
+    def dims(self) -> Tuple[int, int, int]:
+        cfg = self.config
+        return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def _compiled_forward(self, tokens, positions, slots, mask, cache, logits_at):
+        """`forward` as compiled blocks (SPECPILOT_FAST_OPS=layers, runtime/fast_ops.py): the
+        prologue, one graph shared by every layer, the epilogue. Batch, token and cache-slot
+        counts are symbolic sizes, so the shapes a decoder uses (T = 1 steps, k + 1 chain and
+        tree verifications, prefill buckets, any batch) compile once per shape class.
+        Inputs are made contiguous first: an expanded or strided view would be a new stride
+        pattern for dynamo's guards, and a recompile."""
+        if self._blocks is None:    # a backend swapped in after construction
+            self._blocks = CompiledBlocks(f"{self.config.model_type}{self.config.hidden_size}")
+        blocks, cfg, dt = self._blocks, self.config, self.dtype
+        tokens, positions, slots, mask = (mark_dims(t.contiguous(), 0, 1)
+                                          for t in (tokens, positions, slots, mask))
+        mark_dims(mask, 2)
+        windows = self.windows()
+        # Dynamo guards on whether two inputs are one tensor (append_step passes its slots as
+        # positions too): each case gets its own compiled copy rather than a recompile.
+        aliased = positions is slots
+        x, delta, cos, sin, masks = blocks.get(
+            compiled_prologue, "aliased" if aliased else "distinct", dt, *windows)(
+            tokens, positions, slots, mask, mark_dims(cache.positions, 0, 1), self.embed,
+            self.inv_freq, windows, dt)
+        for t in (x, delta, cos, sin):
+            mark_dims(t, 0, 1)
+        for m in masks:
+            mark_dims(m, 0, 1, 2)
+        layer_fn, dims, ops = blocks.get(decoder_layer, dt), self.dims(), self.backend.graph_ops
+        for i, layer in enumerate(self.layers):
+            window = cfg.window_of(i)
+            layer_mask = masks[0 if window is None else 1 + windows.index(window)]
+            x, delta = layer_fn(ops, layer, x, delta, cos, sin, layer_mask, slots,
+                                mark_dims(cache.k[i], 0, 1), mark_dims(cache.v[i], 0, 1), dims,
+                                cfg.rms_norm_eps, self.scale)
+            mark_dims(x, 0, 1)
+            mark_dims(delta, 0, 1)
+        picked = logits_at is not None
+        if picked:
+            logits_at = mark_dims(logits_at.contiguous(), 0, 1)
+        return blocks.get(epilogue, "rows" if picked else "all", dt)(
+            ops, x, delta, logits_at, self.final_norm, self.lm_head, cfg.rms_norm_eps)
+
+
+def compiles_layers(backend) -> bool:
+    """Whether `backend` asks for the compiled-blocks forward. Only a TorchBackend itself: a
+    wrapper that replaces one of its ops (the ragged runtime's varlen attention) must run them
+    one by one, and then gets the backend's per-op fast path."""
+    return isinstance(backend, TorchBackend) and backend.compiles_layers
+
+
+def prologue(tokens, positions, slots, mask, cache_positions, embed, inv_freq,
+             windows: Tuple[int, ...], dtype):
+    """Record the new tokens' positions in the cache and build what every layer reads:
+    (embeddings [B, T, hidden], cos, sin [B, T, D], masks), masks[0] being `mask` and
+    masks[1 + j] it restricted to the j-th sliding window."""
+    b, t = tokens.shape
+    rows = torch.arange(b, device=tokens.device)[:, None].expand(b, t)
+    cache_positions[rows, slots] = positions
+    masks = [mask]
+    for window in windows:
+        # HF semantics: a key is visible while query_pos - key_pos < window.
+        masks.append(mask & ((positions[:, :, None] - cache_positions[:, None, :]) < window))
+    cos, sin = cos_sin(inv_freq, positions, dtype)
+    return embed[tokens], cos, sin, masks
+
+
+def compiled_prologue(tokens, positions, slots, mask, cache_positions, embed, inv_freq,
+                      windows: Tuple[int, ...], dtype):
+    """`prologue` with a zero residual delta for the first layer (one graph for every layer;
+    the zeros are written by the embedding's kernel)."""
+    x, cos, sin, masks = prologue(tokens, positions, slots, mask, cache_positions, embed,
+                                  inv_freq, windows, dtype)
+    return x, torch.zeros_like(x), cos, sin, masks
+
+
+def decoder_layer(be, layer: LayerWeights, x, delta, cos, sin, mask, slots, k_cache, v_cache,
+                  dims: Tuple[int, int, int], eps: float, scale: float):
+    """One decoder layer with `be`'s ops, writing its K/V into k_cache/v_cache at `slots`.
+
+    The residual stream arrives as x plus the previous layer's MLP output `delta` (None before
+    the first layer) and leaves as (x, this layer's MLP output): the add then sits in the same
+    block as the RMSNorm that reads its result, so a compiler fuses the two."""
+    h, hkv, hd = dims
+    b, t = x.shape[0], x.shape[1]
+    lin = layer.linears
+    if delta is not None:
+        x = x + delta
+    y = be.rmsnorm(x, layer.input_norm, eps)
+    if "self_attn.qkv_proj" in lin:
+        q, k, v = be.linear(y, lin["self_attn.qkv_proj"]).split([h * hd, hkv * hd, hkv * hd], -1)
+    else:
+        q = be.linear(y, lin["self_attn.q_proj"])
+        k = be.linear(y, lin["self_attn.k_proj"])
+        v = be.linear(y, lin["self_attn.v_proj"])
+    q, k, v = q.reshape(b, t, h, hd), k.reshape(b, t, hkv, hd), v.reshape(b, t, hkv, hd)
+    if layer.q_norm is not None:
+        q = be.rmsnorm(q, layer.q_norm, eps)
+        k = be.rmsnorm(k, layer.k_norm, eps)
+    q = be.rope(q, cos, sin)
+    k = be.rope(k, cos, sin)
+    rows = torch.arange(b, device=slots.device)[:, None].expand(b, t)
+    k_cache[rows, slots] = k
+    v_cache[rows, slots] = v
+    a = be.attention(q, k_cache, v_cache, mask, scale)
+    x = x + be.linear(a, lin["self_attn.o_proj"])
+    y = be.rmsnorm(x, layer.post_norm, eps)
+    if "mlp.gate_up_proj" in lin:
+        act = be.silu_mul(*be.linear(y, lin["mlp.gate_up_proj"]).chunk(2, dim=-1))
+    else:
+        act = be.mlp_gate_up(y, lin["mlp.gate_proj"], lin["mlp.up_proj"])
+    return x, be.linear(act, lin["mlp.down_proj"])
+
+
+def epilogue(be, x, delta, logits_at, final_norm, lm_head, eps: float):
+    """Float32 logits of the residual stream x + delta, at the rows logits_at [B, R] picks
+    (all rows for None)."""
+    if delta is not None:
+        x = x + delta
+    if logits_at is not None:
+        x = torch.gather(x, 1, logits_at[:, :, None].expand(-1, -1, x.shape[-1]))
+    x = be.rmsnorm(x, final_norm, eps)
+    return be.linear(x, lm_head).to(torch.float32)

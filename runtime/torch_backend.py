@@ -5,10 +5,13 @@ the same interface, so the model and the decode loops never know which one runs.
 """
 from __future__ import annotations
 
-from typing import Optional
+import warnings
+from typing import Optional, Union
 
 import torch
 import torch.nn.functional as F
+
+from specpilot.ir.errors import SpecPilotError
 
 from .reference_ops import attention_ref, rmsnorm_ref, rope_ref
 
@@ -37,21 +40,47 @@ class TorchBackend:
     """Every op is its kernel family's torch reference (runtime/reference_ops.py): the stock
     decoder and the generated kernels' tests share one definition of each op's numerics.
 
-    `fast_ops` (for a CUDA GPU) compiles those same references with `torch.compile` (each
-    becomes one fused kernel instead of several) and runs attention as one grouped SDPA call
-    (runtime/fast_ops.py): a small model's decode step is bound by its kernel count."""
+    `fast_ops` (for a CUDA GPU; runtime/fast_ops.py says why: a small model's decode step is
+    bound by its kernel count) is False, True (or "ops") or "layers":
+    - True: those same references compiled one op at a time with `torch.compile` (each becomes
+      one fused kernel instead of several), attention one grouped SDPA call;
+    - "layers": the model compiles whole blocks (`Transformer.forward`) from `graph_ops`, the
+      references with the grouped SDPA attention, so Inductor fuses across ops. Its per-op
+      methods are the True path's, for wrappers that replace an op (they run op by op).
+    Where whole-block compilation cannot run, "layers" warns with the reason and runs as True.
+    """
 
     name = "torch"
 
-    def __init__(self, fast_ops: bool = False):
-        self.fast_ops = fast_ops
+    def __init__(self, fast_ops: Union[bool, str] = False):
+        from .fast_ops import LAYERS, OFF, OPS
+
+        mode = {False: OFF, True: OPS}.get(fast_ops, fast_ops)
+        if mode not in (OFF, OPS, LAYERS):
+            raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
+                             f"got {fast_ops!r}")
+        self.fast_ops = mode != OFF
+        self.compiles_layers = False
         self._rmsnorm, self._rope, self._silu_mul = _rmsnorm, _rope, _silu_mul
         self._attention = _reference_attention
-        if fast_ops:
+        if mode == LAYERS:
+            from .fast_ops import layers_refusal
+
+            refusal = layers_refusal()
+            if refusal is not None:
+                warnings.warn(f"fast_ops='layers' runs as the per-op fast path: {refusal}",
+                              stacklevel=2)
+            self.compiles_layers = refusal is None
+            mode = LAYERS if self.compiles_layers else OPS
+        self.fast_ops_mode = mode
+        if self.fast_ops:
             from .fast_ops import compiled, grouped_sdpa
             self._rmsnorm, self._rope, self._silu_mul = (compiled(_rmsnorm), compiled(_rope),
                                                          compiled(_silu_mul))
             self._attention = grouped_sdpa
+        # What a compiled block calls: plain references (torch.compile traces them) with the
+        # grouped SDPA attention. Never the per-op compiled functions: blocks compile whole.
+        self.graph_ops = _graph_ops() if self.compiles_layers else None
 
     def prepare_linear(self, name: str, weight: torch.Tensor, bias: Optional[torch.Tensor], fmt: str):
         """Turn a checkpoint weight into whatever `linear` consumes (dense here)."""
@@ -79,3 +108,11 @@ class TorchBackend:
     def mlp_gate_up(self, y: torch.Tensor, gate, up) -> torch.Tensor:
         """silu(y @ gate.T) * (y @ up.T), the MLP's input half; a backend may fuse it."""
         return self.silu_mul(self.linear(y, gate), self.linear(y, up))
+
+
+def _graph_ops() -> TorchBackend:
+    from .fast_ops import grouped_sdpa
+
+    ops = TorchBackend()
+    ops._attention = grouped_sdpa
+    return ops

@@ -19,7 +19,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.config import ModelConfig, RopeScaling
 from specpilot.runtime.model import LINEARS, Transformer
-from specpilot.runtime.fast_ops import fast_ops_enabled
+from specpilot.runtime.fast_ops import fast_ops_mode
 from specpilot.runtime.torch_backend import TorchBackend
 
 
@@ -182,5 +182,7 @@ def build_preset(name: str, device="cuda", dtype: torch.dtype = torch.bfloat16,
     tensors = random_tensors(config, device, dtype, seed)
     # Fused q/k/v and gate/up, as load_pair builds CUDA models; consumed so no copy lingers.
     fuse = torch.device(device).type == "cuda"
-    return Transformer(config, tensors, dtype, device, backend=TorchBackend(fast_ops=fuse and fast_ops_enabled()),
+    # The fast path as SPECPILOT_FAST_OPS selects it (per op, whole layers, or off), as on a pair.
+    backend = TorchBackend(fast_ops=fast_ops_mode() if fuse else False)
+    return Transformer(config, tensors, dtype, device, backend=backend,
                        fuse_projections=fuse, consume_tensors=fuse)
