@@ -15,6 +15,7 @@
 #   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
+#   profile8b  the same at Llama-3.1-8B / 3.2-1B shapes, per-op against whole-layer fast path
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -66,6 +67,7 @@ phase() {
             --junitxml="$RESULTS/gpu_tests.xml" \
             tests/gpu/test_graphed_chain_gpu.py tests/gpu/test_cuda_graphs.py \
             tests/gpu/test_mechanisms_gpu.py tests/runtime/test_ragged_varlen.py \
+            tests/gpu/test_compiled_layers_gpu.py \
             tests/gpu/test_bench_gpu.py tests/gpu/test_kernels_gpu.py \
             tests/gpu/test_gemv_lossless12_gpu.py ;;  # nvcc-heavy CUDA kernel tests last
     train)
@@ -76,7 +78,11 @@ phase() {
         fi
         cp "$PAIR/train_report.json" "$RESULTS/train_report.json" 2>/dev/null ;;
     profile)
-        step profile timeout 300 python3 bench/profile_decode.py --out "$RESULTS/profile.json" ;;
+        step profile timeout 400 python3 bench/profile_decode.py --out "$RESULTS/profile.json" ;;
+    profile8b)
+        step profile8b timeout 400 python3 bench/profile_decode.py \
+            --shapes llama-3.1-8b:llama-3.2-1b --batch-sizes 1,16 --fast-ops ops,layers \
+            --out "$RESULTS/profile-8b.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;
