@@ -6,9 +6,7 @@ import pytest
 import torch
 
 from hf_factory import make_checkpoint, random_prompts
-from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.cuda_graphs import GraphedStep
-from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.model import Transformer
 from specpilot.runtime.torch_backend import TorchBackend
@@ -72,19 +70,3 @@ def test_graphed_chain_and_tree_rounds_equal_eager_rounds(tmp_path, dtype):
     assert graphed.tokens == eager.tokens
     for model in (target, drafter):
         assert max(model._blocks.graphs().values()) <= 6, model._blocks.graphs()
-
-
-@pytest.mark.parametrize("family", ["llama3", "mistral", "qwen3"])
-def test_layers_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family):
-    from specpilot.bench.correctness import forced_ar_proposals
-
-    folder = make_checkpoint(tmp_path, family, seed=76)
-    ref = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
-    fast = _layers_model(folder, "bfloat16")
-    prompts = random_prompts((4, 11, 1, 7), seed=77)
-    want = generate_ar(ref, prompts, 24)
-    report = compare_to_reference(forced_ar_proposals(fast, prompts, want.tokens), want,
-                                  default_tolerance(torch.bfloat16))
-    assert report.passed, report.format()
-    graphed = GraphedChainDecoder(fast, None, 4, 64, 0).generate(prompts, 24)
-    assert graphed.tokens == generate_ar(fast, prompts, 24).tokens

@@ -46,15 +46,17 @@ def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fu
     assert report.passed, report.format()
 
 
-@pytest.mark.parametrize("family", ["llama3", "mistral"])
-def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family):
+@pytest.mark.parametrize("family", ["llama3", "mistral", "qwen3"])
+@pytest.mark.parametrize("mode", ["ops", "layers"])
+def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family, mode):
+    """Both fast paths (per op, and whole compiled layers) against the reference ops."""
     from specpilot.bench.correctness import forced_ar_proposals
     from specpilot.runtime.torch_backend import TorchBackend
 
     folder = make_checkpoint(tmp_path, family, seed=84)
     ref = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
     fast = Transformer.from_checkpoint(folder, "bfloat16", "cuda",
-                                       backend=TorchBackend(fast_ops=True), fuse_projections=True)
+                                       backend=TorchBackend(fast_ops=mode), fuse_projections=True)
     prompts = random_prompts((4, 11, 1, 7), seed=85)
     want = generate_ar(ref, prompts, 24)
     report = compare_to_reference(forced_ar_proposals(fast, prompts, want.tokens), want,
