@@ -58,7 +58,7 @@ class TorchBackend:
         mode = {False: OFF, True: OPS}.get(fast_ops, fast_ops)
         if mode not in (OFF, OPS, LAYERS):
             raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
-                             f"got {fast_ops!r}")
+                                 f"got {fast_ops!r}")
         self.fast_ops = mode != OFF
         self.compiles_layers = False
         self._rmsnorm, self._rope, self._silu_mul = _rmsnorm, _rope, _silu_mul
