@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import asdict, dataclass, replace
-from typing import Dict
+from typing import Dict, Optional
 
 from specpilot.ir.errors import SpecPilotError
 
@@ -33,6 +33,8 @@ class GpuSpec:
     vector_flops: FP32 FLOP/s without tensor cores, used for float32 models.
     launch_overhead_s: seconds one kernel launch (one op, on a CPU) costs beyond its work.
     source: where the numbers come from ("datasheet", "measured", "nominal").
+    graphed_launch_s: seconds one tiny kernel costs when replayed inside a CUDA graph (measured
+      on a GPU; None where unknown, and the roofline assumes a share of the eager overhead).
     """
     name: str
     memory_bandwidth: float
@@ -42,6 +44,7 @@ class GpuSpec:
     launch_overhead_s: float
     memory_bytes: float
     source: str = "datasheet"
+    graphed_launch_s: Optional[float] = None
 
     def flops_for(self, dtype: str) -> float:
         """Peak matmul rate for a model computing in `dtype`."""
@@ -52,16 +55,19 @@ class GpuSpec:
 
     @classmethod
     def from_json(cls, obj: dict) -> "GpuSpec":
+        optional = {"source", "graphed_launch_s"}   # specs written before they existed
         try:
-            return cls(**{k: obj[k] for k in cls.__dataclass_fields__})
+            return cls(**{k: obj[k] for k in cls.__dataclass_fields__
+                          if k in obj or k not in optional})
         except (KeyError, TypeError) as exc:
             raise SpecPilotError(f"not a GPU spec: {exc}") from None
 
     def overridden_by(self, measured: "GpuSpec") -> "GpuSpec":
-        """This spec with the measured bandwidth, matmul rate and launch overhead."""
+        """This spec with the measured bandwidth, matmul rate and launch overheads."""
         return replace(self, memory_bandwidth=measured.memory_bandwidth,
                        matmul_flops=measured.matmul_flops, vector_flops=measured.vector_flops,
                        launch_overhead_s=measured.launch_overhead_s,
+                       graphed_launch_s=measured.graphed_launch_s,
                        source=f"measured ({measured.name}) over {self.source}")
 
 

@@ -28,7 +28,8 @@ def _best_seconds(fn: Callable[[], None], sync: Callable[[], None], repeats: int
 def measure_device(device: Optional[str] = None, repeats: int = 5) -> GpuSpec:
     """A GpuSpec of `device` ("cuda", "cuda:1", "cpu"; default: cuda if available) with measured
     memory bandwidth (a large tensor copy, read + write bytes), matmul rate in bfloat16 and float32,
-    and launch overhead (a tiny op launched many times). On a GPU the SM count and memory size
+    and launch overhead (a tiny op launched many times; on a GPU also replayed from one CUDA
+    graph, the per-kernel cost inside a graphed step). On a GPU the SM count and memory size
     come from the driver; on a CPU they are 0 and the installed-memory figure is not measured."""
     import torch
 
@@ -64,10 +65,32 @@ def measure_device(device: Optional[str] = None, repeats: int = 5) -> GpuSpec:
             x.add_(1.0)
 
     launch = _best_seconds(tiny_ops, sync, repeats) / launches
+    graphed = _graphed_launch_seconds(tiny_ops, launches, dev, sync, repeats) if cuda else None
     if cuda:
         props = torch.cuda.get_device_properties(dev)
         name, sms, memory = props.name, props.multi_processor_count, float(props.total_memory)
     else:
         name, sms, memory = "cpu", 0, gpu_spec("cpu").memory_bytes
     return GpuSpec(name=name, memory_bandwidth=bandwidth, matmul_flops=bf16, vector_flops=fp32,
-                   sm_count=sms, launch_overhead_s=launch, memory_bytes=memory, source="measured")
+                   sm_count=sms, launch_overhead_s=launch, memory_bytes=memory, source="measured",
+                   graphed_launch_s=graphed)
+
+
+def _graphed_launch_seconds(tiny_ops: Callable[[], None], launches: int, dev, sync,
+                            repeats: int) -> float:
+    """Seconds per tiny kernel when `launches` of them replay from one CUDA graph: what a
+    kernel costs inside a graphed decode step, where the host's dispatch is gone but the GPU's
+    per-kernel gap stays."""
+    import torch
+
+    side = torch.cuda.Stream(device=dev)
+    side.wait_stream(torch.cuda.current_stream(dev))
+    with torch.cuda.stream(side):      # warm up off the capture, as CUDA graphs want
+        tiny_ops()
+    torch.cuda.current_stream(dev).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        tiny_ops()
+    seconds = _best_seconds(graph.replay, sync, repeats) / launches
+    del graph
+    return seconds

@@ -19,7 +19,7 @@ from .acceptance import is_dynamic
 from .calibrate import Calibration, CalibrationPoint
 from .gpu_specs import GpuSpec
 from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
-from .roofline import (ACCEPT_OPS, GRAPHED_LAUNCH_SHARE, forward_cost, gap_parts, step_nodes,
+from .roofline import (ACCEPT_OPS, forward_cost, gap_parts, graphed_share, step_nodes,
                        time_parts)
 from .topologies import candidate_topologies, shaped_topologies
 
@@ -238,7 +238,7 @@ class CostModel:
                        graphed: bool = False) -> WorkloadPrediction:
         """Seconds of plain greedy AR with the target of `program` over the workload (`graphed`:
         each step replayed from a CUDA graph, as the strong AR baseline runs on a GPU)."""
-        share = GRAPHED_LAUNCH_SHARE if graphed else 1.0
+        share = graphed_share(self.gpu) if graphed else 1.0
         roof = over = 0.0
         target = program.models.target
         for start in range(0, len(prompt_lengths), batch):

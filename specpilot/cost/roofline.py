@@ -29,8 +29,17 @@ ACCEPT_OPS = 2
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
 # Hopper) but not the host's dispatch (several microseconds per launch), and the decode loop's
 # host syncs between steps disappear: a graphed step is modelled with this share of the eager
-# per-launch overhead. An assumption, refitted by calibration against measured runs.
+# per-launch overhead where the GPU's in-graph kernel cost was not measured (`graphed_share`).
+# An assumption, refitted by calibration against measured runs.
 GRAPHED_LAUNCH_SHARE = 0.25
+
+
+def graphed_share(gpu) -> float:
+    """The share of the eager per-launch overhead a kernel pays inside a CUDA graph: measured
+    (`GpuSpec.graphed_launch_s` over `launch_overhead_s`) where known, else the assumption."""
+    if gpu.graphed_launch_s is not None and gpu.launch_overhead_s > 0:
+        return gpu.graphed_launch_s / gpu.launch_overhead_s
+    return GRAPHED_LAUNCH_SHARE
 
 
 @dataclass(frozen=True)
@@ -171,7 +180,8 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
         out.append(node)
     if program.kernels.capture_graphs:
-        out = [replace(n, launches=n.launches * GRAPHED_LAUNCH_SHARE) for n in out]
+        share = graphed_share(gpu)
+        out = [replace(n, launches=n.launches * share) for n in out]
     return out
 
 

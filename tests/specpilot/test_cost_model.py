@@ -199,3 +199,35 @@ def test_graph_capture_cuts_the_modelled_launch_overhead_only(program):
     graph_ar = model.predict_ar_run(program, [10, 20], [30, 30], 2, graphed=True)
     assert graph_ar.roofline_s == pytest.approx(eager_ar.roofline_s)
     assert graph_ar.overhead_s < eager_ar.overhead_s
+
+
+def test_a_measured_in_graph_kernel_cost_replaces_the_assumed_share(program):
+    """Where the GPU's in-graph kernel cost was measured, a graphed node pays exactly that per
+    launch (hand-computed: launches x graphed_launch_s), and graphed AR likewise."""
+    from specpilot.cost.roofline import step_nodes
+    from specpilot.ir import CaptureGraphs, apply
+
+    eager_gpu = gpu_spec("h200")
+    measured = replace(eager_gpu, launch_overhead_s=8e-6, graphed_launch_s=3e-6)
+    graphed = apply(program, CaptureGraphs(True))
+    eager_nodes = step_nodes(program, measured, 4, 256, 2.0)
+    for e, g in zip(eager_nodes, step_nodes(graphed, measured, 4, 256, 2.0)):
+        assert g.overhead_s(measured) == pytest.approx(e.launches * 3e-6)
+    # graphed AR: its decode steps pay 3/8 of their eager overhead, its (eager) prefills all
+    def ar_overhead(gpu, graphed):
+        return CostModel(gpu).predict_ar_run(program, [10, 20], [30, 30], 2,
+                                             graphed=graphed).overhead_s
+    prefills = ar_overhead(replace(measured, graphed_launch_s=0.0), True)
+    decode = ar_overhead(measured, False) - prefills
+    assert ar_overhead(measured, True) == pytest.approx(prefills + decode * 3 / 8)
+
+
+def test_gpu_specs_round_trip_and_older_specs_load_without_the_graphed_cost():
+    from specpilot.cost.gpu_specs import GpuSpec
+
+    measured = replace(gpu_spec("h200"), graphed_launch_s=2.5e-6)
+    assert GpuSpec.from_json(measured.to_json()) == measured
+    older = gpu_spec("h200").to_json()
+    del older["graphed_launch_s"]
+    assert GpuSpec.from_json(older).graphed_launch_s is None
+    assert gpu_spec("h100").overridden_by(measured).graphed_launch_s == 2.5e-6
