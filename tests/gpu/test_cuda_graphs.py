@@ -75,3 +75,10 @@ def test_one_captured_decoder_serves_many_calls_and_forced_runs(folders):
     reference = generate_ar(other, prompts, 12)
     forced = decoder.force(prompts, reference.tokens)
     assert forced == forced_ar_proposals(model, prompts, reference.tokens)
+
+
+def test_a_kernel_replayed_from_a_graph_costs_less_than_an_eager_launch():
+    from specpilot.cost import measure_device
+
+    measured = measure_device("cuda", repeats=3)
+    assert 0 < measured.graphed_launch_s < measured.launch_overhead_s

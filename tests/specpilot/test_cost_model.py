@@ -175,6 +175,7 @@ def test_measure_device_on_this_cpu():
     for value in (measured.memory_bandwidth, measured.matmul_flops, measured.vector_flops,
                   measured.launch_overhead_s):
         assert math.isfinite(value) and value > 0
+    assert measured.graphed_launch_s is None          # no CUDA graphs on a CPU
     overridden = gpu_spec("h200").overridden_by(measured)
     assert overridden.memory_bandwidth == measured.memory_bandwidth
     assert overridden.sm_count == 132
