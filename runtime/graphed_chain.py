@@ -23,12 +23,12 @@ decides the output. `capture=False` runs the same round eagerly on any device (C
 With k = 0 and no drafter a round is one plain greedy step: the same device-resident loop
 serves as the graphed AR baseline, so AR and speculation are timed with the same host loop.
 
-Adaptive draft lengths (`adaptive=True`) follow the rule of runtime/adaptive_draft.py, on the
-device: per request, moving averages of accepted drafts and of rejections give the per-draft
-acceptance probability alpha, and the next length maximises the expected tokens per unit of
-round cost (1 + alpha + ... + alpha^L) / (1 + c L). The earlier rule, one more than the mean
-accepted drafts, could hardly grow (accepted drafts never exceed the length drafted), so one
-rejection left a request drafting short chains for dozens of rounds.
+Adaptive draft lengths (`adaptive=True`), on the device: per request, moving averages of
+accepted drafts and of rejections give the per-draft acceptance probability alpha (the estimate
+of runtime/adaptive_draft.py). A padded batch verifies one length for all its rows, so the
+length is chosen for the batch: the one that would finish its slowest request soonest, from the
+round costs measured on its own graphs; and where plain steps would finish it sooner, the batch
+stops speculating until it is done (runtime/batch_length.py says why).
 """
 from __future__ import annotations
 
@@ -38,8 +38,8 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import (DRAFT_STEP_COST, acceptance_rate, best_lengths, check_draft_cost,
-                             update_acceptance)
+from .adaptive_draft import DRAFT_STEP_COST, acceptance_rate, check_draft_cost, update_acceptance
+from .batch_length import OFF_AFTER_ROUNDS, measure_round_costs, model_round_costs, next_length
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
 from .graphed_loop import replay_until_done
@@ -61,13 +61,15 @@ class GraphedChainDecoder:
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  adaptive: bool = False, length_cap: Optional[int] = None,
                  rounds_per_replay: Optional[int] = None, record_margins: bool = False,
-                 draft_cost: float = DRAFT_STEP_COST):
-        """`adaptive`: each request drafts the length in 1..`length_cap` (default k) that
-        maximises its expected tokens per round cost, from its estimated acceptance (as
-        runtime/adaptive_draft.py, `draft_cost` being a drafter step's cost relative to a
-        verification); each round replays the graph of the longest length any request wanted
-        one round earlier (the host reads it one round behind), and a request's acceptance
-        stops at its own length.
+                 draft_cost: float = DRAFT_STEP_COST,
+                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True):
+        """`adaptive`: the batch's chain length follows its requests' estimated acceptance
+        (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
+        that would finish the batch soonest (runtime/batch_length.py), from `round_costs`
+        (cost of a round of L = 0..cap drafts in plain steps; default: measured from the
+        graphs at the first call with capture, else 1 + `draft_cost` L). With `turn_off`, a
+        batch for which plain steps would finish sooner stops speculating until it is done.
+        The host replays the length chosen two replays back.
 
         `rounds_per_replay` rounds are captured back to back in one graph (default 4 with
         capture, 1 without): the host's work per replay (launch, one status copy, one event)
@@ -138,13 +140,23 @@ class GraphedChainDecoder:
         self.catch_up_offsets = torch.tensor([-1, 0], **i64)
         self.catch_up_logit = torch.ones((batch, 1), **i64)
         # Adaptive draft length: per request moving averages of accepted drafts and of
-        # rejections per round, and the length it drafts next; per round the longest wanted
-        # length (the host picks graphs by it).
+        # rejections per round; per round the batch's next length (the host picks graphs by
+        # it).
         self.adaptive, self.length_cap = adaptive, cap
         self.draft_cost = check_draft_cost(draft_cost)
         self.accepted_avg = torch.full((batch,), float(cap), dtype=torch.float32, device=dev)
         self.rejected_avg = torch.zeros(batch, dtype=torch.float32, device=dev)
-        self.draft_len = torch.full((batch,), cap, **i64)
+        # The batch-level length policy: round costs per length (in plain steps), whether this
+        # batch has turned speculation off (for good, until it is done).
+        if round_costs is not None and len(round_costs) != cap + 1:
+            raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
+                                 f"{len(round_costs)}")
+        self.turn_off = adaptive and turn_off
+        self.round_cost = torch.tensor(list(round_costs) if round_costs is not None
+                                       else model_round_costs(cap, self.draft_cost),
+                                       dtype=torch.float32, device=dev)
+        self._measure_costs = adaptive and capture and round_costs is None
+        self.off = torch.zeros((), dtype=torch.bool, device=dev)
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
     @property
@@ -211,17 +223,16 @@ class GraphedChainDecoder:
         drafts = self._draft(k)
         g = self._verify(drafts)
         n = self._accepted(drafts, g)
-        if self.adaptive:
-            n = torch.minimum(n, self.draft_len)
-            self._commit(g, n, drafted=self.draft_len.clamp(max=k))
-        else:
-            self._commit(g, n)
+        # Padded rows all verify k drafts: each accepts what it can (capping a row below k
+        # would only throw verified tokens away).
+        self._commit(g, n, drafted=torch.full_like(n, k) if self.adaptive else None)
 
     def _commit(self, committed: torch.Tensor, n: torch.Tensor,
                 drafted: Optional[torch.Tensor] = None) -> None:
         """Commit committed[:, 0..n] per active row (the last of them becomes `last`, not yet
         in the cache), move the state on, and decide who stops. `drafted` (adaptive lengths
-        only): each row's drafts this round, against which `n` tells a rejection."""
+        only): each row's drafts this round (0 in a plain step), against which `n` tells a
+        rejection."""
         self._write(committed, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
@@ -243,18 +254,23 @@ class GraphedChainDecoder:
         self._log_round(torch.where(before, n, torch.full_like(n, -1)))
 
     def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
-        """Next lengths: the acceptance estimates of the rows that ran this round take in `n`
-        accepted of `drafted`, and each row wants the length in 1..cap with the most expected
-        tokens per round cost (runtime/adaptive_draft.py). Tensor operations only."""
+        """The next round's length: the rows that drafted this round update their acceptance
+        estimates with `n` accepted of `drafted`; the batch then takes the length that would
+        finish it soonest, or turns speculation off for good where plain steps would
+        (runtime/batch_length.py). Tensor operations only."""
+        ran = before & (drafted > 0)
         accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
-        self.accepted_avg.copy_(torch.where(before, accepted, self.accepted_avg))
-        self.rejected_avg.copy_(torch.where(before, rejected, self.rejected_avg))
+        self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
+        self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
         alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
-        wanted = best_lengths(alpha, self.length_cap, self.draft_cost)
-        self.draft_len.copy_(wanted)
+        remaining = (self.limit - self.count).clamp(min=0)
+        best, plain_wins = next_length(alpha, remaining, self.active, self.round_cost)
+        if self.turn_off:
+            settled = self.round_index >= OFF_AFTER_ROUNDS - 1
+            self.off.logical_or_(plain_wins & settled & self.active.any())
+            best = torch.where(self.off, torch.zeros_like(best), best)
         r = self.round_index.clamp(max=self.width - 1)
-        longest = torch.where(self.active, wanted, torch.ones_like(wanted)).max()
-        self.status[:, 1].index_copy_(0, r[None], longest[None])
+        self.status[:, 1].index_copy_(0, r[None], best[None])
 
     def _forced_round(self, k: int) -> None:
         idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
@@ -314,7 +330,9 @@ class GraphedChainDecoder:
 
     def _lengths(self) -> List[int]:
         """The chain lengths whose rounds this decoder replays."""
-        return list(range(1, self.length_cap + 1)) if self.adaptive else [self.k]
+        if not self.adaptive:
+            return [self.k]
+        return ([0] if self.turn_off else []) + list(range(1, self.length_cap + 1))
 
     def timing_round(self, context: int):
         """A callable running one unforced round with every row active after `context`
@@ -343,7 +361,7 @@ class GraphedChainDecoder:
         # The optimistic prior: as if each request had just accepted a full chain.
         self.accepted_avg.fill_(float(self.length_cap))
         self.rejected_avg.zero_()
-        self.draft_len.fill_(self.length_cap)
+        self.off.zero_()
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
         """Prefill both models with every prompt (rows past the prompts repeat the first one and
@@ -390,6 +408,11 @@ class GraphedChainDecoder:
         """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
         self._check(prompts, max_new_tokens)
         replays = {k: self._runner(False, k) for k in self._lengths()}
+        if self._measure_costs:
+            timed = dict(replays) if 0 in replays else {0: self._runner(False, 0), **replays}
+            self.round_cost.copy_(torch.tensor(
+                measure_round_costs(timed, lambda: self._reset(0), self.device)))
+            self._measure_costs = False
         n = len(prompts)
         self._reset(n)
         g0 = self._prefill(prompts, [max_new_tokens] * n)

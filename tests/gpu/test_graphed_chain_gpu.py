@@ -113,3 +113,20 @@ def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
     graphed = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology).generate(prompts, 24)
     assert graphed.tokens == eager.tokens == generate_ar(target, prompts, 24).tokens
     assert graphed.accepted_lengths == eager.accepted_lengths
+
+
+def test_adaptive_rounds_measure_their_costs_and_equal_eager_rounds_given_them(tmp_path):
+    """The captured adaptive decoder times each length's graph against the plain step's; run
+    eagerly with those same costs it takes the same lengths and gives the same output."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=87)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = _noisy_drafter(folder, "float32", 88)
+    prompts = random_prompts((4, 11, 1, 7), seed=89)
+    graphed_decoder = GraphedChainDecoder(target, drafter, 4, 64, 4, adaptive=True)
+    graphed = graphed_decoder.generate(prompts, 24)
+    costs = graphed_decoder.round_cost.tolist()
+    assert costs[0] == 1.0 and costs[4] > costs[0]     # four drafter steps cost something
+    eager = GraphedChainDecoder(target, drafter, 4, 64, 4, capture=False, adaptive=True,
+                                rounds_per_replay=graphed_decoder.rounds_per_replay,
+                                round_costs=costs).generate(prompts, 24)
+    assert graphed.tokens == eager.tokens and graphed.stats == eager.stats

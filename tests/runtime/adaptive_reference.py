@@ -36,6 +36,27 @@ def reference_lengths(cap, accepted_fraction, rounds, start=None, cost=DRAFT_COS
     return out
 
 
+def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, turn_off=True,
+                            off_after=4):
+    """The batch lengths a padded batch of requests that share one acceptance estimate runs
+    (runtime/batch_length.py): after each round the L in 1..cap minimising cost(L) / E(L), with
+    cost(L) = 1 + cost L; 0 for good once a plain step (cost 1, one token) beats it, from round
+    `off_after` on. Each round accepts `accepted_fraction(length)` drafts."""
+    a, r, length, off, out = float(cap), 0.0, cap, False, []
+    for i in range(rounds):
+        got = accepted_fraction(length)
+        if length > 0:
+            a = SMOOTHING * got + (1 - SMOOTHING) * a
+            r = SMOOTHING * (1.0 if got < length else 0.0) + (1 - SMOOTHING) * r
+        alpha = a / (a + r)
+        spans = [(1.0 + cost * n) / expected_tokens(alpha, n) for n in range(cap + 1)]
+        best = min(range(1, cap + 1), key=lambda n: (spans[n], n))
+        off = off or (turn_off and i >= off_after - 1 and spans[0] < spans[best])
+        length = 0 if off else best
+        out.append(length)
+    return [cap] + out
+
+
 class WrongBefore(ContraryDrafter):
     """The target as a drafter, except that its top choice is forbidden wherever the logits are
     at a position before `position`: drafts are all wrong there, all right from there on."""

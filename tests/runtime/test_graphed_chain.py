@@ -11,7 +11,7 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.speculative import speculative_generate
 from specpilot.ir.topology import Chain
 
-from adaptive_reference import WrongBefore, reference_lengths, rounds_from
+from adaptive_reference import WrongBefore, reference_batch_lengths, rounds_from
 from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_caught, assert_clean, noisy_copy,
                              pair_setup)
 
@@ -157,30 +157,48 @@ def test_adaptive_lengths_keep_the_output_and_follow_acceptance(seed, cap):
                                   adaptive=True, length_cap=cap)
     r = decoder.generate(s["prompts"], MAX_NEW)
     assert r.tokens == s["reference"].tokens
-    # No request ever accepts more than the cap; rounds of several lengths were replayed.
+    # No request ever accepts more than the cap; rounds of several lengths were replayed
+    # (0: plain steps, where the batch stopped speculating).
     assert max(a for row in r.accepted_lengths for a in row) <= cap
     used = {int(k.rsplit("_", 1)[1]) for k in r.stats}
-    assert used <= set(range(1, cap + 1)) and cap in used
+    assert used <= set(range(cap + 1)) and cap in used
     assert sum(r.stats.values()) == r.target_forwards - 1
     assert_clean(compare_to_reference(decoder.force(s["prompts"], s["reference"].tokens),
                                       s["reference"], default_tolerance(torch.float32)),
                  s["reference"])
 
 
-def test_a_drafter_that_is_always_wrong_shrinks_adaptive_rounds_to_one_draft():
+@pytest.mark.parametrize("turn_off", [True, False])
+def test_a_drafter_that_is_always_wrong_shortens_the_chain_and_turns_speculation_off(turn_off):
     s = pair_setup(4)
     decoder = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
-                                  capture=False, adaptive=True)
+                                  capture=False, adaptive=True, turn_off=turn_off)
     r = decoder.generate(s["prompts"], MAX_NEW)
     assert r.tokens == s["reference"].tokens
-    # Every request wants the lengths of the rule (float64, by hand) after each round: 3, 2,
-    # then 1 for good. The first two rounds run the full length (the host reads the wanted
-    # length one replay behind, after queueing the next).
+    # The batch's length after each round, by the rule in float64 (every request accepts
+    # nothing, so they share one estimate): 3, 2, 1, then plain steps for good from the fourth
+    # round on (or 1 draft, where the batch may not turn off). The first two rounds run the
+    # full length (the host reads the length two replays behind).
     rounds = r.target_forwards - 1
-    wanted = reference_lengths(4, lambda n: 0, rounds)[1:]
+    wanted = reference_batch_lengths(4, lambda n: 0, rounds, turn_off=turn_off)[1:]
     graphs = [4, 4] + wanted[:rounds - 2]
-    assert wanted[:3] == [3, 2, 1] and rounds > 6
+    assert wanted[:4] == [3, 2, 1, 0 if turn_off else 1] and rounds > 6
     assert r.stats == {f"rounds_chain_{n}": graphs.count(n) for n in sorted(set(graphs))}
+    assert r.drafter_forwards == 1 + sum(graphs)       # plain steps run no drafter
+
+
+def test_measured_round_costs_decide_whether_speculation_pays():
+    s = pair_setup(11)
+    cheap, dear = [1.0, 1.1, 1.2, 1.3], [1.0, 3.0, 5.0, 7.0]
+    for costs, off in ((cheap, False), (dear, True)):
+        decoder = GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, s["eos"],
+                                      capture=False, adaptive=True, round_costs=costs)
+        r = decoder.generate(s["prompts"], MAX_NEW)
+        assert r.tokens == s["reference"].tokens
+        assert ("rounds_chain_0" in r.stats) == off
+    with pytest.raises(SpecPilotError, match="one cost per length 0..3"):
+        GraphedChainDecoder(s["target"], s["drafter"], 4, 48, 3, capture=False, adaptive=True,
+                            round_costs=[1.0, 2.0])
 
 
 @pytest.mark.parametrize("cap", [3, 5])
@@ -198,18 +216,22 @@ def test_a_drafter_that_turns_right_gets_adaptive_rounds_back_to_the_cap():
     s = pair_setup(4)
     k, new, switch = 4, 40, 16
     reference = generate_ar(s["target"], s["prompts"], new)
+    # A batch that may turn speculation off would, before the switch, and not come back.
     decoder = GraphedChainDecoder(s["target"], WrongBefore(s["target"], switch), 4, 64, k,
-                                  capture=False, adaptive=True)
+                                  capture=False, adaptive=True, turn_off=False)
     r = decoder.generate(s["prompts"], new)
     assert r.tokens == reference.tokens
-    for prompt, accepted in zip(s["prompts"], r.accepted_lengths):
-        assert 0 in accepted                 # drafts were rejected before the switch ...
-        # ... and once its root is past it a request accepts the full chain within four rounds,
-        # for good: from the worst state it wants 1, 3, then 4 drafts, and the graph's length
-        # follows the wanted one two rounds behind (accepted 1, 1, 1, 3, 4 at the slowest).
-        right = rounds_from(accepted, len(prompt), switch)
-        assert len(accepted) > right + 5
-        assert accepted[right + 4:] == [k] * (len(accepted) - right - 4)
+    # Drafts were rejected before the switch. The batch's length follows its slowest request,
+    # so once every request's root is past the switch the batch is back at the full chain
+    # within four rounds, for good: from the worst state it wants 1, 3, then 4 drafts, and the
+    # graph's length follows two rounds behind (accepted 1, 1, 1, 3, 4 at the slowest).
+    rows = list(zip(s["prompts"], r.accepted_lengths))
+    assert all(0 in accepted for _, accepted in rows)
+    right = max(rounds_from(accepted, len(prompt), switch) for prompt, accepted in rows)
+    longest = max(len(accepted) for _, accepted in rows)
+    assert longest > right + 5
+    for _, accepted in rows:
+        assert accepted[right + 4:] == [k] * max(0, len(accepted) - right - 4)
 
 
 @pytest.mark.parametrize("budget,expect_off", [(4, True), (12, False)])

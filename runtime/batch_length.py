@@ -1,0 +1,81 @@
+"""The chain length of a padded batch's next round, and when to stop speculating.
+
+In a padded batch every request verifies the same chain of L drafts, so the length is one choice
+for the whole batch, and the graphed runtime has no refill: a batch is done when its slowest
+request is. On an H200, chain(4) on a 161M pair committed 3.74 tokens per round at batch 64 for
+2.42 plain steps of cost, yet only tied plain decoding: the requests whose drafter agreed least
+ran on long after the others had finished, and decided the batch's length.
+
+So the length is chosen for the makespan. Request i, with `remaining_i` tokens to go and
+per-draft acceptance alpha_i (runtime/adaptive_draft.py's estimate), needs about
+remaining_i * cost(L) / E_i(L) plain-step times at length L, where E_i(L) = 1 + alpha_i + ... +
+alpha_i^L and cost(L) is a round of L drafts in units of a plain step (cost(0) = 1: no drafter,
+one token). The batch takes the longest of its active requests; the next round runs the L in
+1..cap with the shortest such makespan. Where a plain step (L = 0) would finish sooner than every
+L >= 1, speculation has stopped paying for this batch: the decoder turns it off and keeps it off
+until the batch is done (the drafter's cache is no longer kept up, so it cannot come back; the
+next batch starts speculating again). It only does so after `OFF_AFTER_ROUNDS` rounds, once the
+estimates have left their optimistic prior.
+
+cost(L) is measured: the graphed decoder times a replay of each length's graph against the plain
+step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and
+the batch size as they really are. Without a GPU it is the model 1 + c L (`model_round_costs`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List
+
+import torch
+
+# Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
+OFF_AFTER_ROUNDS = 4
+# Replays timed per length when measuring round costs (the best of them is kept).
+TIMING_REPEATS = 3
+
+
+def model_round_costs(cap: int, draft_cost: float) -> List[float]:
+    """cost(L) = 1 + draft_cost * L for L in 0..cap: one verification plus L drafter steps, in
+    units of a plain step (used where the rounds cannot be timed)."""
+    return [1.0 + draft_cost * n for n in range(cap + 1)]
+
+
+def makespans(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
+              round_cost: torch.Tensor) -> torch.Tensor:
+    """[cap + 1]: for each length L, the longest remaining_i * cost(L) / E_i(L) over the active
+    requests (0 where none is active). Tensor operations only (safe inside a CUDA graph)."""
+    powers = torch.arange(round_cost.shape[0], device=alpha.device, dtype=alpha.dtype)
+    expected = torch.cumsum(alpha[:, None] ** powers, dim=1)          # E_i(L) = 1 + ... + a^L
+    times = remaining.to(alpha.dtype)[:, None] * round_cost[None, :] / expected
+    return torch.where(active[:, None], times, torch.zeros_like(times)).max(dim=0).values
+
+
+def next_length(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
+                round_cost: torch.Tensor):
+    """(the length in 1..cap with the shortest makespan, whether a plain step would beat it):
+    int64 and bool 0-dim tensors. The shortest length wins a tie."""
+    spans = makespans(alpha, remaining, active, round_cost)
+    best = torch.argmin(spans[1:]) + 1
+    return best, spans[0] < spans[best]
+
+
+def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[[], None],
+                        device: torch.device) -> List[float]:
+    """cost(L) for every length in `replays` (which must hold 0, the plain step): the best of a
+    few timed replays of each, over the plain step's. `reset` puts the decoder in a state where
+    replays change nothing that a later prefill does not overwrite (every row inactive)."""
+    seconds = {}
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for n, replay in sorted(replays.items()):
+        reset()
+        replay()                                   # warm: the first replay uploads the graph
+        best = float("inf")
+        for _ in range(TIMING_REPEATS):
+            start.record()
+            replay()
+            end.record()
+            end.synchronize()
+            best = min(best, start.elapsed_time(end))
+        seconds[n] = best
+    reset()
+    torch.cuda.synchronize(device)
+    return [seconds[n] / seconds[0] for n in sorted(seconds)]

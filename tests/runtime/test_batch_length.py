@@ -1,0 +1,45 @@
+"""The batch-level chain length (runtime/batch_length.py) against hand-computed makespans."""
+import pytest
+import torch
+
+from specpilot.runtime.batch_length import makespans, model_round_costs, next_length
+
+
+def _expected(alpha, n):
+    return sum(alpha ** i for i in range(n + 1))
+
+
+def test_makespans_are_the_slowest_active_request_per_length():
+    alpha = torch.tensor([0.9, 0.3, 0.6], dtype=torch.float64)
+    remaining = torch.tensor([50, 80, 30])
+    active = torch.tensor([True, True, False])
+    cost = torch.tensor(model_round_costs(3, 0.5), dtype=torch.float64)
+    assert cost.tolist() == [1.0, 1.5, 2.0, 2.5]
+    want = [max(rem * c / _expected(a, n) for a, rem in ((0.9, 50), (0.3, 80)))
+            for n, c in enumerate(cost.tolist())]
+    assert makespans(alpha, remaining, active, cost).tolist() == pytest.approx(want)
+    best, plain = next_length(alpha, remaining, active, cost)
+    # the slow request decides: 80 tokens at alpha 0.3 finish soonest with plain steps
+    assert want[0] < min(want[1:])
+    assert bool(plain) and int(best) == 1 + min(range(3), key=lambda i: want[1 + i])
+
+
+def test_a_good_batch_takes_the_longest_chain_and_cheap_drafts_never_lose():
+    alpha = torch.rand(6, dtype=torch.float64) * 0.05 + 0.95
+    remaining = torch.randint(10, 100, (6,))
+    active = torch.ones(6, dtype=torch.bool)
+    cost = torch.tensor(model_round_costs(4, 0.25), dtype=torch.float64)
+    best, plain = next_length(alpha, remaining, active, cost)
+    assert int(best) == 4 and not bool(plain)
+    # with alpha = 1 and cost(L) = 1 + c L (c < 1), a longer chain always finishes sooner
+    spans = makespans(torch.ones(6, dtype=torch.float64), remaining, active, cost)
+    assert all(a > b for a, b in zip(spans.tolist(), spans.tolist()[1:]))
+
+
+def test_finished_requests_do_not_count():
+    alpha = torch.tensor([0.05, 0.95], dtype=torch.float64)
+    remaining = torch.tensor([200, 40])
+    cost = torch.tensor(model_round_costs(4, 0.25), dtype=torch.float64)
+    _, plain_with_slow = next_length(alpha, remaining, torch.tensor([True, True]), cost)
+    best, plain = next_length(alpha, remaining, torch.tensor([False, True]), cost)
+    assert bool(plain_with_slow) and not bool(plain) and int(best) == 4
