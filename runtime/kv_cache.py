@@ -35,12 +35,6 @@ class KVCache:
     def capacity(self) -> int:
         return self.positions.shape[1]
 
-    def write(self, layer: int, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
-        """Store k, v [B, T, Hkv, D] at slots [B, T]."""
-        rows = torch.arange(slots.shape[0], device=slots.device)[:, None].expand_as(slots)
-        self.k[layer][rows, slots] = k
-        self.v[layer][rows, slots] = v
-
     def copy_slots(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move entries of request `row` from slots `src` to slots `dst` (tree compaction).
 
