@@ -23,9 +23,13 @@ the batch size as they really are. Without a GPU it is the model 1 + c L (`model
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .adaptive_draft import acceptance_rate, update_acceptance
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 4
@@ -79,3 +83,53 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
     reset()
     torch.cuda.synchronize(device)
     return [seconds[n] / seconds[0] for n in sorted(seconds)]
+
+
+class BatchLengthPolicy:
+    """The device-resident state of a padded batch's adaptive length: per request moving
+    averages of accepted drafts and of rejections, the round cost per length 0..cap (in plain
+    steps) and whether the batch has turned speculation off. Every update is tensor operations
+    on the device, so it runs inside a captured round."""
+
+    def __init__(self, batch: int, cap: int, device, draft_cost: float,
+                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True):
+        if round_costs is not None and len(round_costs) != cap + 1:
+            raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
+                                 f"{len(round_costs)}")
+        self.cap, self.turn_off = cap, turn_off
+        f32 = dict(dtype=torch.float32, device=device)
+        self.accepted_avg = torch.full((batch,), float(cap), **f32)
+        self.rejected_avg = torch.zeros(batch, **f32)
+        self.round_cost = torch.tensor(list(round_costs) if round_costs is not None
+                                       else model_round_costs(cap, draft_cost), **f32)
+        self.off = torch.zeros((), dtype=torch.bool, device=device)
+
+    def lengths(self) -> List[int]:
+        """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
+        return ([0] if self.turn_off else []) + list(range(1, self.cap + 1))
+
+    def reset(self) -> None:
+        """A new batch: the optimistic prior (as if each request had just accepted a full
+        chain), speculating."""
+        self.accepted_avg.fill_(float(self.cap))
+        self.rejected_avg.zero_()
+        self.off.zero_()
+
+    def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
+             remaining: torch.Tensor, active: torch.Tensor,
+             round_index: torch.Tensor) -> torch.Tensor:
+        """The next round's length (int64, 0-dim): the rows in `ran` that drafted take in `n`
+        accepted of `drafted`; then the length that would finish the `active` requests
+        (`remaining` tokens each) soonest, or 0 for good once plain steps would, from round
+        `OFF_AFTER_ROUNDS` on."""
+        ran = ran & (drafted > 0)
+        accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
+        self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
+        self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
+        alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
+        best, plain_wins = next_length(alpha, remaining, active, self.round_cost)
+        if not self.turn_off:
+            return best
+        settled = round_index >= OFF_AFTER_ROUNDS - 1
+        self.off.logical_or_(plain_wins & settled & active.any())
+        return torch.where(self.off, torch.zeros_like(best), best)

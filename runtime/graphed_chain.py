@@ -38,8 +38,8 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import DRAFT_STEP_COST, acceptance_rate, check_draft_cost, update_acceptance
-from .batch_length import OFF_AFTER_ROUNDS, measure_round_costs, model_round_costs, next_length
+from .adaptive_draft import DRAFT_STEP_COST, check_draft_cost
+from .batch_length import BatchLengthPolicy, measure_round_costs
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
 from .graphed_loop import replay_until_done
@@ -139,24 +139,13 @@ class GraphedChainDecoder:
         self.chain = torch.arange(k + 1, device=dev)
         self.catch_up_offsets = torch.tensor([-1, 0], **i64)
         self.catch_up_logit = torch.ones((batch, 1), **i64)
-        # Adaptive draft length: per request moving averages of accepted drafts and of
-        # rejections per round; per round the batch's next length (the host picks graphs by
-        # it).
+        # Adaptive draft length: the batch's next length from its requests' acceptance and
+        # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
         self.draft_cost = check_draft_cost(draft_cost)
-        self.accepted_avg = torch.full((batch,), float(cap), dtype=torch.float32, device=dev)
-        self.rejected_avg = torch.zeros(batch, dtype=torch.float32, device=dev)
-        # The batch-level length policy: round costs per length (in plain steps), whether this
-        # batch has turned speculation off (for good, until it is done).
-        if round_costs is not None and len(round_costs) != cap + 1:
-            raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
-                                 f"{len(round_costs)}")
-        self.turn_off = adaptive and turn_off
-        self.round_cost = torch.tensor(list(round_costs) if round_costs is not None
-                                       else model_round_costs(cap, self.draft_cost),
-                                       dtype=torch.float32, device=dev)
+        self.policy = BatchLengthPolicy(batch, cap, dev, self.draft_cost, round_costs,
+                                        turn_off) if adaptive else None
         self._measure_costs = adaptive and capture and round_costs is None
-        self.off = torch.zeros((), dtype=torch.bool, device=dev)
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
     @property
@@ -254,21 +243,9 @@ class GraphedChainDecoder:
         self._log_round(torch.where(before, n, torch.full_like(n, -1)))
 
     def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
-        """The next round's length: the rows that drafted this round update their acceptance
-        estimates with `n` accepted of `drafted`; the batch then takes the length that would
-        finish it soonest, or turns speculation off for good where plain steps would
-        (runtime/batch_length.py). Tensor operations only."""
-        ran = before & (drafted > 0)
-        accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
-        self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
-        self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
-        alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
+        """Record the batch's next length (runtime/batch_length.py) in the status row."""
         remaining = (self.limit - self.count).clamp(min=0)
-        best, plain_wins = next_length(alpha, remaining, self.active, self.round_cost)
-        if self.turn_off:
-            settled = self.round_index >= OFF_AFTER_ROUNDS - 1
-            self.off.logical_or_(plain_wins & settled & self.active.any())
-            best = torch.where(self.off, torch.zeros_like(best), best)
+        best = self.policy.next(n, drafted, before, remaining, self.active, self.round_index)
         r = self.round_index.clamp(max=self.width - 1)
         self.status[:, 1].index_copy_(0, r[None], best[None])
 
@@ -328,11 +305,19 @@ class GraphedChainDecoder:
             self._graphs[key] = graph
         return self._graphs[key].replay
 
+    def _ensure_round_costs(self) -> None:
+        """With capture and no given costs: time each length's unforced graph against the plain
+        step's once, the first time the decoder runs (runtime/batch_length.py)."""
+        if not self._measure_costs:
+            return
+        timed = {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
+        self.policy.round_cost.copy_(torch.tensor(
+            measure_round_costs(timed, lambda: self._reset(0), self.device)))
+        self._measure_costs = False
+
     def _lengths(self) -> List[int]:
         """The chain lengths whose rounds this decoder replays."""
-        if not self.adaptive:
-            return [self.k]
-        return ([0] if self.turn_off else []) + list(range(1, self.length_cap + 1))
+        return self.policy.lengths() if self.adaptive else [self.k]
 
     def timing_round(self, context: int):
         """A callable running one unforced round with every row active after `context`
@@ -358,10 +343,8 @@ class GraphedChainDecoder:
         self.status[:, 0].zero_()
         self.status[:, 1].fill_(self.length_cap)
         self.round_index.zero_()
-        # The optimistic prior: as if each request had just accepted a full chain.
-        self.accepted_avg.fill_(float(self.length_cap))
-        self.rejected_avg.zero_()
-        self.off.zero_()
+        if self.policy is not None:
+            self.policy.reset()
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
         """Prefill both models with every prompt (rows past the prompts repeat the first one and
@@ -408,11 +391,7 @@ class GraphedChainDecoder:
         """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
         self._check(prompts, max_new_tokens)
         replays = {k: self._runner(False, k) for k in self._lengths()}
-        if self._measure_costs:
-            timed = dict(replays) if 0 in replays else {0: self._runner(False, 0), **replays}
-            self.round_cost.copy_(torch.tensor(
-                measure_round_costs(timed, lambda: self._reset(0), self.device)))
-            self._measure_costs = False
+        self._ensure_round_costs()
         n = len(prompts)
         self._reset(n)
         g0 = self._prefill(prompts, [max_new_tokens] * n)
@@ -439,6 +418,7 @@ class GraphedChainDecoder:
             raise SpecPilotError("force needs one non-empty reference token list per prompt")
         longest = max(len(r) for r in reference)
         self._check(prompts, longest)
+        self._ensure_round_costs()      # before any timed run: forcing comes first in a compile
         replays = {k: self._runner(True, k) for k in self._lengths()}
         n = len(prompts)
         self._reset(n)

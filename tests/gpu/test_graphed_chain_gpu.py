@@ -124,7 +124,7 @@ def test_adaptive_rounds_measure_their_costs_and_equal_eager_rounds_given_them(t
     prompts = random_prompts((4, 11, 1, 7), seed=89)
     graphed_decoder = GraphedChainDecoder(target, drafter, 4, 64, 4, adaptive=True)
     graphed = graphed_decoder.generate(prompts, 24)
-    costs = graphed_decoder.round_cost.tolist()
+    costs = graphed_decoder.policy.round_cost.tolist()
     assert costs[0] == 1.0 and costs[4] > costs[0]     # four drafter steps cost something
     eager = GraphedChainDecoder(target, drafter, 4, 64, 4, capture=False, adaptive=True,
                                 rounds_per_replay=graphed_decoder.rounds_per_replay,
