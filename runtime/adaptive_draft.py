@@ -30,9 +30,9 @@ is where verification stops being memory-bound: below it a verification forward 
 much as a single token's (weights are read once whatever the token count); past it, each extra
 token costs compute. `ridge_token_budget` computes that point for the cost model.
 
-The rule is written once, on tensors (`update_acceptance`, `acceptance_rate`, `best_lengths`),
-so the device-resident graphed decoder (runtime/graphed_chain.py) runs the same arithmetic
-inside its captured round without a host sync.
+The estimate is written once, on tensors (`update_acceptance`, `acceptance_rate`,
+`expected_tokens`), so the graphed decoder's batch-length policy (runtime/batch_length.py)
+runs the same arithmetic inside its captured round without a host sync.
 """
 from __future__ import annotations
 
@@ -86,15 +86,22 @@ def check_draft_cost(draft_cost: float) -> float:
     return float(draft_cost)
 
 
+def expected_tokens(alpha: torch.Tensor, max_length: int) -> torch.Tensor:
+    """[..., max_length + 1]: E(L) = 1 + alpha + ... + alpha^L, the tokens a chain of L drafts
+    commits per round (its target's own token included), for L = 0..max_length and each
+    acceptance probability in `alpha` (any shape). Summed, so exact at alpha = 1; pure tensor
+    operations, safe inside a captured CUDA graph."""
+    powers = torch.arange(max_length + 1, device=alpha.device, dtype=alpha.dtype)
+    return torch.cumsum(alpha[..., None] ** powers, dim=-1)
+
+
 def best_lengths(alpha: torch.Tensor, max_length: int,
                  draft_cost: float = DRAFT_STEP_COST) -> torch.Tensor:
     """For each acceptance probability in `alpha` (any shape, values in 0..1), the length L in
     1..max_length maximising E(L) / (1 + draft_cost * L) (int64, alpha's shape and device; the
-    shortest on a tie). E(L) is summed as 1 + alpha + ... + alpha^L, exact at alpha = 1. Pure
-    tensor operations: safe inside a captured CUDA graph."""
-    powers = torch.arange(max_length + 1, device=alpha.device, dtype=alpha.dtype)
-    expected = torch.cumsum(alpha[..., None] ** powers, dim=-1)[..., 1:]
-    value = expected / (1.0 + draft_cost * powers[1:])
+    shortest on a tie)."""
+    lengths = torch.arange(1, max_length + 1, device=alpha.device, dtype=alpha.dtype)
+    value = expected_tokens(alpha, max_length)[..., 1:] / (1.0 + draft_cost * lengths)
     return value.argmax(dim=-1) + 1
 
 

@@ -29,7 +29,8 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import acceptance_rate, update_acceptance
+from .adaptive_draft import (acceptance_rate, check_draft_cost, expected_tokens,
+                             update_acceptance)
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 4
@@ -47,8 +48,7 @@ def makespans(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor
               round_cost: torch.Tensor) -> torch.Tensor:
     """[cap + 1]: for each length L, the longest remaining_i * cost(L) / E_i(L) over the active
     requests (0 where none is active). Tensor operations only (safe inside a CUDA graph)."""
-    powers = torch.arange(round_cost.shape[0], device=alpha.device, dtype=alpha.dtype)
-    expected = torch.cumsum(alpha[:, None] ** powers, dim=1)          # E_i(L) = 1 + ... + a^L
+    expected = expected_tokens(alpha, round_cost.shape[0] - 1)         # E_i(L), L = 0..cap
     times = remaining.to(alpha.dtype)[:, None] * round_cost[None, :] / expected
     return torch.where(active[:, None], times, torch.zeros_like(times)).max(dim=0).values
 
@@ -101,7 +101,8 @@ class BatchLengthPolicy:
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
         self.round_cost = torch.tensor(list(round_costs) if round_costs is not None
-                                       else model_round_costs(cap, draft_cost), **f32)
+                                       else model_round_costs(cap, check_draft_cost(draft_cost)),
+                                       **f32)
         self.off = torch.zeros((), dtype=torch.bool, device=device)
 
     def lengths(self) -> List[int]:

@@ -46,12 +46,6 @@ def fast_ops_mode() -> str:
     return {"0": OFF, LAYERS: LAYERS}.get(value, OPS)
 
 
-def fast_ops_enabled() -> bool:
-    """Whether CUDA models get a fast path (default on; SPECPILOT_FAST_OPS=0 turns it off,
-    e.g. to measure what it saves). `fast_ops_mode` says which one."""
-    return fast_ops_mode() != OFF
-
-
 def grouped_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                  mask: torch.Tensor, scale: float) -> torch.Tensor:
     """q [B, T, H, D] over the cache [B, S, Hkv, D] where mask [B, T, S] is True → [B, T, H*D].

@@ -38,7 +38,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import DRAFT_STEP_COST, check_draft_cost
+from .adaptive_draft import DRAFT_STEP_COST
 from .batch_length import BatchLengthPolicy, measure_round_costs
 from .cuda_graphs import WARMUP_RUNS, require_cuda
 from .errors import CapacityError
@@ -142,8 +142,7 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
-        self.draft_cost = check_draft_cost(draft_cost)
-        self.policy = BatchLengthPolicy(batch, cap, dev, self.draft_cost, round_costs,
+        self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs,
                                         turn_off) if adaptive else None
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
