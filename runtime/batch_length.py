@@ -59,7 +59,8 @@ def next_length(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tens
     int64 and bool 0-dim tensors. The shortest length wins a tie."""
     spans = makespans(alpha, remaining, active, round_cost)
     best = torch.argmin(spans[1:]) + 1
-    return best, spans[0] < spans[best]
+    # min, not spans[best]: indexing with a tensor reads it on the host, which a graph forbids.
+    return best, spans[0] < spans[1:].min()
 
 
 def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[[], None],

@@ -62,10 +62,28 @@ def grouped_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
     return out.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h * d)
 
 
-def compiled(fn):
+# Compiled graphs a per-op function may hold. Its code object is shared by every model of the
+# process, and each dtype, memory layout (RoPE reads q and k as views of one projection, whose
+# strides differ between models) and size-1 specialisation adds one; dynamo's default of 8, past
+# which a fullgraph function fails outright, was reached by a process that loads a few dozen
+# models (the GPU test suite).
+RECOMPILE_LIMIT = 64
+
+
+def compiled(fn, backend: str = "inductor"):
     """`fn` compiled with shapes dynamic, so batch and width changes do not recompile beyond the
-    size-1 specialisations."""
-    return torch.compile(fn, dynamic=True, fullgraph=True)
+    size-1 specialisations. (`backend` "eager" traces without generating code: for tests.)"""
+    _allow_recompiles(RECOMPILE_LIMIT)
+    return torch.compile(fn, dynamic=True, fullgraph=True, backend=backend)
+
+
+def _allow_recompiles(limit: int) -> None:
+    import torch._dynamo.config as dynamo_config
+
+    for name in ("recompile_limit", "cache_size_limit"):   # the newer name, then the older
+        if hasattr(dynamo_config, name):
+            setattr(dynamo_config, name, max(getattr(dynamo_config, name), limit))
+            return
 
 
 def layers_refusal() -> Optional[str]:

@@ -47,3 +47,33 @@ def test_load_pair_takes_the_fast_path_on_cuda_with_the_torch_backend_only(tmp_p
     from specpilot.runtime.ar import generate_ar
     prompts = [[3, 1, 4, 1, 5], [9, 2, 6]]
     assert generate_ar(fused.target, prompts, 8).tokens == generate_ar(plain.target, prompts, 8).tokens
+
+
+def test_a_per_op_function_serves_many_models_in_one_process():
+    """One compiled op is shared by every model loaded: its graphs for each dtype, memory layout
+    and size-1 specialisation (batch 1, one token) must not run into dynamo's recompile limit
+    (a hard error with fullgraph). Traced with dynamo's eager backend, which guards and
+    recompiles as Inductor's does, on CPU."""
+    from specpilot.runtime.fast_ops import RECOMPILE_LIMIT, compiled
+    from specpilot.runtime.reference_ops import rope_ref
+    from specpilot.runtime.torch_backend import _rope
+
+    rope = compiled(_rope, backend="eager")
+    gen = torch.Generator().manual_seed(3)
+    variants = 0
+    for dtype in (torch.float32, torch.float64):
+        for b in (1, 3):
+            for t in (1, 4):
+                for fused in (False, True):
+                    heads, d = 4, 8
+                    width = (heads + 4) * d if fused else heads * d
+                    # A view into a fused q/k/v projection is strided, as in a layer.
+                    qkv = torch.randn(b, t, width, generator=gen, dtype=dtype)
+                    q = qkv[..., :heads * d].view(b, t, heads, d)
+                    cos = torch.randn(b, t, d, generator=gen, dtype=dtype)
+                    sin = torch.randn(b, t, d, generator=gen, dtype=dtype)
+                    want = rope_ref(q.reshape(b * t, heads, d), cos.reshape(b * t, d),
+                                    sin.reshape(b * t, d)).reshape(b, t, heads, d)
+                    torch.testing.assert_close(rope(q, cos, sin), want)
+                    variants += 1
+    assert 8 < variants <= RECOMPILE_LIMIT
