@@ -110,3 +110,5 @@ class ProposalSet:
     notes: List[str] = field(default_factory=list)
     refusals: List[Refusal] = field(default_factory=list)
     error: Optional[str] = None
+    # The proposals are one path, applied in order (a Program's history), not alternatives.
+    in_order: bool = False

@@ -3,7 +3,11 @@
 A mechanism is one transformation as it was evaluated on a deployment: the record, the
 deployment signature, the measured gain, the token-forcing result and whether it was admitted.
 Next to them the database keeps, per compile run, which rounds completed and with which Program,
-so that a killed compile resumes at its last completed round. Everything a round leaves is
+so that a killed compile resumes at its last completed round, and the transformations of each
+round's chosen Program (`bests`): a new compile on an alike deployment starts from the most
+successful of those. Mechanisms alone are a weaker seed: each one's gain was measured on its own
+round's base, and on a batch-1 compile a tree admitted on the eager stock Program lost once it
+was combined with CUDA graphs. Everything a round leaves is
 written in one transaction (`complete_round`): after a crash either all of a round is in the
 database or none of it. The database runs in WAL mode, so readers never block the writer.
 """
@@ -16,7 +20,7 @@ import time
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from specpilot.ir import Transformation, transformation_from_obj, transformation_to_obj
 from specpilot.ir.errors import IRError, SpecPilotError
@@ -53,6 +57,12 @@ CREATE TABLE IF NOT EXISTS rounds (
     program_id TEXT NOT NULL,
     tokens_per_s REAL,
     completed REAL NOT NULL,
+    PRIMARY KEY (run_id, round));
+CREATE TABLE IF NOT EXISTS bests (
+    run_id TEXT NOT NULL,
+    round INTEGER NOT NULL,
+    history TEXT NOT NULL,
+    speedup REAL,
     PRIMARY KEY (run_id, round));
 CREATE TABLE IF NOT EXISTS failures (
     id INTEGER PRIMARY KEY,
@@ -157,12 +167,22 @@ class MemoryStore:
 
     def complete_round(self, run_id: str, round_index: int, program_id: str,
                        tokens_per_s: Optional[float], mechanisms: Sequence[Mechanism] = (),
-                       failures: Sequence[Failure] = (), before_commit=None) -> None:
-        """Record a finished round, its evaluated mechanisms and its failures, atomically.
-        `before_commit()` runs inside the transaction (tests use it to simulate a kill)."""
+                       failures: Sequence[Failure] = (), before_commit=None,
+                       history: Sequence[Transformation] = ()) -> None:
+        """Record a finished round, its evaluated mechanisms, its failures and the
+        transformations of its chosen Program (`history`, from the stock Program on),
+        atomically. `before_commit()` runs inside the transaction (tests use it to simulate a
+        kill)."""
         with self._transaction() as db:
             db.execute("INSERT INTO rounds VALUES (?, ?, ?, ?, ?)",
                        (run_id, round_index, program_id, tokens_per_s, time.time()))
+            stock = db.execute("SELECT tokens_per_s FROM rounds WHERE run_id=? AND round=0",
+                               (run_id,)).fetchone()
+            speedup = (tokens_per_s / stock[0] if stock and stock[0] and tokens_per_s
+                       else None)
+            db.execute("INSERT INTO bests VALUES (?, ?, ?, ?)",
+                       (run_id, round_index,
+                        _dump([transformation_to_obj(t) for t in history]), speedup))
             for m in mechanisms:
                 db.execute(
                     "INSERT INTO mechanisms (transformation, signature, signature_key, gain, "
@@ -204,17 +224,50 @@ class MemoryStore:
         scored.sort(key=lambda sm: (-sm[0], -(sm[1].gain or 0.0)))
         return scored
 
-    def view(self, signature: Dict) -> "MemoryView":
-        return MemoryView(signature, tuple(self.similar(signature, threshold=0.0)))
+    def best_histories(self, signature: Dict, exclude_run: Optional[str] = None) -> List[tuple]:
+        """(similarity, speedup over its stock Program, transformations from its stock
+        Program) of each run's last recorded round but `exclude_run`'s, most similar and then
+        fastest first; runs whose record this build no longer reads are left out."""
+        rows = self._db.execute(
+            "SELECT r.signature, b.speedup, b.history FROM bests b JOIN runs r USING (run_id) "
+            "WHERE b.round = (SELECT MAX(round) FROM bests WHERE run_id = b.run_id) "
+            "AND b.run_id IS NOT ?", (exclude_run,)).fetchall()
+        out = []
+        for sig, speedup, history in rows:
+            try:
+                steps = tuple(transformation_from_obj(t) for t in json.loads(history))
+            except (IRError, ValueError):
+                continue
+            out.append((similarity(signature, json.loads(sig)), speedup, steps))
+        out.sort(key=lambda x: (-x[0], -(x[1] or 0.0)))
+        return out
+
+    def view(self, signature: Dict, run_id: Optional[str] = None) -> "MemoryView":
+        """What the memory holds for `signature`, for the compile `run_id` (whose own chosen
+        Programs are not offered back to it as seeds)."""
+        return MemoryView(signature, tuple(self.similar(signature, threshold=0.0)),
+                          tuple(self.best_histories(signature, exclude_run=run_id)))
 
 
 class MemoryView:
     """A read-only snapshot of the memory as it concerns one deployment (safe to share with
     agents running in threads)."""
 
-    def __init__(self, signature: Dict, scored: Sequence[tuple]):
+    def __init__(self, signature: Dict, scored: Sequence[tuple], bests: Sequence[tuple] = ()):
         self.signature = signature
         self.scored = tuple(scored)
+        self.bests = tuple(bests)
+
+    def seed_transformations(self, limit: int, threshold: float = SIMILAR
+                             ) -> Tuple[List[Transformation], bool]:
+        """What a new compile tries first, and whether it is one path to apply in order: the
+        chosen Program's transformations of the most similar earlier compile (the fastest
+        against its stock Program among equally similar ones) that got anywhere (True);
+        without one, the `limit` best admitted mechanisms (False)."""
+        for s, _speedup, steps in self.bests:
+            if s >= threshold and steps:
+                return list(steps), True
+        return [m.transformation for m in self.seeds(threshold)[:limit]], False
 
     def seeds(self, threshold: float = SIMILAR) -> List[Mechanism]:
         """Admitted mechanisms from alike deployments, best first, one per transformation."""

@@ -207,7 +207,7 @@ def _compile(settings: CompileSettings, progress, hooks: Hooks) -> CompileResult
             folder.load_round_report(last).get("calibration")))
         llm = (LLMAgent(settings.llm_endpoint, settings.llm_model, settings.llm_key_env)
                if settings.llm_endpoint else None)
-        view = memory.view(signature)
+        view = memory.view(signature, run_id)
         context = max(len(p) for p in prompts) + settings.max_new_tokens // 2
 
         for k in range(last + 1, settings.rounds + 1):

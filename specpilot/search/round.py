@@ -32,7 +32,7 @@ from specpilot.ir import Program, program_id
 
 from .candidates import Candidate, Outcome, make_candidate, prepare
 from .output_check import check_output
-from .seeding import MEMORY, compose, seeded_candidate
+from .seeding import MEMORY, compose, path_refusal, seeded_candidate
 
 
 @dataclass
@@ -125,13 +125,20 @@ def propose(inputs: RoundInputs, agents, report: CostReport,
     with cf.ThreadPoolExecutor(max_workers=max(1, len(agents))) as pool:
         sets = list(pool.map(one, agents))
     if inputs.index == 1 and inputs.memory is not None:
-        seeds = ProposalSet(MEMORY)
-        for m in inputs.memory.seeds()[:inputs.settings.memory_seeds]:
-            reason = refusal(inputs.base, m.transformation)
+        steps, in_order = inputs.memory.seed_transformations(inputs.settings.memory_seeds)
+        seeds = ProposalSet(MEMORY, in_order=in_order)
+        if in_order:        # one path: all of it, or (refused somewhere) none of it
+            reason = path_refusal(inputs.base, steps)
             if reason is None:
-                seeds.proposals.append(m.transformation)
+                seeds.proposals = list(steps)
             else:
-                seeds.notes.append(f"{m.transformation}: {reason}")
+                seeds.notes.append(f"an alike compile's chosen path, refused here at {reason}")
+        for t in ([] if in_order else steps):
+            reason = refusal(inputs.base, t)
+            if reason is None:
+                seeds.proposals.append(t)
+            else:
+                seeds.notes.append(f"{t}: {reason}")
         sets.insert(0, seeds)
     return sets
 

@@ -148,11 +148,21 @@ def record_round(memory, folder: RunFolder, partial, run_id: str, k: int, progra
     before = (lambda: hooks.before_commit(k)) if hooks.before_commit else None
     memory.complete_round(run_id, k, program_id(program),
                           (record.get("timing") or {}).get("median_tokens_per_s"),
-                          mechanisms, failures, before_commit=before)
+                          mechanisms, failures, before_commit=before,
+                          history=_path_from_stock(folder, k, program))
     if hooks.after_commit is not None:
         hooks.after_commit(k)
     folder.finish_round(k)
     folder.publish_best(k)
+
+
+def _path_from_stock(folder: RunFolder, k: int, program: Program) -> tuple:
+    """The transformations that made `program` from this run's stock Program (which already
+    holds the run's own settings, such as its batch size: those are not worth remembering)."""
+    if k == 0:
+        return ()
+    stock = folder.load_round_program(0).history
+    return tuple(program.history[len(stock):])
 
 
 def tried_outcomes(folder: RunFolder, k: int) -> Dict[str, List[Outcome]]:

@@ -33,7 +33,7 @@ def compose(base: Program, groups: Sequence[Tuple[Transformation, ...]]
         try:
             alone = make_candidate(base, group, "compose").program
             paths = changed_paths(base, alone)
-            if not paths or paths & used or any(refusal(program, t) is not None for t in group):
+            if not paths or paths & used or path_refusal(program, group) is not None:
                 continue
             program = make_candidate(program, group, "compose").program
         except SpecPilotError:      # refused part-way through the group: leave the group out
@@ -43,13 +43,27 @@ def compose(base: Program, groups: Sequence[Tuple[Transformation, ...]]
     return program, applied
 
 
+def path_refusal(program: Program, path: Sequence[Transformation]) -> Optional[str]:
+    """Why `path`, applied in order from `program`, cannot become a runnable candidate (each
+    step checked on the Program the steps before it made), or None when it can."""
+    for t in path:
+        reason = refusal(program, t)
+        if reason is not None:
+            return f"{t}: {reason}"
+        program = make_candidate(program, (t,), "check").program
+    return None
+
+
 def seeded_candidate(base: Program, proposal_sets) -> Optional[Candidate]:
-    """One candidate of the memory's seeds (best first) that compose on `base`; None when the
-    memory offered none that applies."""
-    seeds = [t for s in proposal_sets if s.direction == MEMORY for t in s.proposals]
-    if not seeds:
+    """One candidate of the memory's seeds that compose on `base`: an earlier compile's chosen
+    path applied in order, whole (or not at all), or separate mechanisms, best first, each
+    kept only if it composes; None when the memory offered none that applies."""
+    memory = [s for s in proposal_sets if s.direction == MEMORY and s.proposals]
+    if not memory:
         return None
-    program, applied = compose(base, [(t,) for t in seeds])
+    seeds = memory[0].proposals
+    groups = [tuple(seeds)] if memory[0].in_order else [(t,) for t in seeds]
+    program, applied = compose(base, groups)
     if not applied:
         return None
     return Candidate(tuple(t for group in applied for t in group), program, MEMORY)

@@ -54,6 +54,38 @@ def test_mechanisms_round_trip_and_seed_alike_deployments(tmp_path):
         assert m._db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
 
 
+def test_a_new_compile_is_seeded_with_the_best_path_of_the_most_alike_one(tmp_path):
+    from specpilot.ir import CaptureGraphs
+
+    path = tmp_path / "m.sqlite"
+    graphs, tree = CaptureGraphs(True), SetTopology(Tree((2, 2)))
+    with MemoryStore(path) as m:
+        # r1 (batch 1): the tree was admitted alone, but the chosen path is graphs only.
+        m.start_run("r1", str(tmp_path), SIG)
+        m.complete_round("r1", 0, "stock", 80.0)
+        m.complete_round("r1", 1, "p1", 1200.0, [mech(graphs, gain=14.0), mech(tree, gain=0.2)],
+                         history=(graphs,))
+        m.complete_round("r1", 2, "p1", 1210.0, [mech(SetDraftLength(6), admitted=False)],
+                         history=(graphs,))
+        # r2 (a less alike deployment) got further with a longer path.
+        far = dict(SIG, drafter_ratio=9)
+        m.start_run("r2", str(tmp_path), far)
+        m.complete_round("r2", 0, "stock", 100.0)
+        m.complete_round("r2", 1, "q1", 3000.0, history=(graphs, tree))
+    with MemoryStore(path) as m:
+        want = dict(SIG, batch=2)
+        bests = m.best_histories(want)
+        assert [b[2] for b in bests] == [(graphs,), (graphs, tree)]
+        assert bests[0][1] == pytest.approx(1210.0 / 80.0)       # speedup over its own stock
+        assert m.view(want).seed_transformations(3) == ([graphs], True)
+        # A compile is never offered its own chosen Programs back.
+        assert m.view(want, run_id="r1").seed_transformations(3) == ([graphs, tree], True)
+        # Without any recorded path (a memory of mechanisms only), the admitted mechanisms.
+        from specpilot.memory import MemoryView
+        only = MemoryView(want, m.view(want).scored)
+        assert only.seed_transformations(3) == ([graphs, tree], False)
+
+
 def test_a_round_is_all_or_nothing(tmp_path):
     with MemoryStore(tmp_path / "m.sqlite") as m:
         m.start_run("r1", str(tmp_path), SIG)

@@ -166,6 +166,19 @@ def test_memory_seeds_compose_into_one_candidate(tmp_path):
     assert seeded.program == apply(apply(stock, SetDraftLength(2)), CaptureGraphs(True))
     assert seeded.direction == "memory"
     assert seeded_candidate(stock, [agents, ProposalSet("memory")]) is None
+    # An earlier compile's chosen path is applied whole and in order, a later topology
+    # replacing an earlier one as it did there.
+    path = ProposalSet("memory", [SetTopology(Tree((3, 1))), CaptureGraphs(True),
+                                  SetTopology(Tree((2, 2)))], in_order=True)
+    seeded = seeded_candidate(stock, [path, agents])
+    assert seeded.transformations == tuple(path.proposals)
+    want = stock
+    for t in path.proposals:
+        want = apply(want, t)
+    assert seeded.program == want and seeded.program.draft.topology == Tree((2, 2))
+    # A path that cannot run here (a chain length on a tree) is not cut short: it is refused.
+    broken = ProposalSet("memory", [SetTopology(Tree((3, 1))), SetDraftLength(2)], in_order=True)
+    assert seeded_candidate(stock, [broken, agents]) is None
 
 
 def test_round_one_evaluates_the_memory_seeds_first_and_goes_on_when_they_fail(tmp_path):
