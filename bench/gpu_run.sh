@@ -16,6 +16,8 @@
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
 #   profile8b  the same at Llama-3.1-8B / 3.2-1B shapes, per-op against whole-layer fast path
+#   extremes   bench/adaptive_extremes.py: graphed adaptive lengths with a useless and a perfect
+#              drafter against plain AR and the fixed chain (no trained pair needed)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -88,6 +90,9 @@ phase() {
         step profile8b timeout 400 python3 bench/profile_decode.py \
             --shapes llama-3.1-8b:llama-3.2-1b --batch-sizes 1,16 --fast-ops ops,layers \
             --out "$RESULTS/profile-8b.json" ;;
+    extremes)
+        step extremes timeout 300 python3 bench/adaptive_extremes.py \
+            --out "$RESULTS/adaptive-extremes.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;
