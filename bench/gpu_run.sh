@@ -9,6 +9,7 @@
 #   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair)
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
+#              (and --adaptive: the batch-length rule replayed; SHAPES_ADAPTIVE= turns it off)
 #   compileB   specpilot compile of the pair at batch B (compile1, compile16, ...; all share
 #              one memory, so a later compile starts from what the earlier ones validated)
 #              (a compile cut by the time limit resumes at its last round when run again)
@@ -22,7 +23,7 @@
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
-# BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
+# BATCHES (1,4,16,64), REPEATS (3), TEST_FILES (the tests phase's files), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
 # calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 # Packages the GPU machine lacks are installed from wheels in .whl/ (git-ignored; carry it),
@@ -70,13 +71,14 @@ setup() {
 phase() {
     case $1 in
     tests)
+        # TEST_FILES (optional) runs a subset; the nvcc-heavy CUDA kernel tests come last.
         step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --durations=25 \
-            --junitxml="$RESULTS/gpu_tests.xml" \
+            --junitxml="$RESULTS/gpu_tests.xml" ${TEST_FILES:-\
             tests/gpu/test_graphed_chain_gpu.py tests/gpu/test_cuda_graphs.py \
             tests/gpu/test_mechanisms_gpu.py tests/runtime/test_ragged_varlen.py \
-            tests/gpu/test_compiled_layers_gpu.py \
+            tests/gpu/test_no_speculation_gpu.py tests/gpu/test_compiled_layers_gpu.py \
             tests/gpu/test_bench_gpu.py tests/gpu/test_kernels_gpu.py \
-            tests/gpu/test_gemv_lossless12_gpu.py ;;  # nvcc-heavy CUDA kernel tests last
+            tests/gpu/test_gemv_lossless12_gpu.py} ;;
     train)
         if [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/drafter/config.json" ]; then
             echo "=== train: $PAIR already holds a pair"
@@ -107,6 +109,7 @@ phase() {
         [ -f "$profile" ] || profile=${PROFILE:-$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)}
         step shapes timeout 400 python3 -m specpilot bench --shapes llama-3.1-8b:llama-3.2-1b \
             --acceptance "$profile" --batch-sizes "${SHAPE_BATCHES:-1,4,16,64}" --repeats "${SHAPE_REPEATS:-10}" \
+            ${SHAPES_ADAPTIVE---adaptive} \
             --out-dir "$RESULTS" --name llama8b-1b-replayed ;;
     compile[0-9]*)
         local b=${1#compile}

@@ -260,7 +260,7 @@ def _model_line(program: Program, role: str) -> str:
 def render_readme(program: Program, plan: KernelPlan, files: Mapping[str, bytes]) -> str:
     """README.md of an export: the Program, how to load, every kernel and node."""
     lines = ["# Generated decoder kernels", "",
-             f"Program `{program_id(program)}` (`program.json`), draft {program.draft.topology}, "
+             f"Program `{program_id(program)}` (`program.json`), draft {program.draft.describe()}, "
              f"{program.verify.mask} verification mask, {program.commit.kv} KV commit:", "",
              _model_line(program, "target"), _model_line(program, "drafter"), "",
              "This folder is self-contained: it needs torch and triton (nvcc and pybind11 for "

@@ -15,11 +15,11 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, REFILL_POLICIES,
-                      Program)
+from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
+                      REFILL_POLICIES, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
-from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
+from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter, SetDraftLength,
                          SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology,
                          SetVerifyPrune, SetWeightFormat, Transformation, TuneKernel)
 from .wellformed import verify
@@ -45,8 +45,36 @@ def _check(cond: bool, reason: str) -> None:
         raise _Refusal(reason)
 
 
+def _check_speculates(p: Program, what: str) -> None:
+    # A Program that does not speculate keeps its draft attributes only to switch back; changing
+    # them would give the same decoder another id.
+    _check(p.draft.speculates, f"the Program does not speculate (draft.drafter 'none'): {what} "
+                               "changes nothing it does; SetDrafter('model') first")
+
+
+def _set_drafter(p: Program, t: SetDrafter) -> Program:
+    _check(t.drafter in DRAFTERS,
+           f"unknown drafter {t.drafter!r} (known: {', '.join(DRAFTERS)})")
+    _check(t.drafter != p.draft.drafter, f"the drafter is already {t.drafter!r}")
+    if t.drafter == "none":
+        # Plain greedy AR runs padded batches that drain, with nothing to prune or adapt
+        # (ir/wellformed.py): name the attribute to reset rather than reset it silently.
+        b = p.batch
+        for ok, attribute, reset in (
+                (p.verify.prune is None, f"verify.prune is {p.verify.prune}",
+                 "SetVerifyPrune(None)"),
+                (b.draft_length_policy == "fixed", f"batch.draft_length_policy is "
+                 f"{b.draft_length_policy}", "SetDraftLengthPolicy('fixed', 0)"),
+                (b.layout == "padded", f"batch.layout is {b.layout}", "SetBatchLayout('padded')"),
+                (b.refill == "drain", f"batch.refill is {b.refill}", "SetRefill('drain')")):
+            _check(ok, f"greedy AR without a drafter runs padded batches that drain, but "
+                       f"{attribute}: apply {reset} first")
+    return replace(p, draft=replace(p.draft, drafter=t.drafter))
+
+
 def _set_topology(p: Program, t: SetTopology) -> Program:
     topo = t.topology
+    _check_speculates(p, f"the topology {topo}")
     _check(topo != p.draft.topology, f"already {topo}")
     if isinstance(topo, Tree):
         # A tree of single children is a chain: keep one spelling per decoder so equal decoders
@@ -69,6 +97,7 @@ def _set_topology(p: Program, t: SetTopology) -> Program:
 
 def _set_draft_length(p: Program, t: SetDraftLength) -> Program:
     topo = p.draft.topology
+    _check_speculates(p, f"the draft length {t.k}")
     _check(isinstance(topo, Chain),
            f"the draft is {topo}, whose length is its depth; change it with SetTopology")
     _check(1 <= t.k <= MAX_DRAFT_LENGTH, f"draft length must be in 1..{MAX_DRAFT_LENGTH}, got {t.k}")
@@ -89,6 +118,8 @@ def _set_weight_format(p: Program, t: SetWeightFormat) -> Program:
            f"scope must be '<target|drafter>.<glob>' (e.g. 'target.mlp.*'), got {t.scope!r}")
     _check(t.fmt in WEIGHT_FORMATS,
            f"unknown weight format {t.fmt!r} (known: {', '.join(WEIGHT_FORMATS)})")
+    if role == "drafter":
+        _check_speculates(p, "the drafter's weight format")
     model = getattr(p.models, role)
     matched = [name for name in model.linears if scope_matches(glob, name)]
     _check(bool(matched), f"scope {t.scope!r} matches no linear of the {role} (names look like "
@@ -134,6 +165,7 @@ def _set_draft_length_policy(p: Program, t: SetDraftLengthPolicy) -> Program:
                                     f"got {t.token_budget}")
         budget = None
     else:
+        _check_speculates(p, "an adaptive draft length")
         _check(isinstance(p.draft.topology, Chain),
                f"per_request_adaptive adapts a chain's length; the draft is {p.draft.topology}")
         _check(t.token_budget >= p.batch.max_batch_size,
@@ -155,6 +187,8 @@ def _set_refill(p: Program, t: SetRefill) -> Program:
 def _set_verify_prune(p: Program, t: SetVerifyPrune) -> Program:
     _check(t.prune != p.verify.prune,
            "verification is already unpruned" if t.prune is None else f"already {t.prune}")
+    if t.prune is not None:
+        _check_speculates(p, f"pruning the draft ({t.prune})")
     if isinstance(t.prune, LayerSkipPrune):
         layers = p.models.target.num_layers
         _check(t.prune.keep_layers[-1] < layers,
@@ -208,6 +242,7 @@ def _tune_kernel(p: Program, t: TuneKernel) -> Program:
 
 
 RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] = {
+    SetDrafter: _set_drafter,
     SetTopology: _set_topology,
     SetDraftLength: _set_draft_length,
     SetWeightFormat: _set_weight_format,

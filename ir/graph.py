@@ -15,6 +15,9 @@ Every node carries:
     weight_bytes:           bytes of weights read, by each linear's format (formats.weight_bytes)
     weight_bytes_by_format: the same split per format, e.g. {"bf16": 384}
 
+A Program that does not speculate (`draft.drafter` "none") has no draft nodes: its step is one
+greedy AR forward of the target (one token per sequence), then accept (the argmax) and commit.
+
 Weight bytes count the linear matrices, plus the embedding rows gathered by `target.embed` (in
 the compute dtype). Norm weights and biases (O(hidden) per layer) are left out. The graph is a
 view for the cost model, legality checks and drawing; the Program stays the source of truth.
@@ -64,14 +67,20 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
     and attributes). Graph attributes: topology (str), draft_tokens, verify_tokens."""
     target, drafter = program.models.target, program.models.drafter
     topo = program.draft.topology
-    widths = topo.level_widths()
+    if not program.draft.speculates:
+        # Greedy AR: no draft nodes, the target reads the last committed token and commits one.
+        widths: Tuple[int, ...] = ()
+        num_nodes = 0
+    else:
+        widths = topo.level_widths()
+        num_nodes = topo.num_nodes
     # Forward d runs on the nodes of depth d-1 (the root first); a dynamic tree's levels hold
     # the kept candidates, of which `budget` reach the target.
     width_at = [1] + list(widths)
-    num_nodes = topo.num_nodes
     verify_tokens = num_nodes + 1  # the drafted tokens plus the last committed one
 
-    g = nx.DiGraph(topology=str(topo), draft_tokens=num_nodes, verify_tokens=verify_tokens)
+    g = nx.DiGraph(topology=program.draft.describe(), draft_tokens=num_nodes,
+                   verify_tokens=verify_tokens)
     order = []
     for depth in range(1, len(widths) + 1):
         name = f"draft.forward[{depth}]"
@@ -79,9 +88,9 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
         _add(g, name, "drafter_forward", "drafter", width_at[depth - 1], drafter, drafter.linears,
              depth=depth)
         order.append(name)
-    _add(g, "draft.build", "build_draft", None, num_nodes,
-         structure=_structure(topo))
-    order.append("draft.build")
+    if program.draft.speculates:
+        _add(g, "draft.build", "build_draft", None, num_nodes, structure=_structure(topo))
+        order.append("draft.build")
 
     embed_bytes = verify_tokens * target.hidden_size * DTYPE_BYTES[target.dtype]
     g.add_node("target.embed", kind="embed", role="target", tokens=verify_tokens, linears=(),
@@ -99,7 +108,8 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
     order += ["target.lm_head", "verify.accept", "commit"]
 
     nx.add_path(g, order)
-    g.add_edge("draft.build", "verify.accept")  # acceptance compares the drafted tokens
+    if program.draft.speculates:
+        g.add_edge("draft.build", "verify.accept")  # acceptance compares the drafted tokens
     return g
 
 

@@ -15,7 +15,10 @@ from .topology import Topology
 
 SCHEMA_VERSION = 1
 
-DRAFTERS = ("model",)
+# "model": the drafter model proposes tokens for the target to verify. "none": no speculation,
+# the decoder is greedy AR of the target alone (where speculation does not pay, e.g. large
+# batches); the drafter stays in `models` so that SetDrafter("model") can switch back.
+DRAFTERS = ("model", "none")
 MASKS = ("causal", "tree")
 ACCEPTANCE_RULES = ("greedy",)
 KV_COMMITS = ("in_place", "compact")
@@ -44,9 +47,19 @@ class Models:
 
 @dataclass(frozen=True)
 class DraftSpec:
-    """How tokens are proposed: by a drafter model, laid out as `topology`."""
+    """How tokens are proposed: by a drafter model (`drafter` "model"), laid out as `topology`;
+    or not at all (`drafter` "none": greedy AR of the target, `topology` kept but unused)."""
     drafter: str
     topology: Topology
+
+    @property
+    def speculates(self) -> bool:
+        """Whether the decoder drafts at all (False: plain greedy AR of the target)."""
+        return self.drafter != "none"
+
+    def describe(self) -> str:
+        """The draft in a few words for reports: the topology, or that there is none."""
+        return str(self.topology) if self.speculates else "no speculation (greedy AR)"
 
 
 @dataclass(frozen=True)

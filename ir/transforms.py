@@ -97,6 +97,17 @@ class SetTopology(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetDrafter(Transformation):
+    """`model` (the drafter model proposes, the target verifies) or `none` (no speculation: the
+    decoder is greedy AR of the target; the draft topology and the drafter model are kept, so
+    SetDrafter("model") restores the speculative decoder)."""
+    drafter: str
+    name: ClassVar[str] = "SetDrafter"
+    PARAMS: ClassVar[Dict[str, str]] = {"drafter": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class SetDraftLength(Transformation):
     """Change the length of a chain draft (a tree's depth is part of its shape: SetTopology)."""
     k: int

@@ -210,9 +210,11 @@ def timed_ar(pair: ModelPair, prompts, max_new_tokens: int, batch_size: int = 1)
 def timed_program(program: Program, pair: ModelPair, prompts, max_new_tokens: int) -> TimedRun:
     """Decode with the Program's topology and batching mechanisms (runtime/mechanisms.py), or,
     where `kernels.capture_graphs` is on and the GPU can replay its rounds, with the graphed
-    runtime (runtime/graphed_program.py; capture happens before the clock starts)."""
+    runtime (runtime/graphed_program.py; capture happens before the clock starts). A Program
+    that does not speculate decodes with greedy AR of the target (graphed steps where capture
+    is on, `generate_ar` otherwise) and needs no drafter in `pair`."""
     check_runnable(program)
-    if pair.drafter is None:
+    if pair.drafter is None and program.draft.speculates:
         raise SpecPilotError("this Program speculates: give a drafter checkpoint")
     check_pair_runs(program, pair)
     if graph_refusal(program, pair.target.device) is None:

@@ -12,6 +12,10 @@ drafts one more than its recent mean acceptance within that cap, and each round 
 graph of the longest length wanted (runtime/graphed_chain.py). Where the cap is below one draft
 the budget turns speculation off for that batch size: the Program decodes with the graphed
 greedy AR step (speculation never costs more than plain decoding there).
+
+A Program that does not speculate (`draft.drafter` "none") decodes with that same graphed
+greedy AR step at every batch size: the chain decoder with no drafter and chains of 0, the
+decoder of the strong AR baseline.
 """
 from __future__ import annotations
 
@@ -42,6 +46,8 @@ def graph_refusal(program: Program, device) -> Optional[str]:
         return "CUDA graphs need a CUDA GPU"
     b = program.batch
     topology = program.draft.topology
+    if not program.draft.speculates:
+        return None        # greedy AR steps (well-formedness: padded, drain, nothing pruned)
     if not isinstance(topology, (Chain, Tree, SparseTree, DynamicTree)):
         return f"draft topology {topology} (graphed rounds take chains and trees)"
     if not isinstance(topology, Chain) and program.batch.draft_length_policy != "fixed":
@@ -61,7 +67,9 @@ _decoders: "OrderedDict" = OrderedDict()
 def length_cap(program: Program) -> Optional[int]:
     """The longest chain the Program may draft at its batch size: k for a fixed length, the
     token budget's share (budget // batch - 1, at most k) for an adaptive one; 0 means the
-    budget leaves no room for drafts."""
+    budget leaves no room for drafts, or the Program does not speculate."""
+    if not program.draft.speculates:
+        return 0
     k, b = program.draft.topology.num_nodes, program.batch
     if b.draft_length_policy != "per_request_adaptive":
         return k
@@ -71,17 +79,22 @@ def length_cap(program: Program) -> Optional[int]:
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
                 max_new_tokens: int, capture: bool = True):
     """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
-    drafter and chains of 0, i.e. plain greedy steps, where the budget leaves no room for
-    drafts)."""
+    drafter and chains of 0, i.e. plain greedy steps, where the Program does not speculate or
+    the budget leaves no room for drafts)."""
     topology, batch = program.draft.topology, program.batch.max_batch_size
-    k = (max(topology.budget, topology.depth * topology.width)
-         if isinstance(topology, DynamicTree) else topology.num_nodes)
     cap = length_cap(program)
+    if not program.draft.speculates:
+        k = 0
+    elif isinstance(topology, DynamicTree):
+        k = max(topology.budget, topology.depth * topology.width)
+    else:
+        k = topology.num_nodes
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
     capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
     capacity = min(capacity, pair.target.config.max_position_embeddings)
-    key = (id(pair.target), id(pair.drafter), batch, k, cap, adaptive, capacity,
+    drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
+    key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
            tuple(pair.eos_ids), capture)
     if key in _decoders:
         _decoders.move_to_end(key)
@@ -89,15 +102,15 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if isinstance(topology, DynamicTree):
+    if cap == 0:
+        decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
+                                      capture=capture)
+    elif isinstance(topology, DynamicTree):
         decoder = GraphedDynamicTreeDecoder(pair.target, pair.drafter, batch, capacity, topology,
                                             pair.eos_ids, capture=capture)
     elif not isinstance(topology, Chain):
         decoder = GraphedTreeDecoder(pair.target, pair.drafter, batch, capacity, topology.shape(),
                                      pair.eos_ids, capture=capture)
-    elif cap == 0:
-        decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
-                                      capture=capture)
     else:
         decoder = GraphedChainDecoder(pair.target, pair.drafter, batch, capacity, k,
                                       pair.eos_ids, capture=capture, adaptive=adaptive,
@@ -110,7 +123,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
 def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
     r = decoder.generate(prompts, max_new_tokens)
     if decoder.k == 0:
-        r.stats = {"speculation_off": 1}
+        # Plain greedy steps: the chain decoder counts a drafter prefill that never ran.
+        r.stats, r.drafter_forwards = {"speculation_off": 1}, 0
     return r
 
 

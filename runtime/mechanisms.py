@@ -2,6 +2,8 @@
 
 `run_program_decode` reads the Program's mechanisms and picks the loop:
 
+  * no speculation (`draft.drafter` "none"): greedy AR of the target (`generate_ar`) on batches
+    of `batch.max_batch_size`; forced, the same steps fed the reference (`force_ar_proposals`);
   * stock mechanisms (a chain or tree topology, padded layout, fixed draft length, drain refill,
     no pruning): `speculative_generate` on batches of `batch.max_batch_size`, exactly as before;
   * anything else: `decode_with_mechanisms` (runtime/step_loop.py) with
@@ -18,17 +20,20 @@ from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence
 
+import torch
+
 from specpilot.ir import Program
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import STATIC_TOPOLOGIES, Chain, DynamicTree, Tree
 
 from .acceptance import AcceptedPath, greedy_accept
 from .adaptive_draft import AdaptiveChainProposer
-from .ar import ARResult
+from .ar import ARResult, generate_ar
 from .dynamic_tree import DynamicProposer
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .speculative import SpecResult, speculative_generate
 from .step_loop import decode_with_mechanisms
+from .steps import append_step, check_capacity
 from .tree_drafting import StaticProposer
 from .two_level import TreePruner, cheap_verifier
 
@@ -74,6 +79,9 @@ def run_program_decode(program: Program, target, drafter, prompts: Sequence[Sequ
     if program.verify.acceptance != "greedy":
         raise SpecPilotError(f"verify.acceptance {program.verify.acceptance!r}: only 'greedy' "
                              "is implemented")
+    if not program.draft.speculates:
+        return _ar_in_batches(program.batch.max_batch_size, target, list(prompts),
+                              max_new_tokens, eos_ids, force_reference)
     if drafter is None:
         raise SpecPilotError("this Program speculates: give a drafter model")
     if uses_mechanisms(program):
@@ -108,6 +116,54 @@ def _stock_in_batches(program, target, drafter, prompts, max_new_tokens, eos_ids
                       mean_accepted=sum(steps) / len(steps) if steps else 0.0,
                       compactions=sum(p.compactions for p in parts),
                       proposals=[q for p in parts for q in p.proposals])
+
+
+@torch.no_grad()
+def force_ar_proposals(target, prompts: Sequence[Sequence[int]],
+                       reference: Sequence[Sequence[int]]) -> List[List[int]]:
+    """Greedy AR of `target` (the `generate_ar` steps) fed the reference token at every step:
+    the target's own argmax at each reference position (token forcing of plain AR)."""
+    longest = max(len(t) for t in reference)
+    cache = target.new_cache(len(prompts), check_capacity(target, prompts, longest, slack=1))
+    lengths = torch.zeros(len(prompts), dtype=torch.int64, device=target.device)
+    logits = append_step(target, cache, lengths, [list(p) for p in prompts])
+    lengths += torch.tensor([len(p) for p in prompts], device=target.device)
+    proposals = [torch.argmax(logits, dim=-1)]
+    for j in range(1, longest):
+        # A request whose reference ended is fed a pad; what it proposes there is cut off.
+        logits = append_step(target, cache, lengths,
+                             [[ref[j - 1] if j - 1 < len(ref) else 0] for ref in reference])
+        lengths += 1
+        proposals.append(torch.argmax(logits, dim=-1))
+    table = torch.stack(proposals, dim=1).tolist()
+    return [row[:len(ref)] for row, ref in zip(table, reference)]
+
+
+def _ar_in_batches(size: int, target, prompts, max_new_tokens, eos_ids,
+                   force_reference) -> SpecResult:
+    """A Program without a drafter: greedy AR in batches of `size`, as a SpecResult whose every
+    step accepted no draft (one token per target forward) and ran no drafter forward."""
+    tokens: List[List[int]] = []
+    proposals: List[List[int]] = []
+    forwards = 0
+    for start in range(0, len(prompts), size):
+        chunk = prompts[start:start + size]
+        if force_reference is None:
+            r = generate_ar(target, chunk, max_new_tokens, eos_ids)
+            tokens += r.tokens
+            forwards += r.target_forwards
+            continue
+        reference = force_reference.tokens[start:start + len(chunk)]
+        proposals += force_ar_proposals(target, chunk, reference)
+        tokens += [list(t) for t in reference]
+        forwards += max(len(t) for t in reference)
+    # The first token of a request comes from the prefill; each later one from one AR step.
+    accepted = [[0] * max(0, len(t) - 1) for t in tokens]
+    steps = sum(len(a) for a in accepted)
+    return SpecResult(tokens=tokens, target_forwards=forwards, drafter_forwards=0,
+                      accepted_lengths=accepted, mean_accepted=1.0 if steps else 0.0,
+                      proposals=proposals,
+                      stats={"speculation_off": -(-len(prompts) // size)})  # batches, as graphed
 
 
 def force_program_decode(program: Program, target, drafter, prompts: Sequence[Sequence[int]],

@@ -39,7 +39,7 @@ def run(args) -> int:
     stock = load_pair(args.target, drafter, dtype, device)
     pair = load_pair(args.target, drafter, dtype, device, program=program)
     prompts = [stock.encode(t) for t in texts]
-    print(f"forcing {program.draft.topology} on {len(prompts)} prompts "
+    print(f"forcing {program.draft.describe()} on {len(prompts)} prompts "
           f"({args.max_new_tokens} new tokens each)...", file=sys.stderr)
     reference = run_reference(stock, prompts, args.max_new_tokens, program.batch.max_batch_size)
     report = force_program(program, pair, prompts, reference, args.tolerance)

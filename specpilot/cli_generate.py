@@ -43,6 +43,6 @@ def run(args) -> int:
     line = f"{len(tokens)} tokens in {run_.seconds:.2f} s: {run_.tokens_per_s:.1f} tokens/s"
     if run_.mean_accepted is not None:
         line += (f", mean accepted length {run_.mean_accepted:.2f} tokens per target forward "
-                 f"({program.draft.topology})")
+                 f"({program.draft.describe()})")
     print(line)
     return 0

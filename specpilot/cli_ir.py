@@ -83,7 +83,7 @@ def summarize(program: Program) -> str:
     rows = [("gpu", [program.gpu]),
             ("target", _model_summary(program.models.target)),
             ("drafter", _model_summary(program.models.drafter)),
-            ("draft", [f"{program.draft.drafter} drafter, {program.draft.topology}"]),
+            ("draft", [f"{program.draft.drafter} drafter, {program.draft.describe()}"]),
             ("verify", [f"{program.verify.mask} mask, {program.verify.acceptance} acceptance"]),
             ("commit", [f"kv {program.commit.kv}"]),
             ("batch", [f"{program.batch.layout}, max batch size {program.batch.max_batch_size}, "

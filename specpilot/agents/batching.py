@@ -1,12 +1,19 @@
-"""Batching agent: the batch layout, how finished slots are refilled, and the draft-length
-policy, as far as the IR names them and the runtime executes them. Only a batch of more than
-one request has anything to gain."""
+"""Batching agent: the batch layout, how finished slots are refilled, the draft-length policy,
+and whether to speculate at all, as far as the IR names them and the runtime executes them.
+Only a batch of more than one request has anything to gain, except switching speculation back
+on: a Program that does not speculate is offered its drafter again at any batch size.
+
+Speculation off (SetDrafter("none")) is offered whenever a batch of more than one speculates
+(at batch 1 only where the cost model predicts it faster):
+a large batch turns the target's verification compute-bound, where every rejected draft costs
+as much as an accepted one and greedy AR can be the fastest decoder. Whether it is, is one
+cheap evaluation to measure; the cost model only ranks it among the others."""
 from __future__ import annotations
 
 from typing import List, Optional
 
-from specpilot.ir import (Chain, Program, SetBatchLayout, SetDraftLengthPolicy, SetRefill,
-                          Transformation)
+from specpilot.ir import (Chain, Program, SetBatchLayout, SetDrafter, SetDraftLengthPolicy,
+                          SetRefill, Transformation)
 from specpilot.ir import program as ir_program
 
 from .base import Agent, Budget, rank_by_prediction
@@ -65,25 +72,43 @@ class BatchingAgent(Agent):
     def propose(self, program: Program, cost_report, memory,
                 budget: Budget) -> List[Transformation]:
         self._reset()
+        speculates = program.draft.speculates
+        proposals: List[Transformation] = [] if speculates else [SetDrafter("model")]
         if program.batch.max_batch_size <= 1:
-            self.notes.append("batch size 1: no batching mechanism applies")
-            return []
-        proposals: List[Transformation] = [
-            SetBatchLayout(layout) for layout in ir_program.BATCH_LAYOUTS
-            if layout != program.batch.layout]
-        proposals += [SetRefill(refill) for refill in ir_program.REFILL_POLICIES
-                      if refill != program.batch.refill]
-        proposals += _policy_records(program)
+            if speculates:
+                # At batch 1 a useful drafter almost always pays, so speculation off is offered
+                # only where the cost model predicts it faster (a drafter that is rarely right).
+                off = self._legal(program, [SetDrafter("none")], memory)
+                if off and self.cost_model is not None and rank_by_prediction(
+                        program, off, self.cost_model, self.acceptance, 1):
+                    return off[:budget.max_proposals]
+                self.notes.append("batch size 1: no batching mechanism applies, and the cost "
+                                  "model predicts speculation pays")
+                return []
+        else:
+            proposals += [SetBatchLayout(layout) for layout in ir_program.BATCH_LAYOUTS
+                          if layout != program.batch.layout]
+            proposals += [SetRefill(refill) for refill in ir_program.REFILL_POLICIES
+                          if refill != program.batch.refill]
+            proposals += _policy_records(program)
+            if speculates:
+                proposals.append(SetDrafter("none"))
         legal = self._legal(program, proposals, memory)
         if not legal:
             self.notes.append("the runtime executes no other batch layout, refill or "
                               "draft-length policy for this Program")
             return []
         if self.cost_model is not None:
-            # The roofline sees refill (idle slots) but not layout or adaptive lengths: those
-            # keep their order after the ones it predicts a gain for.
+            # The roofline sees refill (idle slots) and speculation on/off but not layout or
+            # adaptive lengths: those keep their order after the ones it predicts a gain for.
             ranked = rank_by_prediction(program, legal, self.cost_model, self.acceptance,
                                         program.batch.max_batch_size, min_gain=-1.0)
             order = [t for _, t in ranked]
             legal = order + [t for t in legal if t not in order]
-        return legal[:budget.max_proposals]
+        kept = legal[:budget.max_proposals]
+        off = SetDrafter("none")
+        if off in legal and off not in kept and kept:
+            # The roofline's step times are what speculation off is measured against, so a
+            # predicted loss is no reason to leave out its one evaluation: it takes the last slot.
+            kept[-1] = off
+        return kept

@@ -7,13 +7,12 @@ legitimately flip near-ties, so they only get an exact-match count, reported, ne
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import Sequence
 
 import torch
 
 from specpilot.runtime.ar import ARResult
 from specpilot.runtime.forcing import ForcingReport, compare_to_reference, default_tolerance
-from specpilot.runtime.steps import append_step, check_capacity
 
 MAX_LISTED_DIVERGENCES = 10
 
@@ -35,26 +34,6 @@ def exact_match(tokens: Sequence[Sequence[int]], reference: Sequence[Sequence[in
     return {"requests": len(reference), "exact_requests": exact,
             "all_exact": exact == len(reference), "matching_prefix_tokens": matching,
             "reference_tokens": sum(len(t) for t in reference), "first_divergences": divergences}
-
-
-@torch.no_grad()
-def forced_ar_proposals(model, prompts: Sequence[Sequence[int]],
-                        reference: Sequence[Sequence[int]]) -> List[List[int]]:
-    """Eager greedy AR (the `generate_ar` computation) fed the reference token at every step;
-    returns the model's own argmax at each reference position."""
-    longest = max(len(t) for t in reference)
-    cache = model.new_cache(len(prompts), check_capacity(model, prompts, longest, slack=1))
-    lengths = torch.zeros(len(prompts), dtype=torch.int64, device=model.device)
-    logits = append_step(model, cache, lengths, [list(p) for p in prompts])
-    lengths += torch.tensor([len(p) for p in prompts], device=model.device)
-    proposals = [torch.argmax(logits, dim=-1)]
-    for j in range(1, longest):
-        feed = [[ref[j - 1] if j - 1 < len(ref) else 0] for ref in reference]
-        logits = append_step(model, cache, lengths, feed)
-        lengths += 1
-        proposals.append(torch.argmax(logits, dim=-1))
-    table = torch.stack(proposals, dim=1).tolist()
-    return [row[:len(ref)] for row, ref in zip(table, reference)]
 
 
 def forcing_report(proposals: Sequence[Sequence[int]], reference: ARResult,

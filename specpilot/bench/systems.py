@@ -19,12 +19,12 @@ from specpilot.runtime.cuda_graphs import GraphsUnavailable, require_cuda
 from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_runnable,
                                       force_program)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
-from specpilot.runtime.mechanisms import run_program_decode
+from specpilot.runtime.mechanisms import force_ar_proposals, run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
                                                run_graphed)
 from specpilot.runtime.steps import check_capacity
 
-from .correctness import forced_ar_proposals, forcing_json, forcing_report
+from .correctness import forcing_json, forcing_report
 from .workload import batches
 
 
@@ -105,7 +105,7 @@ class EagerAR(_ARSystem):
         return generate_ar(self.pair.target, prompts, max_new_tokens, self.pair.eos_ids)
 
     def _forced(self, prompts, reference_tokens):
-        return forced_ar_proposals(self.pair.target, prompts, reference_tokens)
+        return force_ar_proposals(self.pair.target, prompts, reference_tokens)
 
 
 class StrongAR(_ARSystem):
@@ -157,14 +157,14 @@ class ProgramSystem(System):
         super().__init__()
         self.name, self.program, self.pair = name, program, pair
         self.description = description or (f"Program {program_id(program)[:12]}: "
-                                            f"{program.draft.topology}, "
+                                            f"{program.draft.describe()}, "
                                             f"{program.kernels.backend} kernels")
         self.refusal = None
         try:
             check_runnable(program)
         except SpecPilotError as exc:
             self.refusal = str(exc)
-        if pair.drafter is None:
+        if pair.drafter is None and program.draft.speculates:
             self.refusal = "this Program speculates and the pair has no drafter"
         refusal = graph_refusal(program, pair.target.device)
         self.graphed = refusal is None

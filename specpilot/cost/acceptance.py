@@ -203,6 +203,26 @@ class PerDepthAcceptance:
         return None
 
 
+def program_mean_accepted(program, acceptance) -> float:
+    """Drafts accepted per step by `program`: the acceptance model's figure for its topology, or
+    0 for a Program that does not speculate (greedy AR commits one token per step)."""
+    if not program.draft.speculates:
+        return 0.0
+    return acceptance.mean_accepted(program.draft.topology)
+
+
+def program_accepted_lengths(program, acceptance) -> Optional[List[List[int]]]:
+    """Accepted drafts per step per request for `program` (None where the model has no
+    per-request lengths). A Program that does not speculate takes one AR step, accepting no
+    draft, per generated token after the prefill's first: new_tokens - 1 steps per request."""
+    if program.draft.speculates:
+        return acceptance.accepted_lengths(program.draft.topology)
+    new_tokens = getattr(acceptance, "new_tokens", None)
+    if new_tokens is None:
+        return None
+    return [[0] * max(0, n - 1) for n in new_tokens]
+
+
 def ChainProfileAcceptance(profile) -> PerDepthAcceptance:
     """Per-depth acceptance read from a measured bench AcceptanceProfile of a chain or tree."""
     depth = topology_depth(profile.topology)

@@ -15,7 +15,7 @@ from typing import Iterable, List, Optional, Sequence
 
 from specpilot.ir import Program, program_id
 
-from .acceptance import is_dynamic
+from .acceptance import is_dynamic, program_accepted_lengths, program_mean_accepted
 from .calibrate import Calibration, CalibrationPoint
 from .gpu_specs import GpuSpec
 from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
@@ -63,12 +63,14 @@ def batch_idle(program: Program, acceptance, batch: int) -> Optional[float]:
     request's slot takes the next one at once), `idle_fraction` when batches drain."""
     if getattr(program.batch, "refill", "drain") != "drain":
         return 0.0
-    return idle_fraction(acceptance.accepted_lengths(program.draft.topology), batch)
+    return idle_fraction(program_accepted_lengths(program, acceptance), batch)
 
 
 def unmodelled(program: Program) -> List[str]:
     """Mechanisms of `program` the roofline does not cost (measurement decides on them)."""
     notes = []
+    if not program.draft.speculates:
+        return notes        # greedy AR: nothing of a draft to estimate
     if getattr(program.verify, "prune", None) is not None:
         notes.append(f"two-level verification ({program.verify.prune}) is not modelled: costed "
                      "as if the target verified every drafted node")
@@ -109,27 +111,31 @@ class CostModel:
                                context: int = DEFAULT_CONTEXT) -> float:
         """Steady-state decode tokens/s of `program` (ranking candidates without a report)."""
         batch = batch or program.batch.max_batch_size
-        accepted = acceptance.mean_accepted(program.draft.topology)
+        accepted = program_mean_accepted(program, acceptance)
         idle = batch_idle(program, acceptance, batch) or 0.0
         step = self.step_seconds(program, batch, context, accepted)
         return batch * (1 - idle) * (accepted + 1) / step
 
     def _ceiling(self, program: Program, acceptance, batch: int, context: int,
                  topologies: Iterable):
-        """(best ideal seconds per token, its topology) over `topologies` and the Program's."""
-        best, best_topology = float("inf"), program.draft.topology
+        """(best ideal seconds per token, its draft in words) over the Program's own draft,
+        greedy AR without a drafter, and the drafter model drafting each of `topologies`."""
+        best, best_draft = float("inf"), program.draft.describe()
+        drafts = [program.draft, replace(program.draft, drafter="none")]
+        drafts += [replace(program.draft, drafter="model", topology=t) for t in topologies]
         seen = set()
-        for topology in (program.draft.topology, *topologies):
-            if topology in seen:
+        for draft in drafts:
+            key = (draft.drafter, draft.topology if draft.speculates else None)
+            if key in seen:
                 continue
-            seen.add(topology)
-            variant = replace(program, draft=replace(program.draft, topology=topology))
-            accepted = acceptance.mean_accepted(topology)
+            seen.add(key)
+            variant = replace(program, draft=draft)
+            accepted = program_mean_accepted(variant, acceptance)
             per_token = (self.ideal_step_seconds(variant, batch, context, accepted)
                          / (batch * (accepted + 1)))
             if per_token < best:
-                best, best_topology = per_token, topology
-        return best, best_topology
+                best, best_draft = per_token, draft.describe()
+        return best, best_draft
 
     # ------------------------------------------------------------------ report
 
@@ -140,8 +146,7 @@ class CostModel:
         with `acceptance` (an acceptance model, cost/acceptance.py)."""
         gpu, cal = self.gpu, self.calibration
         batch = batch or program.batch.max_batch_size
-        topology = program.draft.topology
-        accepted = acceptance.mean_accepted(topology)
+        accepted = program_mean_accepted(program, acceptance)
         notes = list(notes) + unmodelled(program)
         idle = batch_idle(program, acceptance, batch)
         if idle is None:
@@ -185,7 +190,7 @@ class CostModel:
             notes.append(f"{gpu.name} figures are nominal, not measured: run on the device "
                          "(compile measures it) for a meaningful scale")
         return CostReport(
-            program_id=program_id(program), topology=str(topology), gpu=gpu.to_json(),
+            program_id=program_id(program), topology=program.draft.describe(), gpu=gpu.to_json(),
             batch_size=batch, context=context, acceptance=acceptance.label,
             mean_accepted=accepted, idle_fraction=idle, step_s=step,
             tokens_per_s=useful_tokens / step if step > 0 else float("inf"),
@@ -208,8 +213,9 @@ class CostModel:
                                 new_tokens: Sequence[int]) -> WorkloadPrediction:
         """Seconds of decoding every prompt with `program` in batches of its max batch size
         (prefills included), with per-request accepted lengths from `acceptance` (which must
-        give them: a measured rank profile)."""
-        lengths = acceptance.accepted_lengths(program.draft.topology)
+        give them: a measured rank profile). A Program that does not speculate is costed as
+        greedy AR steps of its target (no drafter prefill or forward, one token per step)."""
+        lengths = program_accepted_lengths(program, acceptance)
         if lengths is None:
             raise ValueError("a workload prediction needs per-request accepted lengths")
         batch = program.batch.max_batch_size
@@ -217,7 +223,7 @@ class CostModel:
         for start in range(0, len(prompt_lengths), batch):
             rows = list(range(start, min(start + batch, len(prompt_lengths))))
             longest = max(prompt_lengths[r] for r in rows)
-            for role in ("target", "drafter"):
+            for role in ("target", "drafter") if program.draft.speculates else ("target",):
                 r, o = self._prefill(program, role, len(rows), longest)
                 roof, over = roof + r, over + o
             steps = [lengths[r] for r in rows]

@@ -135,13 +135,15 @@ def _weight_bytes(model: ModelSpec, linear: str) -> int:
 def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
                mean_accepted: float) -> List[NodeCost]:
     """Every node of one steady-state speculative step of `batch` requests with `context`
-    committed tokens each, when `mean_accepted` drafts are accepted per step on average."""
+    committed tokens each, when `mean_accepted` drafts are accepted per step on average. For a
+    Program that does not speculate (give mean_accepted 0) the step is one greedy AR forward of
+    the target: no drafter node, one token per request, the argmax and the commit."""
     from specpilot.ir import dataflow_graph
 
     target, drafter = program.models.target, program.models.drafter
     graph = dataflow_graph(program)
-    # share of the verified tokens that are kept
-    useful = (mean_accepted + 1.0) / (program.draft.topology.num_nodes + 1)
+    # share of the verified tokens that are kept (all of them in a greedy AR step)
+    useful = (mean_accepted + 1.0) / graph.graph["verify_tokens"]
     t_rate = gpu.flops_for(target.dtype)
     out: List[NodeCost] = []
     for name, a in graph.nodes(data=True):

@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from hf_factory import make_checkpoint, random_prompts
-from specpilot.bench.correctness import forced_ar_proposals
+from specpilot.runtime.mechanisms import force_ar_proposals
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.cuda_graphs import GraphedStep
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -74,7 +74,7 @@ def test_one_captured_decoder_serves_many_calls_and_forced_runs(folders):
     prompts = random_prompts((6, 3, 9), seed=67)
     reference = generate_ar(other, prompts, 12)
     forced = decoder.force(prompts, reference.tokens)
-    assert forced == forced_ar_proposals(model, prompts, reference.tokens)
+    assert forced == force_ar_proposals(model, prompts, reference.tokens)
 
 
 def test_a_kernel_replayed_from_a_graph_costs_less_than_an_eager_launch():

@@ -50,7 +50,7 @@ def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fu
 @pytest.mark.parametrize("mode", ["ops", "layers"])
 def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path, family, mode):
     """Both fast paths (per op, and whole compiled layers) against the reference ops."""
-    from specpilot.bench.correctness import forced_ar_proposals
+    from specpilot.runtime.mechanisms import force_ar_proposals
     from specpilot.runtime.torch_backend import TorchBackend
 
     folder = make_checkpoint(tmp_path, family, seed=84)
@@ -59,7 +59,7 @@ def test_fast_ops_model_is_forced_clean_against_the_reference_ops_model(tmp_path
                                        backend=TorchBackend(fast_ops=mode), fuse_projections=True)
     prompts = random_prompts((4, 11, 1, 7), seed=85)
     want = generate_ar(ref, prompts, 24)
-    report = compare_to_reference(forced_ar_proposals(fast, prompts, want.tokens), want,
+    report = compare_to_reference(force_ar_proposals(fast, prompts, want.tokens), want,
                                   default_tolerance(torch.bfloat16))
     assert report.passed, report.format()
     graphed = GraphedChainDecoder(fast, None, 4, 64, 0).generate(prompts, 24)

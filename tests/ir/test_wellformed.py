@@ -112,7 +112,7 @@ CASES = [
      "models.drafter.vocab_size: drafter vocabulary (32) differs from the target's (16)"),
     ("draft-type", lambda p: replace(p, draft=Chain(4)), "draft: expected a DraftSpec"),
     ("drafter-kind", lambda p: replace(p, draft=replace(p.draft, drafter="ngram")),
-     "draft.drafter: expected one of model, got 'ngram'"),
+     "draft.drafter: expected one of model, none, got 'ngram'"),
     ("topology-type", lambda p: replace(p, draft=replace(p.draft, topology=(4,))),
      "draft.topology: expected Chain, Tree, SparseTree or DynamicTree, got (4,)"),
     ("verify-type", lambda p: replace(p, verify="causal"), "verify: expected a VerifySpec"),

@@ -4,7 +4,7 @@ forced AR, for two model families; capture itself is covered by tests/gpu."""
 import pytest
 import torch
 
-from specpilot.bench.correctness import forced_ar_proposals
+from specpilot.runtime.mechanisms import force_ar_proposals
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.cuda_graphs import GraphedStep, GraphsUnavailable
@@ -59,7 +59,7 @@ def test_forced_run_proposes_what_eager_forced_ar_proposes(models):
     reference = generate_ar(other, prompts, 12)
     decoder = GraphedChainDecoder(model, None, 3, 30, 0, capture=False)
     forced = decoder.force(prompts, reference.tokens)
-    assert forced == forced_ar_proposals(model, prompts, reference.tokens)
+    assert forced == force_ar_proposals(model, prompts, reference.tokens)
     assert forced != reference.tokens
     own = generate_ar(model, prompts, 12)
     assert decoder.force(prompts, own.tokens) == own.tokens

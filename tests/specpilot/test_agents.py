@@ -9,9 +9,9 @@ from specpilot.agents import (BatchingAgent, Budget, KernelAgent, TopologyAgent,
 from specpilot.cost import AssumedAcceptance, CostModel, RankProfile, gpu_spec
 from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
-from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout, SetDraftLength,
-                          SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology, Tree,
-                          apply, check, record_escape_rates, stock_program)
+from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter,
+                          SetDraftLength, SetDraftLengthPolicy, SetMaxBatchSize, SetRefill,
+                          SetTopology, Tree, apply, check, record_escape_rates, stock_program)
 from specpilot.runtime.decoder import check_runnable
 from hf_factory import make_pair
 from test_search_support import one_thread  # noqa: F401 (autouse fixture)
@@ -155,8 +155,14 @@ def test_batching_agent_offers_what_the_runtime_runs_refill_first(pair):
     # the second drains its batch, the first one's slot idles
     ranks = [[0, 0, 0, 1] * 10, [3] * 12]
     acceptance = RankProfile(ranks, [len(r) + 1 for r in ranks])
-    agent = BatchingAgent(CostModel(gpu_spec("h200")), acceptance)
-    assert agent.propose(p["gpu"], None, None, Budget(8)) == []      # batch 1
+    model = CostModel(gpu_spec("h200"))
+    agent = BatchingAgent(model, acceptance)
+    # batch 1: no batching mechanism; speculation off only where it is predicted faster
+    off = apply(p["gpu"], SetDrafter("none"))
+    faster = (model.predicted_tokens_per_s(off, acceptance, 1)
+              > model.predicted_tokens_per_s(p["gpu"], acceptance, 1))
+    assert agent.propose(p["gpu"], None, None, Budget(8)) == ([SetDrafter("none")] if faster
+                                                              else [])
     proposals = agent.propose(p["batched"], None, None, Budget(8))
     assert_runnable(p["batched"], proposals)
     refused = {r.proposal: r.reason for r in agent.refusals}

@@ -63,9 +63,11 @@ def test_compile_report_diff_and_cost_of_the_result(pair, tmp_path, capsys):
                  os.path.join(out, "acceptance.json"), "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     best = load_program(out)
-    assert shown["topology"] == str(best.draft.topology)
+    # (on this CPU the search may well find that greedy AR, without the drafter, is fastest)
+    assert shown["topology"] == best.draft.describe()
+    profile = load_acceptance(os.path.join(out, "acceptance.json"))
     assert shown["mean_accepted"] == pytest.approx(
-        load_acceptance(os.path.join(out, "acceptance.json")).mean_accepted(best.draft.topology))
+        profile.mean_accepted(best.draft.topology) if best.draft.speculates else 0.0)
 
 
 def test_compile_needs_both_checkpoints_or_neither(pair, tmp_path, capsys):
