@@ -98,6 +98,10 @@ def add_parser(sub) -> None:
                    help="measure target verification of 1..T tokens (default 16)")
     g.add_argument("--tree", type=_tree, action="append", default=[], metavar="4,2,2,1",
                    help="also measure verification and accept/commit of this tree (repeatable)")
+    g.add_argument("--adaptive", action="store_true",
+                   help="also replay the graphed batch-length rule (adaptive chain lengths, "
+                        "speculation off where plain steps win) on the chain profile, with "
+                        "graphed rounds of every length measured (GPU)")
     p.set_defaults(handler=run)
 
 
@@ -162,7 +166,7 @@ def _run_shapes(args, device, env) -> int:
         shapes=args.shapes, acceptance=args.acceptance, batch_sizes=args.batch_sizes,
         scale=args.scale, context=args.context, max_width=args.max_width, trees=args.tree,
         warmup=3 if args.warmup is None else args.warmup, repeats=args.repeats or 10,
-        device=device, dtype=args.dtype, name=args.name)
+        device=device, dtype=args.dtype, name=args.name, adaptive=args.adaptive)
     doc = run_shapes_bench(settings, _progress, env)
     title = (f"{doc['name']}: {doc['environment']['gpu']} — replayed acceptance "
              f"({doc['settings']['topology']})")

@@ -101,8 +101,16 @@ def replay_markdown(doc: dict) -> str:
             f"{'CUDA-graphed' if costs['graphed'] else 'eager'} steps). **Replayed acceptance**: "
             f"accepted lengths measured on a real pair ({s['profile']}, {s['topology']}, mean "
             f"accepted {s['profile_mean_accepted']:.2f}) replayed with these step costs: "
-            f"{doc['replay_model']}.\n\n{_table(header, lines)}\n\n"
+            f"{doc['replay_model']}.{_adaptive_note(s)}\n\n{_table(header, lines)}\n\n"
             f"Step costs (median):\n\n{_table(cost_header, cost_lines)}{trees}\n")
+
+
+def _adaptive_note(settings: dict) -> str:
+    if not settings.get("adaptive"):
+        return ""
+    return (" The adaptive-lengths rows run the graphed batch-length rule on the profile's "
+            "per-position agreement (a position the profile never drafted counts as a "
+            "disagreement), each round at the measured graphed round of the chosen length.")
 
 
 def _ms(table: dict, outer: str, inner: str) -> str:

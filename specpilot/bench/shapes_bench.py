@@ -18,6 +18,7 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.tree_plan import TreePlan
 
+from .adaptive_replay import replay_adaptive
 from .replay import REPLAYED, AcceptanceProfile, replay
 from .shapes import build_preset, parse_shapes
 from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_round,
@@ -41,6 +42,7 @@ class ShapesBenchSettings:
     context: int = 512
     max_width: int = 16              # target widths 1..max_width are measured
     trees: Sequence[Tree] = ()       # more trees whose verification and accept are measured
+    adaptive: bool = False           # also replay the batch-length rule (chain profiles, GPU)
     warmup: int = 3
     repeats: int = 10
     device: Optional[str] = None
@@ -63,6 +65,10 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
     topology = profile.topology
     dev = torch.device(device)
     graphed = dev.type == "cuda"
+    if settings.adaptive and not (graphed and isinstance(topology, Chain)):
+        raise SpecPilotError("--adaptive replays the graphed batch-length rule: it needs a chain "
+                             f"profile (this one is {topology}) and a CUDA GPU, whose graphed "
+                             "rounds of every length price the rule")
     costs = StepCosts(settings.context, graphed)
     if isinstance(topology, DynamicTree):
         if not graphed:
@@ -102,28 +108,39 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
                                                   graphed, settings.warmup, settings.repeats)
     if graphed:
         # The graphed runtime's whole round (both models resident, as when decoding).
+        # The adaptive rule runs rounds of every chain length up to the profile's.
+        rounds = ([Chain(n) for n in range(1, topology.k + 1)] if settings.adaptive
+                  else [topology])
         for b in settings.batch_sizes:
-            progress(f"[bench] graphed {topology} round at batch {b}")
-            costs.round_costs.setdefault(str(topology), {})[b] = measure_round(
-                target, drafter, b, topology, settings.context, graphed, settings.warmup,
-                settings.repeats)
-            _release(dev)
+            for shape in rounds:
+                progress(f"[bench] graphed {shape} round at batch {b}")
+                costs.round_costs.setdefault(str(shape), {})[b] = measure_round(
+                    target, drafter, b, shape, settings.context, graphed, settings.warmup,
+                    settings.repeats)
+                _release(dev)
     del target, drafter
     _release(dev)
     return costs
 
 
-def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes) -> tuple:
-    """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance."""
+def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
+                adaptive: bool = False) -> tuple:
+    """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance; with
+    `adaptive`, a row of the batch-length rule too (specpilot/bench/adaptive_replay.py)."""
     ar_name = "ar (graphed steps)" if costs.graphed else "ar (eager steps)"
     spec_name = f"spec {profile.topology}"
     rows, figures = [], []
     for b in batch_sizes:
         fig = replay(profile, costs, b)
         figures.append(fig.to_json())
-        for system, rate, steps, speedup, accepted in (
-                (ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
-                (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)):
+        systems = [(ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
+                   (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)]
+        if adaptive:
+            rule = replay_adaptive(profile, costs, b)
+            figures.append(dict(rule.to_json(), system="adaptive lengths"))
+            systems.append((f"spec {profile.topology}, adaptive lengths", rule.tokens_per_s,
+                            rule.spec_steps, rule.speedup, rule.mean_accepted))
+        for system, rate, steps, speedup, accepted in systems:
             rows.append({"system": system, "batch_size": b, "status": "measured",
                          "label": REPLAYED, "steps": steps, "requests": fig.requests,
                          "tokens": fig.tokens, "speedup_vs_ar": speedup,
@@ -139,7 +156,7 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
     costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
-    rows, figures = replay_rows(profile, costs, settings.batch_sizes)
+    rows, figures = replay_rows(profile, costs, settings.batch_sizes, settings.adaptive)
     target, drafter = parse_shapes(settings.shapes)
     topology = profile.topology
     verify_width = (topology.budget + 1 if isinstance(topology, DynamicTree)
@@ -154,6 +171,7 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
                      "repeats": settings.repeats, "profile": settings.acceptance,
                      "topology": str(profile.topology), "verify_width": verify_width,
                      "trees": [str(t) for t in settings.trees],
+                     "adaptive": settings.adaptive,
                      "profile_requests": len(profile.accepted_lengths),
                      "profile_mean_accepted": profile.mean_accepted,
                      "profile_source": profile.source},

@@ -1,0 +1,112 @@
+"""Replayed acceptance of the graphed adaptive draft length (runtime/batch_length.py) at a scale
+where acceptance cannot be measured: the batch-length rule itself runs on a chain(k) profile's
+agreement, priced with graphed rounds of every length measured on the shape presets.
+
+A greedy drafter's draft for a position depends only on the committed prefix before it, which is
+the reference output whatever the rounds were: so whether the drafter agrees with the target is a
+property of the position, and a chain(k) profile tells it for every position its rounds drafted.
+A round that accepted a < k drafts from position s says s .. s+a-1 agree and s+a does not; one
+that accepted all k says nothing of s+k (the target's bonus token there was never drafted), which
+the replay counts as a disagreement. A length rule replayed here can therefore only be
+underrated, never overrated, and the fixed chain(k) replays exactly as `replay.replay` does.
+
+Per batch (requests cycled to fill it, as there), each round costs the measured graphed round of
+the length the rule chose (a plain AR step for 0), every active request commits its agreeing
+drafts up to that length plus one token, and the rule (`BatchLengthPolicy`, the decoder's own
+device-state code, here on the CPU) picks the next length from what was accepted. The runtime
+applies a chosen length a few rounds later (the host reads it back between replays); the replay
+applies it at the next round.
+"""
+from __future__ import annotations
+
+from typing import List
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
+from specpilot.runtime.batch_length import BatchLengthPolicy
+
+from .replay import AcceptanceProfile, ProfileError, ReplayFigure
+
+ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
+
+
+def agreement_maps(profile: AcceptanceProfile) -> List[List[bool]]:
+    """Per request, per decode position (after the prefill's token): whether the drafter's
+    draft there equals the target's token, as far as the chain profile shows (unknown: False)."""
+    if not isinstance(profile.topology, Chain):
+        raise ProfileError(f"adaptive lengths are replayed from a chain profile, not "
+                           f"{profile.topology}")
+    k = profile.topology.k
+    maps = []
+    for row in profile.accepted_lengths:
+        agree = [False] * (sum(a + 1 for a in row) + k + 1)
+        position = 0
+        for accepted in row:
+            for j in range(accepted):
+                agree[position + j] = True
+            position += accepted + 1
+        maps.append(agree)
+    return maps
+
+
+def _streak(agree: List[bool], start: int, cap: int) -> int:
+    n = 0
+    while n < cap and start + n < len(agree) and agree[start + n]:
+        n += 1
+    return n
+
+
+def round_costs_for(costs, batch: int, k: int) -> List[float]:
+    """Seconds of a plain graphed AR step and of a graphed chain(L) round, L = 1..k."""
+    return [costs.target(batch, 1)] + [costs.round(batch, Chain(n)) for n in range(1, k + 1)]
+
+
+def replay_adaptive(profile: AcceptanceProfile, costs, batch: int,
+                    turn_off: bool = True) -> ReplayFigure:
+    """Replay the batch-length rule on `profile` at batch size `batch` (see the module)."""
+    if batch < 1:
+        raise SpecPilotError(f"batch size must be at least 1, got {batch}")
+    maps = agreement_maps(profile)
+    k = profile.topology.k
+    seconds = round_costs_for(costs, batch, k)
+    policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
+                               round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off)
+    count = len(maps)
+    padded = -(-count // batch) * batch
+    order = [i % count for i in range(padded)]
+    tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0
+    spec_seconds = 0.0
+    for start in range(0, padded, batch):
+        rows = order[start:start + batch]
+        decode = [profile.new_tokens[r] - 1 for r in rows]
+        tokens += sum(decode)
+        ar_steps += max(decode)
+        position = [0] * batch
+        remaining = torch.tensor(decode, dtype=torch.int64)
+        policy.reset()
+        length, round_index = k, 0
+        while bool((remaining > 0).any()):
+            ran = remaining > 0
+            n = torch.tensor([_streak(maps[r], position[i], length) if ran[i] else 0
+                              for i, r in enumerate(rows)], dtype=torch.int64)
+            spec_seconds += seconds[length]
+            spec_steps += 1
+            for i in range(batch):
+                if ran[i]:
+                    position[i] += int(n[i]) + 1
+                    if start + i < count:   # the mean is over requests, not their repeats
+                        committed_steps += 1
+                        accepted_total += int(n[i])
+            remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
+            drafted = torch.full((batch,), length, dtype=torch.int64)
+            length = int(policy.next(n, drafted, ran, remaining, remaining > 0,
+                                     torch.tensor(round_index)))
+            round_index += 1
+    if tokens == 0:
+        raise ProfileError("the acceptance profile has no decode steps (every request ended at "
+                           "its prefill): measure it with more new tokens")
+    return ReplayFigure(batch, padded, tokens, spec_steps, spec_seconds, ar_steps,
+                        ar_steps * seconds[0], 1 + accepted_total / committed_steps,
+                        step_model=ADAPTIVE_MODEL)
