@@ -8,6 +8,7 @@
 #   tests      the GPU tests (tests/gpu), junit XML kept
 #   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair)
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
+#   benchlayers  the same with SPECPILOT_FAST_OPS=layers, as gpu-small-layers
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
 #              (and --adaptive: the batch-length rule replayed; SHAPES_ADAPTIVE= turns it off)
 #   compileB   specpilot compile of the pair at batch B (compile1, compile16, ...; all share
@@ -23,7 +24,7 @@
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
-# BATCHES (1,4,16,64), REPEATS (3), TEST_FILES (the tests phase's files), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
+# BATCHES (1,4,16,64), REPEATS (3), BENCH_NAME (gpu-small), TEST_FILES (the tests phase's files), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
 # calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 # Packages the GPU machine lacks are installed from wheels in .whl/ (git-ignored; carry it),
@@ -98,12 +99,15 @@ phase() {
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;
-    bench)
-        step bench timeout 540 python3 -m specpilot bench --pair "$PAIR" \
+    bench|benchlayers)
+        # benchlayers: every system on the whole-layer fast path (runtime/fast_ops.py)
+        local fast=${SPECPILOT_FAST_OPS:-1} name=${BENCH_NAME:-gpu-small}
+        [ "$1" = benchlayers ] && fast=layers name=gpu-small-layers
+        step "$1" env SPECPILOT_FAST_OPS="$fast" timeout 540 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-3}" \
             --eager-repeats "${EAGER_REPEATS:-${REPEATS:-3}}" \
-            --time-budget "${BENCH_BUDGET:-450}" --out-dir "$RESULTS" --name gpu-small ;;
+            --time-budget "${BENCH_BUDGET:-450}" --out-dir "$RESULTS" --name "$name" ;;
     shapes)
         local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
         [ -f "$profile" ] || profile=${PROFILE:-$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)}
