@@ -1,7 +1,7 @@
-"""Agents and speculation off: the batching agent offers SetDrafter("none") to a batch that
-speculates (ranked by the cost model, never left out by the budget) and SetDrafter("model") back
-to a Program that does not speculate; every agent's proposals on such a Program are legal and
-runnable, and what does not apply to it is refused with the reason."""
+"""Agents and speculation off: the batching agent offers SetDrafter("none") to a Program that
+speculates, at any batch size (ranked by the cost model, never left out by the budget), and
+SetDrafter("model") back to a Program that does not speculate; every agent's proposals on such
+a Program are legal and runnable, and what does not apply to it is refused with the reason."""
 import pytest
 
 from specpilot.agents import BatchingAgent, Budget, default_agents
@@ -48,7 +48,7 @@ def test_speculation_off_is_offered_to_a_batch_and_ranked_by_the_cost_model(pair
     p = programs(pair)
     model = CostModel(gpu_spec("h200"))
     agent = BatchingAgent(model, AssumedAcceptance(0.0))   # a drafter that is never right
-    # batch 1: only where greedy AR is predicted faster, as with this drafter
+    # batch 1: no batch layout or refill to change, but speculation off is still offered
     assert agent.propose(p["gpu"], None, None, Budget(8)) == [SetDrafter("none")]
     proposals = agent.propose(p["batched"], None, None, Budget(8))
     assert_runnable(p["batched"], proposals)
@@ -69,7 +69,8 @@ def test_speculation_off_keeps_a_slot_when_predicted_to_lose(pair):
     assert (model.predicted_tokens_per_s(off, acceptance)
             < model.predicted_tokens_per_s(p["batched"], acceptance))
     agent = BatchingAgent(model, acceptance)
-    assert agent.propose(p["gpu"], None, None, Budget(8)) == []          # batch 1: it pays
+    # offered at batch 1 too, although predicted to lose there: measurement decides
+    assert agent.propose(p["gpu"], None, None, Budget(8)) == [SetDrafter("none")]
     everything = agent.propose(p["batched"], None, None, Budget(20))
     assert everything[-1] == SetDrafter("none")        # ranked last ...
     two = BatchingAgent(model, acceptance).propose(p["batched"], None, None, Budget(2))
