@@ -28,6 +28,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 from specpilot.agents import Budget, ProposalSet, refusal
 from specpilot.cost import CostModel, CostReport
+from specpilot.cost.acceptance import program_accepted_lengths
 from specpilot.ir import Program, program_id
 
 from .candidates import Candidate, Outcome, make_candidate, prepare
@@ -245,7 +246,7 @@ def evaluate(inputs: RoundInputs, candidate: Candidate, threshold: float) -> Out
 
 def predict_workload(inputs: RoundInputs, program: Program) -> Optional[float]:
     """Tokens/s the calibrated cost model predicts for `program` on the evaluated workload."""
-    if inputs.acceptance.accepted_lengths(program.draft.topology) is None:
+    if program_accepted_lengths(program, inputs.acceptance) is None:
         return None
     ev = inputs.evaluator
     return inputs.cost_model.predict_speculative_run(
@@ -256,7 +257,7 @@ def _calibrate(inputs: RoundInputs, program: Program, label: str, timing) -> Opt
     """Predict the timed run, refit the calibration on the measurement; returns the relative
     error of the prediction made before refitting (None when the run cannot be predicted)."""
     ev = inputs.evaluator
-    if inputs.acceptance.accepted_lengths(program.draft.topology) is None:
+    if program_accepted_lengths(program, inputs.acceptance) is None:
         return None
     lengths = [len(p) for p in ev.prompts]
     prediction = inputs.cost_model.predict_speculative_run(program, inputs.acceptance, lengths,
