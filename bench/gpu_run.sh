@@ -77,7 +77,8 @@ phase() {
             --junitxml="$RESULTS/gpu_tests.xml" ${TEST_FILES:-\
             tests/gpu/test_graphed_chain_gpu.py tests/gpu/test_cuda_graphs.py \
             tests/gpu/test_mechanisms_gpu.py tests/runtime/test_ragged_varlen.py \
-            tests/gpu/test_no_speculation_gpu.py tests/gpu/test_compiled_layers_gpu.py \
+            tests/gpu/test_no_speculation_gpu.py tests/gpu/test_program_fast_path_gpu.py \
+            tests/gpu/test_compiled_layers_gpu.py \
             tests/gpu/test_bench_gpu.py tests/gpu/test_kernels_gpu.py \
             tests/gpu/test_gemv_lossless12_gpu.py} ;;
     train)

@@ -15,13 +15,14 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
+from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS, FAST_PATHS,
                       REFILL_POLICIES, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter, SetDraftLength,
-                         SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology,
-                         SetVerifyPrune, SetWeightFormat, Transformation, TuneKernel)
+                         SetDraftLengthPolicy, SetFastPath, SetMaxBatchSize, SetRefill,
+                         SetTopology, SetVerifyPrune, SetWeightFormat, Transformation,
+                         TuneKernel)
 from .wellformed import verify
 
 # Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
@@ -208,7 +209,20 @@ def _set_max_batch_size(p: Program, t: SetMaxBatchSize) -> Program:
 def _set_backend(p: Program, t: SetBackend) -> Program:
     _check(t.backend in BACKENDS, f"unknown backend {t.backend!r} (known: {', '.join(BACKENDS)})")
     _check(t.backend != p.kernels.backend, f"already backend {t.backend}")
+    _check(t.backend == "torch" or p.kernels.fast_path == "ops",
+           f"the {t.backend} backend runs its own kernels, not the torch backend's fast path "
+           f"{p.kernels.fast_path!r} (SetFastPath('ops') first)")
     return replace(p, kernels=replace(p.kernels, backend=t.backend))
+
+
+def _set_fast_path(p: Program, t: SetFastPath) -> Program:
+    _check(t.fast_path in FAST_PATHS,
+           f"unknown fast path {t.fast_path!r} (known: {', '.join(FAST_PATHS)})")
+    _check(t.fast_path != p.kernels.fast_path, f"already fast path {t.fast_path}")
+    _check(p.kernels.backend == "torch" or t.fast_path == "ops",
+           f"the fast path is the torch backend's; this Program runs the {p.kernels.backend} "
+           f"backend's own kernels (SetBackend('torch') first)")
+    return replace(p, kernels=replace(p.kernels, fast_path=t.fast_path))
 
 
 def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
@@ -253,6 +267,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetMaxBatchSize: _set_max_batch_size,
     SetBackend: _set_backend,
     CaptureGraphs: _capture_graphs,
+    SetFastPath: _set_fast_path,
     TuneKernel: _tune_kernel,
 }
 

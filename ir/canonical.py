@@ -98,9 +98,19 @@ def _batch_to_obj(p: Program) -> Dict[str, Any]:
     return obj
 
 
+def _kernels_to_obj(p: Program) -> Dict[str, Any]:
+    k = p.kernels
+    overrides = _pairs_to_object(k.overrides, "kernels.overrides")
+    obj = {"backend": k.backend, "capture_graphs": k.capture_graphs,
+           "overrides": {node: _pairs_to_object(params, f"kernels.overrides[{node}]")
+                         for node, params in overrides.items()}}
+    if k.fast_path != KernelsSpec.fast_path:
+        obj["fast_path"] = k.fast_path
+    return obj
+
+
 def program_to_obj(p: Program, *, include_history: bool = True) -> Dict[str, Any]:
     """The Program as plain JSON-ready data (the shape of its canonical JSON)."""
-    overrides = _pairs_to_object(p.kernels.overrides, "kernels.overrides")
     obj = {
         "schema_version": p.schema_version,
         "gpu": p.gpu,
@@ -110,9 +120,7 @@ def program_to_obj(p: Program, *, include_history: bool = True) -> Dict[str, Any
         "verify": _verify_to_obj(p),
         "commit": {"kv": p.commit.kv},
         "batch": _batch_to_obj(p),
-        "kernels": {"backend": p.kernels.backend, "capture_graphs": p.kernels.capture_graphs,
-                    "overrides": {node: _pairs_to_object(params, f"kernels.overrides[{node}]")
-                                  for node, params in overrides.items()}},
+        "kernels": _kernels_to_obj(p),
     }
     if include_history:
         obj["history"] = [transformation_to_obj(t) for t in p.history]
@@ -170,7 +178,8 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
     batch = expect_object(obj["batch"], "batch",
                           ("layout", "max_batch_size", "draft_length_policy"),
                           optional=("token_budget", "refill"))
-    kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"))
+    kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
+                            optional=("fast_path",))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
     history = expect_list(obj["history"], "history")
     program = Program(
@@ -199,7 +208,9 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                 (node, tuple((param, expect_scalar(v, f"kernels.overrides[{node}][{param}]"))
                              for param, v in expect_object(
                                  params, f"kernels.overrides[{node}]").items()))
-                for node, params in overrides.items())),
+                for node, params in overrides.items()),
+            fast_path=expect_str(kernels.get("fast_path", KernelsSpec.fast_path),
+                                 "kernels.fast_path")),
         history=tuple(transformation_from_obj(t, f"history[{i}]") for i, t in enumerate(history)),
     )
     if check:

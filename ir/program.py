@@ -26,6 +26,10 @@ BATCH_LAYOUTS = ("padded", "ragged")
 DRAFT_LENGTH_POLICIES = ("fixed", "per_request_adaptive")
 REFILL_POLICIES = ("drain", "continuous")
 BACKENDS = ("torch", "generated")
+# How the torch backend fuses its small ops on a CUDA GPU (runtime/fast_ops.py): "ops" compiles
+# RMSNorm, RoPE and SwiGLU one op at a time; "layers" compiles each decoder layer whole, so that
+# Inductor fuses across ops (fewer kernels per forward; it compiles for seconds on first use).
+FAST_PATHS = ("ops", "layers")
 
 OverrideValue = Union[int, str, bool]
 
@@ -109,11 +113,13 @@ def _canonical_overrides(value) -> Tuple:
 
 @dataclass(frozen=True)
 class KernelsSpec:
-    """Kernel backend, CUDA-graph capture, and per-node kernel parameter overrides
-    (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted)."""
+    """Kernel backend, CUDA-graph capture, per-node kernel parameter overrides
+    (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted), and
+    the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS)."""
     backend: str
     capture_graphs: bool
     overrides: Tuple[Tuple[str, Tuple[Tuple[str, OverrideValue], ...]], ...] = field(default=())
+    fast_path: str = "ops"
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", _canonical_overrides(self.overrides))

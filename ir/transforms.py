@@ -193,6 +193,16 @@ class SetBackend(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetFastPath(Transformation):
+    """The torch backend's fast path on a CUDA GPU: `ops` (small ops compiled one at a time) or
+    `layers` (each decoder layer compiled whole, fewer kernels per forward)."""
+    fast_path: str
+    name: ClassVar[str] = "SetFastPath"
+    PARAMS: ClassVar[Dict[str, str]] = {"fast_path": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class CaptureGraphs(Transformation):
     """Capture the fixed-shape decode steps as CUDA graphs (on) or launch kernels eagerly (off)."""
     on: bool

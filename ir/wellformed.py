@@ -13,8 +13,8 @@ from .errors import IllFormed
 from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
 from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
-                      KV_COMMITS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec, CommitSpec,
-                      DraftSpec, KernelsSpec, Models, Program, VerifySpec)
+                      FAST_PATHS, KV_COMMITS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
+                      CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
 from .prune import PRUNES, LayerSkipPrune
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation
@@ -199,6 +199,10 @@ def _verify_batch_and_kernels(p: Program) -> None:
     _require_choice(k.backend, "kernels.backend", BACKENDS)
     _require(isinstance(k.capture_graphs, bool), "kernels.capture_graphs",
              f"expected bool, got {k.capture_graphs!r}")
+    _require_choice(k.fast_path, "kernels.fast_path", FAST_PATHS)
+    _require(k.fast_path == KernelsSpec.fast_path or k.backend == "torch", "kernels.fast_path",
+             f"the fast path is the torch backend's; the {k.backend} backend runs its own "
+             f"kernels (expected {KernelsSpec.fast_path!r}, got {k.fast_path!r})")
     nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
                            "a tuple of (param, value) pairs")
     for node, params in nodes.items():

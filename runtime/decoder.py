@@ -21,7 +21,7 @@ from .graphed_program import decoder_for, force_graphed, graph_refusal, run_grap
 from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
-from .fast_ops import OFF, fast_ops_mode
+from .fast_ops import OFF, OPS, fast_ops_mode, layers_refusal
 from .torch_backend import TorchBackend
 
 
@@ -62,8 +62,9 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
     and its per-linear weight formats. Without, both use the torch backend with dense weights.
 
     `fast_path` (default: `cuda_fast_path`) loads torch-backend models with q/k/v and gate/up
-    fused and the backend's fused kernels: compiled op by op, or as whole layers with
-    SPECPILOT_FAST_OPS=layers, or none with SPECPILOT_FAST_OPS=0 (runtime/fast_ops.py).
+    fused and the backend's fused kernels: compiled op by op, or as whole layers, as the
+    Program's kernels.fast_path says (op by op without a Program); SPECPILOT_FAST_OPS overrides
+    it ("ops", "layers", or "0" for none; runtime/fast_ops.py).
     """
     device = device or default_device()
     fast = cuda_fast_path(device, program) if fast_path is None else fast_path
@@ -75,7 +76,8 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 
     def model(folder: str, role: str) -> Transformer:
         if program is None or program.kernels.backend == "torch":
-            backend = TorchBackend(fast_ops=fast_ops_mode() if fast else OFF)
+            wanted = program.kernels.fast_path if program is not None else OPS
+            backend = TorchBackend(fast_ops=fast_ops_mode(wanted) if fast else OFF)
             if program is None:
                 return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
                                                    fuse_projections=fast)
@@ -145,11 +147,22 @@ def check_runnable(program: Program) -> None:
 def check_pair_runs(program: Program, pair: ModelPair) -> None:
     """Refuse a pair whose models were built for another backend than the Program's."""
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
-        built = getattr(getattr(model, "backend", None), "name", None)
+        backend = getattr(model, "backend", None)
+        built = getattr(backend, "name", None)
         if model is not None and built is not None and built != program.kernels.backend:
             raise UnsupportedProgram(
                 f"the {role} was loaded with the {built} backend but the Program runs "
                 f"kernels.backend {program.kernels.backend!r}: load the pair with "
+                "load_pair(..., program=program)")
+        # A fast-path model built op by op where the Program compiles whole layers (or the
+        # reverse) would be timed as another decoder than the Program's.
+        mode = getattr(backend, "fast_ops_mode", OFF)
+        wanted = fast_ops_mode(program.kernels.fast_path)
+        if model is not None and mode != OFF and wanted != OFF and mode != wanted and (
+                wanted == OPS or layers_refusal() is None):
+            raise UnsupportedProgram(
+                f"the {role} was loaded with the {mode!r} fast path but the Program runs "
+                f"kernels.fast_path {program.kernels.fast_path!r}: load the pair with "
                 "load_pair(..., program=program)")
 
 

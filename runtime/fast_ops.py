@@ -39,11 +39,12 @@ FAST_OPS_ENV = "SPECPILOT_FAST_OPS"
 OFF, OPS, LAYERS = "off", "ops", "layers"
 
 
-def fast_ops_mode() -> str:
-    """The fast path SPECPILOT_FAST_OPS asks for: "off" for "0", "layers" for "layers", else
-    "ops" (unset and "1" included: the per-op path, as before "layers" existed)."""
-    value = os.environ.get(FAST_OPS_ENV, "1").strip().lower()
-    return {"0": OFF, LAYERS: LAYERS}.get(value, OPS)
+def fast_ops_mode(default: str = OPS) -> str:
+    """The fast path SPECPILOT_FAST_OPS asks for: "off" for "0", "layers" for "layers", "ops"
+    for "1" or "ops"; unset (or anything else), `default` (a Program's kernels.fast_path where
+    there is one: the variable overrides Programs, for experiments)."""
+    value = os.environ.get(FAST_OPS_ENV, "").strip().lower()
+    return {"0": OFF, "1": OPS, OPS: OPS, LAYERS: LAYERS}.get(value, default)
 
 
 def grouped_sdpa(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,

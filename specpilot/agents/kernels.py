@@ -1,5 +1,6 @@
-"""Kernel agent: the Program's own generated kernels, CUDA-graph capture, and per-node tuning
-(`TuneKernel`) of the kernels the cost report puts furthest from their bandwidth limit.
+"""Kernel agent: CUDA-graph capture, the torch backend's whole-layer fast path, the Program's
+own generated kernels, and per-node tuning (`TuneKernel`) of the kernels the cost report puts
+furthest from their bandwidth limit.
 
 On a CPU it proposes nothing: generated kernels run there in Triton's interpreter, a
 correctness tool whose timings say nothing about a GPU.
@@ -16,7 +17,8 @@ from __future__ import annotations
 from itertools import zip_longest
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from specpilot.ir import CaptureGraphs, Program, SetBackend, Transformation, TuneKernel, apply
+from specpilot.ir import (CaptureGraphs, Program, SetBackend, SetFastPath, Transformation,
+                          TuneKernel, apply)
 from specpilot.ir.errors import SpecPilotError
 
 from .base import Agent, Budget, Refusal
@@ -169,10 +171,15 @@ class KernelAgent(Agent):
                               "kernels run in Triton's interpreter)")
             return []
         proposals: List[Transformation] = []
-        if program.kernels.backend != "generated":
-            proposals.append(SetBackend("generated"))
         if not program.kernels.capture_graphs:
             proposals.append(CaptureGraphs(True))
+        if program.kernels.backend == "torch" and program.kernels.fast_path != "layers":
+            # Whole-layer compilation: 21-32 % off a graphed step or round of the zoo's 161M
+            # pair, 10 % off an 8B step (BENCHMARKS.md); a small model's step is bound by its
+            # kernel count, which this cuts.
+            proposals.append(SetFastPath("layers"))
+        if program.kernels.backend != "generated":
+            proposals.append(SetBackend("generated"))
         out = self._legal(program, proposals, memory)[:budget.max_proposals]
         if program.kernels.backend != "generated":
             self.notes.append("per-node kernel tuning applies to the generated backend only")

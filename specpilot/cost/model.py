@@ -69,6 +69,9 @@ def batch_idle(program: Program, acceptance, batch: int) -> Optional[float]:
 def unmodelled(program: Program) -> List[str]:
     """Mechanisms of `program` the roofline does not cost (measurement decides on them)."""
     notes = []
+    if getattr(program.kernels, "fast_path", "ops") != "ops":
+        notes.append(f"the torch backend's {program.kernels.fast_path} fast path is not "
+                     "modelled: its kernels are counted as the per-op path's")
     if not program.draft.speculates:
         return notes        # greedy AR: nothing of a draft to estimate
     if getattr(program.verify, "prune", None) is not None:

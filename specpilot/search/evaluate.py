@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from specpilot.ir import Program
+from specpilot.ir import KernelsSpec, Program
 from specpilot.runtime.ar import ARResult
 
 from .output_check import OutputDivergence, first_divergences
@@ -26,7 +26,8 @@ OWN_PAIRS = 2
 def _needs_own_pair(program: Program) -> bool:
     dense = all(fmt in ("bf16", "fp32") for role in ("target", "drafter")
                 for _, fmt in getattr(program.models, role).weight_formats)
-    return program.kernels.backend != "torch" or not dense or bool(program.kernels.overrides)
+    return (program.kernels.backend != "torch" or not dense or bool(program.kernels.overrides)
+            or program.kernels.fast_path != KernelsSpec.fast_path)
 
 
 def _build_key(program: Program):

@@ -31,7 +31,8 @@ def test_registry_names_every_record():
     assert set(TRANSFORMATIONS) == {"SetTopology", "SetDraftLength", "SetWeightFormat",
                                     "SetBatchLayout", "SetMaxBatchSize", "SetBackend",
                                     "CaptureGraphs", "SetDraftLengthPolicy", "SetRefill",
-                                    "SetVerifyPrune", "TuneKernel", "SetDrafter"}
+                                    "SetVerifyPrune", "TuneKernel", "SetDrafter",
+                                    "SetFastPath"}
     for name, cls in TRANSFORMATIONS.items():
         assert cls.name == name
 

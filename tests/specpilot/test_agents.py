@@ -10,8 +10,9 @@ from specpilot.cost import AssumedAcceptance, CostModel, RankProfile, gpu_spec
 from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
 from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter,
-                          SetDraftLength, SetDraftLengthPolicy, SetMaxBatchSize, SetRefill,
-                          SetTopology, Tree, apply, check, record_escape_rates, stock_program)
+                          SetDraftLength, SetDraftLengthPolicy, SetFastPath, SetMaxBatchSize,
+                          SetRefill, SetTopology, Tree, apply, check, record_escape_rates,
+                          stock_program)
 from specpilot.runtime.decoder import check_runnable
 from hf_factory import make_pair
 from test_search_support import one_thread  # noqa: F401 (autouse fixture)
@@ -146,7 +147,14 @@ def test_kernel_agent_proposes_on_a_gpu_only(pair):
     assert agent.propose(p["cpu"], None, None, Budget(4)) == []
     assert agent.notes
     proposals = agent.propose(p["gpu"], None, None, Budget(4))
-    assert SetBackend("generated") in proposals and CaptureGraphs(True) in proposals
+    # graph capture first, then the torch backend's whole-layer fast path, then own kernels
+    assert proposals[:3] == [CaptureGraphs(True), SetFastPath("layers"), SetBackend("generated")]
+    assert_runnable(p["gpu"], proposals)
+    # neither the fast path again, nor the generated backend on top of it (it has its own)
+    layers = apply(p["gpu"], SetFastPath("layers"))
+    again = agent.propose(layers, None, None, Budget(4))
+    assert SetFastPath("layers") not in again and SetBackend("generated") not in again
+    assert any("SetFastPath('ops') first" in r.reason for r in agent.refusals)
 
 
 def test_batching_agent_offers_what_the_runtime_runs_refill_first(pair):
