@@ -8,7 +8,7 @@ from typing import List, Optional, Sequence
 
 import torch
 
-from specpilot.ir import Program
+from specpilot.ir import KernelsSpec, Program
 from specpilot.ir.prune import LowPrecisionPrune
 from specpilot.ir.errors import SpecPilotError
 
@@ -98,6 +98,16 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
     return ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
+
+
+def needs_own_pair(program: Program) -> bool:
+    """Whether `program`'s models must be built for it: another backend, non-dense weight
+    formats, kernel overrides or another fast path than a pair loaded without a Program has."""
+    dense = all(fmt in ("bf16", "fp32") for role in ("target", "drafter")
+                for _, fmt in getattr(program.models, role).weight_formats)
+    k = program.kernels
+    return (k.backend != "torch" or not dense or bool(k.overrides)
+            or k.fast_path != KernelsSpec.fast_path)
 
 
 def cuda_fast_path(device, program: Optional[Program] = None) -> bool:

@@ -16,7 +16,7 @@ import torch
 from specpilot.ir import CaptureGraphs, apply, load_program, program_id, stock_program
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import ARResult
-from specpilot.runtime.decoder import load_pair
+from specpilot.runtime.decoder import load_pair, needs_own_pair
 
 from .hf_systems import HFAssisted, HFGreedy, HFModels
 from .measure import add_speedups, measure, skipped_row
@@ -79,7 +79,11 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
                                  f"the bench runs {dtype}: pass --dtype "
                                  f"{program.models.target.dtype} or use a matching Program")
         stem = os.path.splitext(os.path.basename(path))[0]
-        out.append(ProgramSystem(f"program:{stem}", program, pair))
+        # A Program built unlike the stock pair (its own kernels, formats or fast path) gets
+        # models built for it, so that it is timed as the decoder it describes.
+        own = (load_pair(target_dir, drafter_dir, dtype, pair.target.device.type,
+                         program=program) if needs_own_pair(program) else pair)
+        out.append(ProgramSystem(f"program:{stem}", program, own))
     return out
 
 

@@ -16,8 +16,8 @@ from specpilot.ir import Program, program_id
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.cuda_graphs import GraphsUnavailable, require_cuda
-from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_runnable,
-                                      force_program)
+from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_pair_runs,
+                                      check_runnable, force_program)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.mechanisms import force_ar_proposals, run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
@@ -162,6 +162,7 @@ class ProgramSystem(System):
         self.refusal = None
         try:
             check_runnable(program)
+            check_pair_runs(program, pair)    # models built as this Program runs them
         except SpecPilotError as exc:
             self.refusal = str(exc)
         if pair.drafter is None and program.draft.speculates:

@@ -13,7 +13,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import List, Optional, Sequence
 
-from specpilot.ir import KernelsSpec, Program
+from specpilot.ir import Program
 from specpilot.runtime.ar import ARResult
 
 from .output_check import OutputDivergence, first_divergences
@@ -21,13 +21,6 @@ from .output_check import OutputDivergence, first_divergences
 
 # Pairs built another way than the stock pair kept loaded at once: a candidate and its base.
 OWN_PAIRS = 2
-
-
-def _needs_own_pair(program: Program) -> bool:
-    dense = all(fmt in ("bf16", "fp32") for role in ("target", "drafter")
-                for _, fmt in getattr(program.models, role).weight_formats)
-    return (program.kernels.backend != "torch" or not dense or bool(program.kernels.overrides)
-            or program.kernels.fast_path != KernelsSpec.fast_path)
 
 
 def _build_key(program: Program):
@@ -98,7 +91,9 @@ class Evaluator:
 
     def pair_for(self, program: Program):
         """The pair built the way `program` runs it."""
-        if not _needs_own_pair(program):
+        from specpilot.runtime.decoder import needs_own_pair
+
+        if not needs_own_pair(program):
             return self.stock_pair
         from specpilot.runtime.decoder import load_pair
 

@@ -51,10 +51,11 @@ def test_a_pair_built_for_another_fast_path_is_refused(programs, monkeypatch):
 
 
 def test_the_search_loads_a_pair_of_its_own_for_the_whole_layer_path(programs):
-    from specpilot.search.evaluate import _build_key, _needs_own_pair
+    from specpilot.runtime.decoder import needs_own_pair
+    from specpilot.search.evaluate import _build_key
 
     _, stock, layers = programs
-    assert not _needs_own_pair(stock) and _needs_own_pair(layers)
+    assert not needs_own_pair(stock) and needs_own_pair(layers)
     assert _build_key(stock) != _build_key(layers)
 
 
@@ -66,3 +67,21 @@ def test_the_cost_report_says_it_does_not_model_the_whole_layer_path(programs):
     note = "the torch backend's layers fast path is not modelled"
     assert any(note in n for n in model.report(layers, AssumedAcceptance(0.6)).notes)
     assert not any(note in n for n in model.report(stock, AssumedAcceptance(0.6)).notes)
+
+
+def test_the_bench_builds_a_program_its_own_models_where_it_needs_them(programs, tmp_path):
+    from specpilot.bench.pair_bench import PairBenchSettings, program_systems
+    from specpilot.ir import save_program
+
+    folder, stock, layers = programs
+    pair = load_pair(folder, folder, "float32", "cpu")
+    paths = []
+    for name, program in (("plain", stock), ("layers", layers)):
+        paths.append(str(tmp_path / f"{name}.json"))
+        save_program(program, paths[-1])
+    settings = PairBenchSettings(pair=str(tmp_path), programs=paths)
+    systems = {s.name: s for s in program_systems(settings, folder, folder, "float32",
+                                                  "NVIDIA H200", pair)}
+    assert systems["program:plain"].pair is pair                   # built like the stock pair
+    assert systems["program:layers"].pair is not pair              # its own models
+    assert systems["program:layers"].refusal is None
