@@ -168,7 +168,11 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             if row["status"] != "measured":
                 progress(f"  {row['status']}: {row['reason']}")
             rows.append(row)
-            if output is not None and output.accepted_lengths is not None and system.name not in profiles:
+            if output is not None and output.accepted_lengths is not None and (
+                    system.name not in profiles or
+                    len(output.accepted_lengths) > len(profiles[system.name].accepted_lengths)):
+                # The run with the most distinct requests: a replay at batch 64 wants 64 of
+                # them, not the 4 of batch 1 cycled (a batch's tail is its slowest request).
                 profiles[system.name] = _profile(system, output, settings, pair, b, dtype)
             if on_row is not None:
                 add_speedups(rows)
@@ -202,7 +206,7 @@ def default_name(pair: str) -> str:
 
 def _profile(system: ProgramSystem, output, settings, pair, batch: int,
              dtype: str) -> AcceptanceProfile:
-    """The acceptance profile of a speculative system's first timed run (batch `batch`)."""
+    """The acceptance profile of a speculative system's first timed run at batch `batch`."""
     return AcceptanceProfile(
         topology=system.program.draft.topology,
         accepted_lengths=[list(a) for a in output.accepted_lengths],

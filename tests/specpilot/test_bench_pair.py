@@ -297,3 +297,17 @@ def test_eager_repeats_apply_to_hf_and_eager_systems_only():
     assert pair_bench.repeats_of(settings, None) == 1
     same = pair_bench.PairBenchSettings(pair="unused", repeats=2)
     assert pair_bench.repeats_of(same, eager) == pair_bench.repeats_of(same, graphed) == 2
+
+
+def test_the_profile_comes_from_the_run_with_the_most_requests(bench, tmp_path):
+    """Batch 1 decodes one prompt here, batch 2 two: the profile (what a replay cycles to fill
+    its batches) keeps the two distinct requests of batch 2."""
+    root, _ = bench
+    code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                 "--prompts", "1", "--max-new-tokens", str(NEW), "--batch-sizes", "1,2",
+                 "--repeats", "1", "--warmup", "0", "--systems", "stock",
+                 "--out-dir", str(tmp_path), "--name", "more", "--device", "cpu"])
+    assert code == 0
+    profile = AcceptanceProfile.load(str(tmp_path / "more.acceptance.stock.json"))
+    assert profile.source["batch_size"] == 2 and len(profile.accepted_lengths) == 2
+    assert profile.accepted_lengths == [[4, 4], [4, 4]]          # the perfect drafter
