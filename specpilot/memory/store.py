@@ -7,9 +7,11 @@ so that a killed compile resumes at its last completed round, and the transforma
 round's chosen Program (`bests`): a new compile on an alike deployment starts from the most
 successful of those. Mechanisms alone are a weaker seed: each one's gain was measured on its own
 round's base, and on a batch-1 compile a tree admitted on the eager stock Program lost once it
-was combined with CUDA graphs. Everything a round leaves is
-written in one transaction (`complete_round`): after a crash either all of a round is in the
-database or none of it. The database runs in WAL mode, so readers never block the writer.
+was combined with CUDA graphs.
+
+Everything a round leaves is written in one transaction (`complete_round`): after a crash
+either all of a round is in the database or none of it. The database runs in WAL mode, so
+readers never block the writer.
 """
 from __future__ import annotations
 

@@ -91,11 +91,10 @@ class Evaluator:
 
     def pair_for(self, program: Program):
         """The pair built the way `program` runs it."""
-        from specpilot.runtime.decoder import needs_own_pair
+        from specpilot.runtime.decoder import load_pair, needs_own_pair
 
         if not needs_own_pair(program):
             return self.stock_pair
-        from specpilot.runtime.decoder import load_pair
 
         key = _build_key(program)
         if key in self._own:
