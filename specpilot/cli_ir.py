@@ -88,8 +88,9 @@ def summarize(program: Program) -> str:
             ("commit", [f"kv {program.commit.kv}"]),
             ("batch", [f"{program.batch.layout}, max batch size {program.batch.max_batch_size}, "
                        f"draft length {program.batch.draft_length_policy}"]),
-            ("kernels", [f"backend {k.backend}, "
-                         f"graph capture {'on' if k.capture_graphs else 'off'}, "
+            ("kernels", [f"backend {k.backend}"
+                         + (f" (fast path {k.fast_path})" if k.backend == "torch" else "")
+                         + f", graph capture {'on' if k.capture_graphs else 'off'}, "
                          f"{len(k.overrides)} node overrides"]),
             ("history", [f"{i + 1}. {t}" for i, t in enumerate(program.history)] or ["(stock)"])]
     lines = [f"program {program_id(program)}"]

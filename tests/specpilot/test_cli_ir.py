@@ -79,6 +79,7 @@ def test_show(two_programs, capsys):
     for fragment in ("llama, bfloat16, 2 layers, hidden 16, mlp 24, heads 4/2 kv x 4, vocab 96",
                      "weights 15 bf16", "model drafter, tree([4, 2, 2, 1])",
                      "tree mask, greedy acceptance", "kv compact",
+                     "backend torch (fast path ops), graph capture off",
                      "1. SetTopology(topology=tree([4, 2, 2, 1]))"):
         assert fragment in text, fragment
     assert main(["ir", "show", str(a)]) == 0
