@@ -68,7 +68,7 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
     """cost(L) for every length in `replays` (which must hold 0, the plain step): the best of a
     few timed replays of each, over the plain step's. `reset` puts the decoder in a state where
     replays change nothing that a later prefill does not overwrite (every row inactive)."""
-    seconds = {}
+    ms = {}
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for n, replay in sorted(replays.items()):
         reset()
@@ -80,10 +80,10 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
             end.record()
             end.synchronize()
             best = min(best, start.elapsed_time(end))
-        seconds[n] = best
+        ms[n] = best
     reset()
     torch.cuda.synchronize(device)
-    return [seconds[n] / seconds[0] for n in sorted(seconds)]
+    return [ms[n] / ms[0] for n in sorted(ms)]
 
 
 class BatchLengthPolicy:

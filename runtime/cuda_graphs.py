@@ -26,6 +26,24 @@ from .errors import CapacityError
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuBLAS handles, allocator pools)
 
 
+def capture(body, device, pool=None):
+    """Run `body` WARMUP_RUNS times eagerly on a side stream (so that cuBLAS handles, allocator
+    pools and compiled kernels exist before capture), then capture one run of it into a CUDA
+    graph. Returns (the graph, what the captured run returned: tensors its replays rewrite).
+    Every graphed piece of the runtime is captured this way."""
+    current = torch.cuda.current_stream(device)
+    side = torch.cuda.Stream(device=device)
+    side.wait_stream(current)
+    with torch.cuda.stream(side):
+        for _ in range(WARMUP_RUNS):
+            body()
+    current.wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, pool=pool):
+        out = body()
+    return graph, out
+
+
 class GraphsUnavailable(SpecPilotError):
     """CUDA graphs were asked for where there is no CUDA GPU."""
 
@@ -67,16 +85,7 @@ class GraphedStep:
                           torch.zeros((b, logits_rows), dtype=torch.int64, device=dev))
         self.graph = None
         if capture:
-            self.graph = torch.cuda.CUDAGraph()
-            current = torch.cuda.current_stream(dev)
-            side = torch.cuda.Stream(device=dev)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    self._forward()
-            current.wait_stream(side)
-            with torch.cuda.graph(self.graph, pool=pool):
-                self.logits = self._forward()
+            self.graph, self.logits = capture(self._forward, dev, pool)
         else:
             self.logits = self._forward()
 

@@ -8,7 +8,7 @@ writes the round as pure tensor operations on it, so the whole round is captured
 graph and replayed with one launch. Acceptance needs no host round trip: with greedy
 verification the committed tokens are exactly the target's argmaxes g_0..g_n, where n is the
 number of leading drafts that equal the target's argmax before them. The host only learns,
-one round behind, whether every request has finished.
+one replay behind, whether every request has finished (runtime/graphed_loop.py).
 
 Why the drafter's first step takes 2 tokens: after a round that accepted n drafts, the drafter
 has K/V for the drafts it ran, but not for the last accepted draft when all k were accepted,
@@ -40,9 +40,9 @@ from specpilot.ir.errors import SpecPilotError
 
 from .adaptive_draft import DRAFT_STEP_COST
 from .batch_length import BatchLengthPolicy, measure_round_costs
-from .cuda_graphs import WARMUP_RUNS, require_cuda
+from .cuda_graphs import capture, require_cuda
 from .errors import CapacityError
-from .graphed_loop import replay_until_done
+from .graphed_loop import read_result, read_tokens, replay_until_done
 from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
@@ -125,8 +125,8 @@ class GraphedChainDecoder:
         self.ref = torch.zeros((batch, self.width), **i64)   # forced mode: the reference tokens
         self.accepted = torch.full((self.width, batch), -1, **i64)  # per round: drafts accepted
         self.round_index = torch.zeros((), **i64)
-        # Per round: [all requests finished (0/1), longest length wanted next]; one row is the
-        # only thing the host reads back per replay.
+        # Per round: [all requests finished (0/1), the batch's next chain length]; one row is
+        # the only thing the host reads back per replay.
         self.status = torch.zeros((self.width, 2), **i64)
         # The host's copy of one status row per replay, and events to wait on them: allocated
         # once (page-locked memory is slow to allocate), reused by every call.
@@ -290,18 +290,8 @@ class GraphedChainDecoder:
         if key not in self._graphs:
             # Capture runs the round a few times on whatever the state holds: every request is
             # inactive here (set by _reset), so only cache slots that prefill overwrites change.
-            self._reset(0)
-            graph = torch.cuda.CUDAGraph()
-            current = torch.cuda.current_stream(self.device)
-            side = torch.cuda.Stream(device=self.device)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    body()
-            current.wait_stream(side)
-            with torch.cuda.graph(graph):
-                body()
-            self._graphs[key] = graph
+            self._reset()
+            self._graphs[key] = capture(body, self.device)[0]
         return self._graphs[key].replay
 
     def _ensure_round_costs(self) -> None:
@@ -311,7 +301,7 @@ class GraphedChainDecoder:
             return
         timed = {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
         self.policy.round_cost.copy_(torch.tensor(
-            measure_round_costs(timed, lambda: self._reset(0), self.device)))
+            measure_round_costs(timed, self._reset, self.device)))
         self._measure_costs = False
 
     def _lengths(self) -> List[int]:
@@ -326,14 +316,16 @@ class GraphedChainDecoder:
             raise CapacityError(f"a timing context of {context} does not fit a cache of "
                                 f"{self.capacity} slots with chains of {self.k}")
         replay = self._runner(False, rounds=1)
-        self._reset(self.batch)
+        self._reset()
         self.length.fill_(context)
         self.count.fill_(1)
         self.limit.fill_(self.width)
         self.active.fill_(True)
         return replay
 
-    def _reset(self, n: int) -> None:
+    def _reset(self) -> None:
+        """Every request inactive and the round log, status and length policy as before a
+        batch (the caches are left as they are: a prefill overwrites what a batch reads)."""
         self.active.zero_()
         self.count.zero_()
         self.limit.zero_()
@@ -382,9 +374,6 @@ class GraphedChainDecoder:
                                 f"plus {max_new_tokens} new tokens and a chain of {self.k} need "
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 
-    def _loop(self, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
-        return replay_until_done(self, replays, forced)
-
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
         """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
@@ -392,23 +381,14 @@ class GraphedChainDecoder:
         replays = {k: self._runner(False, k) for k in self._lengths()}
         self._ensure_round_costs()
         n = len(prompts)
-        self._reset(n)
+        self._reset()
         g0 = self._prefill(prompts, [max_new_tokens] * n)
         self.last.copy_(g0)
         active = self.count < self.limit
         if self.eos is not None:
             active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
         self.active.copy_(active)
-        by_length = self._loop(replays)
-        rounds = sum(by_length.values())
-        tokens = self._collect(n, [max_new_tokens] * n, trim_eos=True)
-        accepted = self.accepted[:rounds, :n].T.tolist()
-        accepted = [[a for a in row if a >= 0] for row in accepted]
-        steps = sum(len(a) for a in accepted)
-        mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
-        drafter_forwards = 1 + sum(k * c for k, c in by_length.items())
-        stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
-        return SpecResult(tokens, 1 + rounds, drafter_forwards, accepted, mean, stats=stats)
+        return read_result(self, n, max_new_tokens, replay_until_done(self, replays))
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:
@@ -420,7 +400,7 @@ class GraphedChainDecoder:
         self._ensure_round_costs()      # before any timed run: forcing comes first in a compile
         replays = {k: self._runner(True, k) for k in self._lengths()}
         n = len(prompts)
-        self._reset(n)
+        self._reset()
         table = torch.zeros((self.batch, self.width), dtype=torch.int64)
         for row, ref in enumerate(reference):
             table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
@@ -428,8 +408,8 @@ class GraphedChainDecoder:
         self._prefill(prompts, [len(r) for r in reference])
         self.last.copy_(self.ref[:, 0])
         self.active.copy_(self.count < self.limit)
-        self._loop(replays, forced=True)
-        return self._collect(n, [len(r) for r in reference], trim_eos=False)
+        replay_until_done(self, replays, forced=True)
+        return read_tokens(self, n, [len(r) for r in reference], trim_eos=False)
 
     @torch.no_grad()
     def generate_reference(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> ARResult:
@@ -440,14 +420,3 @@ class GraphedChainDecoder:
         table = self.margins[:len(prompts)].tolist()
         return ARResult(r.tokens, [row[:len(t)] for row, t in zip(table, r.tokens)],
                         r.target_forwards)
-
-    def _collect(self, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
-        counts = self.count[:n].tolist()
-        rows = self.out[:n].tolist()
-        eos = set(self.eos.tolist()) if (trim_eos and self.eos is not None) else set()
-        tokens = []
-        for row, c, limit in zip(rows, counts, limits):
-            toks = row[:min(c, limit)]
-            cut = next((i for i, t in enumerate(toks) if t in eos), None)
-            tokens.append(toks if cut is None else toks[:cut + 1])
-        return tokens

@@ -40,6 +40,12 @@ def comb_shape(budget: int, depth: int) -> TreeShape:
     return TreeShape(tuple(parents[:budget]), tuple(ranks[:budget]), tuple(depths[:budget]))
 
 
+def dynamic_span(topology) -> int:
+    """Cache slots a round of the DynamicTree `topology` writes past the root: the drafter's
+    depth x width scratch nodes reach past the target's tree of `budget` nodes."""
+    return max(topology.depth * topology.width, topology.budget)
+
+
 class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
     """Dynamic-tree greedy speculation (`topology` a DynamicTree) for up to `batch` requests."""
 
@@ -60,8 +66,7 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         self.tree_positions = torch.arange(topology.budget + 1, device=dev)
 
     def _span(self) -> int:
-        # The drafter's scratch reaches past the target's tree.
-        return max(self.topology.depth * self.topology.width, self.topology.budget)
+        return dynamic_span(self.topology)
 
     def _draft_dynamic(self, base: torch.Tensor):
         """Scratch tokens, scores, parents (-1: root) [B, D*W] and ancestors [B, D*W, D*W]."""

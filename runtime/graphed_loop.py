@@ -1,8 +1,11 @@
 """The host side of the graphed runtime: replay a decoder's round graphs until every request
-is done, reading back one status row per replay, one replay behind the GPU."""
+is done, reading back one status row per replay, one replay behind the GPU; then read the
+results back once."""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, List
+
+from .speculative import SpecResult
 
 
 def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
@@ -37,3 +40,33 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
             if bool(host[j - 1, 0]):
                 break
     return rounds
+
+
+def read_tokens(decoder, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
+    """The output rows of the first `n` requests of `decoder`, each cut at its limit and, with
+    `trim_eos`, after its first EOS (rounds may overshoot both)."""
+    counts = decoder.count[:n].tolist()
+    rows = decoder.out[:n].tolist()
+    eos = set(decoder.eos.tolist()) if (trim_eos and decoder.eos is not None) else set()
+    tokens = []
+    for row, c, limit in zip(rows, counts, limits):
+        toks = row[:min(c, limit)]
+        cut = next((i for i, t in enumerate(toks) if t in eos), None)
+        tokens.append(toks if cut is None else toks[:cut + 1])
+    return tokens
+
+
+def read_result(decoder, n: int, max_new_tokens: int, by_length: Dict[int, int]) -> SpecResult:
+    """What `generate` returns for the first `n` requests, given the rounds run per chain
+    length (`replay_until_done`): tokens, forward counts, drafts accepted per round and the
+    rounds of each length (stats)."""
+    rounds = sum(by_length.values())
+    tokens = read_tokens(decoder, n, [max_new_tokens] * n, trim_eos=True)
+    accepted = decoder.accepted[:rounds, :n].T.tolist()
+    accepted = [[a for a in row if a >= 0] for row in accepted]
+    steps = sum(len(a) for a in accepted)
+    mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
+    # The drafter's prefill (where there is a drafter), then its steps in each round.
+    drafter_forwards = (decoder.drafter is not None) + sum(k * c for k, c in by_length.items())
+    stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
+    return SpecResult(tokens, 1 + rounds, drafter_forwards, accepted, mean, stats=stats)

@@ -13,19 +13,19 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .cuda_graphs import WARMUP_RUNS
+from .cuda_graphs import capture
 
 BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
 
 
 class StaticPrefill:
-    """Prefill of up to `batch` prompts into each (model, cache) of `targets`; `run` returns
+    """Prefill of up to `batch` prompts into each (model, cache) of `models`; `run` returns
     the first model's float32 logits at each row's last prompt token, [batch, V]."""
 
-    def __init__(self, targets: Sequence[Tuple[object, object]], batch: int, capacity: int,
+    def __init__(self, models: Sequence[Tuple[object, object]], batch: int, capacity: int,
                  capture: bool):
-        self.targets, self.batch, self.capacity, self.capture = list(targets), batch, capacity, capture
-        self.device = self.targets[0][0].device
+        self.models, self.batch, self.capacity, self.capture = list(models), batch, capacity, capture
+        self.device = self.models[0][0].device
         self._buckets: Dict[int, dict] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
@@ -49,7 +49,7 @@ class StaticPrefill:
 
         def body():
             out = None
-            for model, cache in self.targets:
+            for model, cache in self.models:
                 logits = model.forward(static["tokens"], static["positions"], static["positions"],
                                        static["mask"], cache, static["last"])
                 out = logits if out is None else out
@@ -57,17 +57,7 @@ class StaticPrefill:
 
         static["body"] = body
         if self.capture:
-            current = torch.cuda.current_stream(dev)
-            side = torch.cuda.Stream(device=dev)
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for _ in range(WARMUP_RUNS):
-                    body()
-            current.wait_stream(side)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=self._pool):
-                static["logits"] = body()
-            static["graph"] = graph
+            static["graph"], static["logits"] = capture(body, dev, self._pool)
         self._buckets[width] = static
         return static
 

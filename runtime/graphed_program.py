@@ -1,17 +1,18 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
-(runtime/graphed_dynamic.py) with the padded
-layout, drain refill and no pruned verifier, and chains with a fixed or an adaptive draft length (`graph_refusal` names what else a Program
-asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
+(runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier, and
+chains with a fixed or an adaptive draft length (`graph_refusal` names what else a Program asks
+for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
 Adaptive draft length under a token budget, graphed: the padded batch verifies B x (L + 1)
-tokens in a round of chain length L, so the budget caps L at budget // B - 1; each request
-drafts one more than its recent mean acceptance within that cap, and each round replays the
-graph of the longest length wanted (runtime/graphed_chain.py). Where the cap is below one draft
-the budget turns speculation off for that batch size: the Program decodes with the graphed
-greedy AR step (speculation never costs more than plain decoding there).
+tokens in a round of chain length L, so the budget caps L at budget // B - 1; within that cap
+the batch's length follows its requests' estimated acceptance and the measured round costs
+(runtime/batch_length.py), and each round replays the graph of the length chosen two replays
+back (runtime/graphed_chain.py). Where the cap is below one draft the budget turns speculation
+off for that batch size: the Program decodes with the graphed greedy AR step (speculation never
+costs more than plain decoding there).
 
 A Program that does not speculate (`draft.drafter` "none") decodes with that same graphed
 greedy AR step at every batch size: the chain decoder with no drafter and chains of 0, the
@@ -30,7 +31,7 @@ from specpilot.ir.topology import Chain, DynamicTree, SparseTree, Tree
 from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
-from .graphed_dynamic import GraphedDynamicTreeDecoder
+from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
 
@@ -76,6 +77,25 @@ def length_cap(program: Program) -> Optional[int]:
     return max(0, min(k, b.token_budget // b.max_batch_size - 1))
 
 
+def round_span(topology) -> int:
+    """Cache slots one graphed round of `topology` writes past the last committed token."""
+    return dynamic_span(topology) if isinstance(topology, DynamicTree) else topology.num_nodes
+
+
+def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
+                    capture: bool = True, **chain_options):
+    """The graphed decoder of `topology`: chain, static tree or dynamic tree (`chain_options`,
+    such as adaptive lengths, go to the chain decoder)."""
+    if isinstance(topology, DynamicTree):
+        return GraphedDynamicTreeDecoder(target, drafter, batch, capacity, topology, eos_ids,
+                                         capture=capture)
+    if not isinstance(topology, Chain):
+        return GraphedTreeDecoder(target, drafter, batch, capacity, topology.shape(), eos_ids,
+                                  capture=capture)
+    return GraphedChainDecoder(target, drafter, batch, capacity, topology.k, eos_ids,
+                               capture=capture, **chain_options)
+
+
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
                 max_new_tokens: int, capture: bool = True):
     """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
@@ -83,12 +103,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     the budget leaves no room for drafts)."""
     topology, batch = program.draft.topology, program.batch.max_batch_size
     cap = length_cap(program)
-    if not program.draft.speculates:
-        k = 0
-    elif isinstance(topology, DynamicTree):
-        k = max(topology.budget, topology.depth * topology.width)
-    else:
-        k = topology.num_nodes
+    k = round_span(topology) if program.draft.speculates else 0
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
     capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
@@ -105,16 +120,9 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     if cap == 0:
         decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
                                       capture=capture)
-    elif isinstance(topology, DynamicTree):
-        decoder = GraphedDynamicTreeDecoder(pair.target, pair.drafter, batch, capacity, topology,
-                                            pair.eos_ids, capture=capture)
-    elif not isinstance(topology, Chain):
-        decoder = GraphedTreeDecoder(pair.target, pair.drafter, batch, capacity, topology.shape(),
-                                     pair.eos_ids, capture=capture)
     else:
-        decoder = GraphedChainDecoder(pair.target, pair.drafter, batch, capacity, k,
-                                      pair.eos_ids, capture=capture, adaptive=adaptive,
-                                      length_cap=cap)
+        decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
+                                  pair.eos_ids, capture, adaptive=adaptive, length_cap=cap)
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder
@@ -123,8 +131,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
 def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
     r = decoder.generate(prompts, max_new_tokens)
     if decoder.k == 0:
-        # Plain greedy steps: the chain decoder counts a drafter prefill that never ran.
-        r.stats, r.drafter_forwards = {"speculation_off": 1}, 0
+        r.stats = {"speculation_off": 1}     # plain greedy steps, named as the eager path does
     return r
 
 

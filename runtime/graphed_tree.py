@@ -93,9 +93,6 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         deepest = self.shape.depths.index(self.shape.max_depth)
         return list(self.shape.ancestors_or_self(deepest))
 
-    def _lengths(self) -> List[int]:
-        return [self.k]
-
     # ---- the round ------------------------------------------------------------------------------
 
     def _tree_mask(self, rows: torch.Tensor, base: torch.Tensor) -> torch.Tensor:

@@ -196,23 +196,8 @@ def measure_round(target, drafter, batch: int, topology: Topology, context: int,
                   warmup: int, repeats: int) -> float:
     """Median seconds of one graphed round of `topology` (chain, static or dynamic tree) at
     `batch` after `context` positions."""
-    from specpilot.ir.topology import DynamicTree
-    from specpilot.runtime.graphed_chain import GraphedChainDecoder
-    from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
-    from specpilot.runtime.graphed_tree import GraphedTreeDecoder
+    from specpilot.runtime.graphed_program import graphed_decoder, round_span
 
-    if isinstance(topology, DynamicTree):
-        span = max(topology.budget, topology.depth * topology.width)
-    else:
-        span = topology.num_nodes
-    capacity = context + (warmup + repeats + 3) * (span + 1)
-    if isinstance(topology, Chain):
-        decoder = GraphedChainDecoder(target, drafter, batch, capacity, topology.k,
-                                      capture=graphed)
-    elif isinstance(topology, DynamicTree):
-        decoder = GraphedDynamicTreeDecoder(target, drafter, batch, capacity, topology,
-                                            capture=graphed)
-    else:
-        decoder = GraphedTreeDecoder(target, drafter, batch, capacity, topology.shape(),
-                                     capture=graphed)
+    capacity = context + (warmup + repeats + 3) * (round_span(topology) + 1)
+    decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=graphed)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)

@@ -8,7 +8,7 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder, comb_shape
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
-from mechanism_setup import MAX_NEW, ContraryDrafter, assert_caught, assert_clean, pair_setup
+from mechanism_setup import MAX_NEW, ContraryDrafter, assert_clean, pair_setup
 
 TOPOLOGIES = [DynamicTree(budget=6, depth=3, width=2), DynamicTree(budget=4, depth=4, width=1),
               DynamicTree(budget=5, depth=2, width=3)]
@@ -51,7 +51,7 @@ def test_the_chosen_tree_is_the_eager_rule_applied_to_the_same_scores():
     decoder = GraphedDynamicTreeDecoder(s["target"], s["drafter"], 1, 64, topology,
                                         capture=False)
     prompt = s["prompts"][1]
-    decoder._reset(1)
+    decoder._reset()
     decoder._prefill([prompt], [8])
     g0 = s["plain"].tokens[1][0]
     decoder.last.fill_(g0)

@@ -9,8 +9,7 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 from specpilot.runtime.speculative import speculative_generate
 
-from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_caught, assert_clean, noisy_copy,
-                             pair_setup)
+from mechanism_setup import MAX_NEW, ContraryDrafter, assert_caught, assert_clean, pair_setup
 
 TREES = [(2, 2), (3, 2, 1), (2, 1, 1), (1, 1), (4,)]
 
