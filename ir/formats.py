@@ -43,6 +43,7 @@ WEIGHT_FORMATS: Dict[str, WeightFormat] = {
 }
 
 DENSE_FORMAT_FOR_DTYPE: Dict[str, str] = {"bfloat16": "bf16", "float32": "fp32"}
+DENSE_FORMATS = frozenset(DENSE_FORMAT_FOR_DTYPE.values())    # a weight stored as it computes
 
 # One patch-list entry of lossless12: an int32 column index plus the exact bf16 bits.
 LOSSLESS12_ESCAPE_ENTRY_BYTES = 6

@@ -9,6 +9,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import KernelsSpec, Program
+from specpilot.ir.formats import DENSE_FORMATS
 from specpilot.ir.prune import LowPrecisionPrune
 from specpilot.ir.errors import SpecPilotError
 
@@ -103,7 +104,7 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 def needs_own_pair(program: Program) -> bool:
     """Whether `program`'s models must be built for it: another backend, non-dense weight
     formats, kernel overrides or another fast path than a pair loaded without a Program has."""
-    dense = all(fmt in ("bf16", "fp32") for role in ("target", "drafter")
+    dense = all(fmt in DENSE_FORMATS for role in ("target", "drafter")
                 for _, fmt in getattr(program.models, role).weight_formats)
     k = program.kernels
     return (k.backend != "torch" or not dense or bool(k.overrides)
@@ -143,7 +144,7 @@ def check_runnable(program: Program) -> None:
     for role in ("target", "drafter"):
         spec = getattr(program.models, role)
         for linear, fmt in spec.weight_formats:
-            if fmt in ("bf16", "fp32"):
+            if fmt in DENSE_FORMATS:
                 continue
             if fmt != "lossless12" or backend != "generated":
                 raise UnsupportedProgram(
@@ -155,7 +156,9 @@ def check_runnable(program: Program) -> None:
 
 
 def check_pair_runs(program: Program, pair: ModelPair) -> None:
-    """Refuse a pair whose models were built for another backend than the Program's."""
+    """Refuse a pair whose models were built for another backend, or another fast path, than
+    the Program's."""
+    wanted = fast_ops_mode(program.kernels.fast_path)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         backend = getattr(model, "backend", None)
         built = getattr(backend, "name", None)
@@ -167,7 +170,6 @@ def check_pair_runs(program: Program, pair: ModelPair) -> None:
         # A fast-path model built op by op where the Program compiles whole layers (or the
         # reverse) would be timed as another decoder than the Program's.
         mode = getattr(backend, "fast_ops_mode", OFF)
-        wanted = fast_ops_mode(program.kernels.fast_path)
         if model is not None and mode != OFF and wanted != OFF and mode != wanted and (
                 wanted == OPS or layers_refusal() is None):
             raise UnsupportedProgram(

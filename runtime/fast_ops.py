@@ -100,10 +100,10 @@ def private_compile(fn: Callable, tag: str) -> Callable:
     """`torch.compile(fn)` (fullgraph, Inductor's default mode: no cudagraphs of its own, so the
     result can be captured inside our CUDA graphs) on a private copy of fn's code object.
 
-    Dynamo keeps compiled graphs, and counts recompiles against its recompile_limit (8), per
-    code object. One copy per model and block gives each its own budget: a target and a drafter
-    of different widths, or another model loaded in the same process, never push a block past
-    the limit (past it, dynamo silently runs the function eagerly)."""
+    Dynamo keeps compiled graphs, and counts recompiles against its recompile_limit (8 unless
+    `compiled` has raised it), per code object. One copy per model and block gives each its own
+    budget: a target and a drafter of different widths, or another model loaded in the same
+    process, never push a block past the limit (past it, a fullgraph function fails)."""
     name = f"{fn.__name__}_{tag}"
     names = {"co_name": name}
     if hasattr(fn.__code__, "co_qualname"):  # Python 3.11+

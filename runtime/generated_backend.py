@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.formats import DENSE_FORMATS
 
 from .acceptance import AcceptedPath
-
-DENSE_FORMATS = ("bf16", "fp32")
 
 
 class GeneratedBackendError(SpecPilotError):

@@ -116,9 +116,7 @@ class Transformer:
         self.scale = config.head_dim ** -0.5
         # The compiled blocks of the "layers" fast path (runtime/fast_ops.py). Made here so
         # that shallow copies (runtime/two_level.py's cheap verifiers) share its graphs.
-        self._blocks = None
-        if compiles_layers(self.backend):
-            self._blocks = CompiledBlocks(f"{config.model_type}{config.hidden_size}")
+        self._blocks = self._new_blocks() if compiles_layers(self.backend) else None
 
     @classmethod
     def from_checkpoint(cls, checkpoint, dtype="float32", device="cpu", backend=None,
@@ -151,25 +149,37 @@ class Transformer:
         if compiles_layers(self.backend):
             return self._compiled_forward(tokens, positions, slots, mask, cache, logits_at)
         cfg, be = self.config, self.backend
-        windows = self.windows()
+        windows = self._windows()
         x, cos, sin, masks = prologue(tokens, positions, slots, mask, cache.positions, self.embed,
                                       self.inv_freq, windows, self.dtype)
-        delta, dims = None, self.dims()
-        for i, layer in enumerate(self.layers):
-            window = cfg.window_of(i)
-            layer_mask = masks[0 if window is None else 1 + windows.index(window)]
+        delta, dims = None, self._head_dims()
+        layer_masks = self._layer_masks(masks, windows)
+        for i, (layer, layer_mask) in enumerate(zip(self.layers, layer_masks)):
             x, delta = decoder_layer(be, layer, x, delta, cos, sin, layer_mask, slots, cache.k[i],
                                      cache.v[i], dims, cfg.rms_norm_eps, self.scale)
         return epilogue(be, x, delta, logits_at, self.final_norm, self.lm_head, cfg.rms_norm_eps)
 
-    def windows(self) -> Tuple[int, ...]:
+    # Derived from the config at each forward, not at construction: runtime/two_level.py's
+    # layer-skip verifier is a shallow copy with fewer layers and its own config.
+    def _windows(self) -> Tuple[int, ...]:
         """The distinct sliding windows of the layers, in a fixed order."""
         cfg = self.config
         return tuple(sorted({cfg.window_of(i) for i in range(cfg.num_layers)} - {None}))
 
-    def dims(self) -> Tuple[int, int, int]:
+    def _layer_masks(self, masks, windows: Tuple[int, ...]) -> list:
+        """Each layer's mask out of `prologue`'s masks: masks[0] for a layer that attends to
+        everything, masks[1 + j] for one with the j-th of `windows`."""
+        cfg = self.config
+        return [masks[0 if w is None else 1 + windows.index(w)]
+                for w in (cfg.window_of(i) for i in range(len(self.layers)))]
+
+    def _head_dims(self) -> Tuple[int, int, int]:
+        """(query heads, kv heads, head dim), as `decoder_layer` takes them."""
         cfg = self.config
         return cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+
+    def _new_blocks(self) -> CompiledBlocks:
+        return CompiledBlocks(f"{self.config.model_type}{self.config.hidden_size}")
 
     def _compiled_forward(self, tokens, positions, slots, mask, cache, logits_at):
         """`forward` as compiled blocks (SPECPILOT_FAST_OPS=layers, runtime/fast_ops.py): the
@@ -179,12 +189,12 @@ class Transformer:
         Inputs are made contiguous first: an expanded or strided view would be a new stride
         pattern for dynamo's guards, and a recompile."""
         if self._blocks is None:    # a backend swapped in after construction
-            self._blocks = CompiledBlocks(f"{self.config.model_type}{self.config.hidden_size}")
+            self._blocks = self._new_blocks()
         blocks, cfg, dt = self._blocks, self.config, self.dtype
         tokens, positions, slots, mask = (mark_dims(t.contiguous(), 0, 1)
                                           for t in (tokens, positions, slots, mask))
         mark_dims(mask, 2)
-        windows = self.windows()
+        windows = self._windows()
         # Dynamo guards on whether two inputs are one tensor (append_step passes its slots as
         # positions too): each case gets its own compiled copy rather than a recompile.
         aliased = positions is slots
@@ -196,10 +206,10 @@ class Transformer:
             mark_dims(t, 0, 1)
         for m in masks:
             mark_dims(m, 0, 1, 2)
-        layer_fn, dims, ops = blocks.get(decoder_layer, dt), self.dims(), self.backend.graph_ops
-        for i, layer in enumerate(self.layers):
-            window = cfg.window_of(i)
-            layer_mask = masks[0 if window is None else 1 + windows.index(window)]
+        layer_fn, ops = blocks.get(decoder_layer, dt), self.backend.graph_ops
+        dims = self._head_dims()
+        layer_masks = self._layer_masks(masks, windows)
+        for i, (layer, layer_mask) in enumerate(zip(self.layers, layer_masks)):
             x, delta = layer_fn(ops, layer, x, delta, cos, sin, layer_mask, slots,
                                 mark_dims(cache.k[i], 0, 1), mark_dims(cache.v[i], 0, 1), dims,
                                 cfg.rms_norm_eps, self.scale)

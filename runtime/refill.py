@@ -13,11 +13,14 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from typing import TYPE_CHECKING, Dict, List, Optional, Sequence
 
 from specpilot.ir.errors import SpecPilotError
 
 from .request_state import Request
+
+if TYPE_CHECKING:   # for the annotation only: the scheduler never calls into it
+    from .adaptive_draft import AcceptanceEstimate
 
 REFILLS = ("drain", "continuous")
 
@@ -26,9 +29,9 @@ REFILLS = ("drain", "continuous")
 class SlotRequest(Request):
     index: int = 0                     # the prompt's index in the caller's list
     cheap_len: int = 0                 # leading committed tokens in the cheap verifier's cache
-    # The adaptive draft length's acceptance estimate (runtime/adaptive_draft.py
-    # AcceptanceEstimate); None before the request's first drafted round.
-    ema: Optional[object] = None
+    # The adaptive draft length's acceptance estimate; None before the request's first
+    # drafted round.
+    ema: Optional[AcceptanceEstimate] = None
 
 
 def admit(index: int, prompt: Sequence[int], reference: Optional[List[int]],

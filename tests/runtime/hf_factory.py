@@ -211,8 +211,13 @@ def noisy_checkpoint(folder: str, name: str, noise: float, seed: int) -> str:
     out = os.path.join(os.path.dirname(folder), name)
     shutil.copytree(folder, out)
     path = os.path.join(out, "model.safetensors")
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
-               for k, t in load_file(path).items()}
-    save_file(tensors, path, metadata={"format": "pt"})
+    save_file(with_noise(load_file(path), noise, seed), path, metadata={"format": "pt"})
     return out
+
+
+def with_noise(tensors, noise: float, seed: int):
+    """`tensors` (name → tensor) with Gaussian noise of `noise` times each matrix's std added to
+    every matrix, drawn in the mapping's order from a generator seeded with `seed`."""
+    gen = torch.Generator().manual_seed(seed)
+    return {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
+            for k, t in tensors.items()}

@@ -6,7 +6,6 @@ Pairs are built once per seed for the whole run (several test modules use the sa
 import functools
 import tempfile
 
-import pytest
 import torch
 
 from specpilot.runtime.ar import generate_ar
@@ -16,7 +15,7 @@ from specpilot.runtime.model import Transformer
 from specpilot.runtime.row_tree import RowTree
 from specpilot.runtime.step_loop import decode_with_mechanisms
 
-from hf_factory import make_pair, random_prompts
+from hf_factory import make_pair, random_prompts, with_noise
 from torch_threads import single_thread_fixture
 
 MAX_NEW = 16
@@ -34,10 +33,7 @@ def noisy_copy(checkpoint_dir, scale, seed):
     """The checkpoint's model with Gaussian noise (`scale` x each matrix's std) on every matrix:
     a drafter that agrees with the target often, not always."""
     ckpt = load_checkpoint(checkpoint_dir)
-    gen = torch.Generator().manual_seed(seed)
-    tensors = {name: t + scale * t.std() * torch.randn(t.shape, generator=gen)
-               if t.dim() == 2 else t for name, t in ckpt.tensors.items()}
-    return Transformer(ckpt.config, tensors, torch.float32)
+    return Transformer(ckpt.config, with_noise(ckpt.tensors, scale, seed), torch.float32)
 
 
 class ContraryDrafter:

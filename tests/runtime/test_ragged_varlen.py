@@ -4,8 +4,6 @@ References: the per-request torch attention (`VarlenAttention` over the torch ba
 wrapper, and greedy AR of the stock torch decoder for a whole ragged decode with the generated
 backend (on the CPU the kernels run in Triton's interpreter, so the model is tiny).
 """
-import os
-
 import pytest
 import torch
 
