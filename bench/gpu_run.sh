@@ -24,8 +24,11 @@
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
-# BATCHES (1,4,16,64), REPEATS (3), BENCH_NAME (gpu-small), TEST_FILES (the tests phase's files), EAGER_REPEATS (timed runs of HF and eager systems), RESULTS (default /tmp/specpilot-results, kept between
-# calls), MEMORY (the compile memory, default /tmp/specpilot-memory.sqlite).
+# COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
+# eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
+# TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
+# /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
+# /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 # Packages the GPU machine lacks are installed from wheels in .whl/ (git-ignored; carry it),
 # made beforehand on a machine with an index:

@@ -53,12 +53,19 @@ def build(preset, fast, seed: int, device: str, scale: float) -> Transformer:
                        fuse_projections=True, consume_tensors=True)
 
 
-def first_forward_s(model, batch: int, context: int) -> float:
-    """Wall time of the model's first AR forward at this batch size (its compile, if any)."""
+def ar_step_inputs(model, batch: int, context: int):
+    """(cache, slots, mask) of one eager AR forward of `batch` tokens after `context` positions
+    (the slots double as positions)."""
     cache = model.new_cache(batch, context + 2)
-    tokens = torch.zeros((batch, 1), dtype=torch.int64, device=model.device)
     slots = torch.full((batch, 1), context, device=model.device)
     mask = torch.arange(context + 2, device=model.device)[None, None, :] <= slots[:, :, None]
+    return cache, slots, mask
+
+
+def first_forward_s(model, batch: int, context: int) -> float:
+    """Wall time of the model's first AR forward at this batch size (its compile, if any)."""
+    cache, slots, mask = ar_step_inputs(model, batch, context)
+    tokens = torch.zeros((batch, 1), dtype=torch.int64, device=model.device)
     return wall(lambda: model.forward(tokens, slots, slots, mask, cache))
 
 
@@ -68,11 +75,8 @@ def kernels_per_forward(model, batch: int, context: int):
 
     if model.device.type != "cuda":
         return None
-    dev = model.device
-    cache = model.new_cache(batch, context + 2)
-    tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=dev)
-    slots = torch.full((batch, 1), context, device=dev)
-    mask = torch.arange(context + 2, device=dev)[None, None, :] <= slots[:, :, None]
+    cache, slots, mask = ar_step_inputs(model, batch, context)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device)
     for _ in range(3):  # compile and warm up outside the profile
         model.forward(tokens, slots, slots, mask, cache)
     torch.cuda.synchronize()

@@ -137,7 +137,8 @@ def _run_pair(args, device, env) -> int:
     settings = PairBenchSettings(
         pair=args.pair, batch_sizes=args.batch_sizes, max_new_tokens=args.max_new_tokens,
         prompts=args.prompts, workload=args.workload,
-        repeats=args.repeats or 3, eager_repeats=args.eager_repeats, warmup=1 if args.warmup is None else args.warmup,
+        repeats=args.repeats or 3, eager_repeats=args.eager_repeats,
+        warmup=1 if args.warmup is None else args.warmup,
         programs=args.program, systems=args.systems, device=device, dtype=args.dtype,
         name=args.name, time_budget_s=args.time_budget, mechanisms=args.mechanisms)
     partial = PartialResults(args.out_dir, args.name or default_name(args.pair))

@@ -23,11 +23,10 @@ from typing import List
 
 import torch
 
-from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import BatchLengthPolicy
 
-from .replay import AcceptanceProfile, ProfileError, ReplayFigure
+from .replay import AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
 ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
 
@@ -66,20 +65,17 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int,
                     turn_off: bool = True) -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module)."""
-    if batch < 1:
-        raise SpecPilotError(f"batch size must be at least 1, got {batch}")
+    batches = cycled_batches(len(profile.accepted_lengths), batch)
     maps = agreement_maps(profile)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
                                round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off)
     count = len(maps)
-    padded = -(-count // batch) * batch
-    order = [i % count for i in range(padded)]
     tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0
     spec_seconds = 0.0
-    for start in range(0, padded, batch):
-        rows = order[start:start + batch]
+    for number, rows in enumerate(batches):
+        start = number * batch
         decode = [profile.new_tokens[r] - 1 for r in rows]
         tokens += sum(decode)
         ar_steps += max(decode)
@@ -107,6 +103,6 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int,
     if tokens == 0:
         raise ProfileError("the acceptance profile has no decode steps (every request ended at "
                            "its prefill): measure it with more new tokens")
-    return ReplayFigure(batch, padded, tokens, spec_steps, spec_seconds, ar_steps,
+    return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
                         ar_steps * seconds[0], 1 + accepted_total / committed_steps,
                         step_model=ADAPTIVE_MODEL)

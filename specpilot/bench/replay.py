@@ -84,9 +84,10 @@ class AcceptanceProfile:
             topology = topology_from_json(obj.get("topology"))
         except IRError as exc:
             fail(f"topology: {exc}")
-        depth = topology_depth(topology)
+        depth = topology.depth           # the most drafts one step can accept
         lengths, tokens = obj.get("accepted_lengths"), obj.get("new_tokens")
-        if not isinstance(lengths, list) or not lengths or not all(isinstance(r, list) for r in lengths):
+        if (not isinstance(lengths, list) or not lengths
+                or not all(isinstance(r, list) for r in lengths)):
             fail("accepted_lengths must be a non-empty list (one list per request)")
         if not isinstance(tokens, list) or len(tokens) != len(lengths):
             fail(f"new_tokens must list one count per request ({len(lengths)})")
@@ -118,13 +119,6 @@ class AcceptanceProfile:
         except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise ProfileError(f"cannot read acceptance profile {path!r}: {exc}") from None
         return cls.from_json(obj, path)
-
-
-def topology_depth(topology: Topology) -> int:
-    """Most drafts one step can accept."""
-    if isinstance(topology, DynamicTree):
-        return topology.depth
-    return TreePlan.build(topology).shape.max_depth
 
 
 def _is_int(x) -> bool:
@@ -174,14 +168,20 @@ def spec_step_seconds(costs, batch: int, topology: Topology, plan: TreePlan,
             + costs.accept(batch, topology))
 
 
+def cycled_batches(count: int, batch: int) -> List[List[int]]:
+    """The requests 0..count-1 of a profile, cycled to fill whole batches of `batch`: the
+    request indices of each batch in turn."""
+    if batch < 1:
+        raise SpecPilotError(f"batch size must be at least 1, got {batch}")
+    padded = math.ceil(count / batch) * batch
+    order = [i % count for i in range(padded)]
+    return [order[start:start + batch] for start in range(0, padded, batch)]
+
+
 def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     """Replay `profile` at batch size `batch` with `costs` (a StepCosts or anything with
     target/drafter/verify/accept(batch, ...) -> seconds)."""
-    if batch < 1:
-        raise SpecPilotError(f"batch size must be at least 1, got {batch}")
-    count = len(profile.accepted_lengths)
-    padded = math.ceil(count / batch) * batch
-    order = [i % count for i in range(padded)]
+    batches = cycled_batches(len(profile.accepted_lengths), batch)
     ar_step = costs.target(batch, 1)
     graphed_round, plan = None, None
     if getattr(costs, "has_round", None) and costs.has_round(batch, profile.topology):
@@ -194,8 +194,7 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
         plan = TreePlan.build(profile.topology)
     tokens = spec_steps = ar_steps = 0
     spec_seconds = 0.0
-    for start in range(0, padded, batch):
-        rows = order[start:start + batch]
+    for rows in batches:
         seqs = [profile.accepted_lengths[r] for r in rows]
         widths = [1] * batch
         for s in range(max(len(q) for q in seqs)):
@@ -210,7 +209,7 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     if tokens == 0 or spec_steps == 0:
         raise ProfileError("the acceptance profile has no decode steps (every request ended at "
                            "its prefill): measure it with more new tokens")
-    return ReplayFigure(batch, padded, tokens, spec_steps, spec_seconds, ar_steps,
+    return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
                         ar_steps * ar_step, profile.mean_accepted,
                         step_model="sum of step costs" if graphed_round is None else
                         "graphed round (one CUDA graph per round)")

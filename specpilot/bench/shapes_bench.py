@@ -70,20 +70,20 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
                              f"profile (this one is {topology}) and a CUDA GPU, whose graphed "
                              "rounds of every length price the rule")
     costs = StepCosts(settings.context, graphed)
+    # Target verification is root + every node of the step's tree (a dynamic tree: its budget).
+    target_widths = set(range(1, settings.max_width + 1)) | {topology.num_nodes + 1}
     if isinstance(topology, DynamicTree):
         if not graphed:
             raise SpecPilotError(f"{topology} is replayed from a graphed round, which needs a "
                                  f"CUDA GPU")
         # Its shape changes every step: only the whole graphed round has a fixed cost.
         trees, shaped = list(settings.trees), []
-        target_widths = set(range(1, settings.max_width + 1)) | {topology.budget + 1}
         drafter_widths = {1, 2, topology.width}
     else:
         plan = TreePlan.build(topology)
         trees = list(dict.fromkeys(([] if isinstance(topology, Chain) else [topology])
                                    + list(settings.trees)))
         shaped = [topology]
-        target_widths = set(range(1, settings.max_width + 1)) | {plan.num_nodes + 1}
         drafter_widths = set(range(1, plan.shape.max_depth + 2)) | {len(l) for l in plan.levels}
 
     progress(f"[bench] building {target_preset.name} (scale {settings.scale}) on {device}")
@@ -158,9 +158,6 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
     costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
     rows, figures = replay_rows(profile, costs, settings.batch_sizes, settings.adaptive)
     target, drafter = parse_shapes(settings.shapes)
-    topology = profile.topology
-    verify_width = (topology.budget + 1 if isinstance(topology, DynamicTree)
-                    else TreePlan.build(topology).num_nodes + 1)
     return {
         "kind": REPLAYED, "label": REPLAYED,
         "name": settings.name or f"{target.name}_{drafter.name}-replayed",
@@ -169,7 +166,8 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
                      "device": device, "context": settings.context,
                      "batch_sizes": list(settings.batch_sizes), "warmup": settings.warmup,
                      "repeats": settings.repeats, "profile": settings.acceptance,
-                     "topology": str(profile.topology), "verify_width": verify_width,
+                     "topology": str(profile.topology),
+                     "verify_width": profile.topology.num_nodes + 1,
                      "trees": [str(t) for t in settings.trees],
                      "adaptive": settings.adaptive,
                      "profile_requests": len(profile.accepted_lengths),

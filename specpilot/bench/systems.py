@@ -146,9 +146,10 @@ class StrongAR(_ARSystem):
 
 
 class ProgramSystem(System):
-    """A speculative Program run at the bench's batch size (its `batch.max_batch_size` is
-    replaced by it; everything else is the Program's). With `kernels.capture_graphs` on a GPU
-    its rounds are CUDA graphs (runtime/graphed_program.py), captured in `setup`."""
+    """A Program (speculative, or plain greedy steps where it does not speculate) run at the
+    bench's batch size (its `batch.max_batch_size` is replaced by it; everything else is the
+    Program's). With `kernels.capture_graphs` on a GPU its rounds are CUDA graphs
+    (runtime/graphed_program.py), captured in `setup`."""
 
     def __init__(self, name: str, program: Program, pair: ModelPair, description: str = "",
                  graphs_only: bool = False):

@@ -5,8 +5,9 @@ import json
 import pytest
 
 from specpilot.bench.replay import (REPLAYED, AcceptanceProfile, MissingStepCost, ProfileError,
-                                    replay)
+                                    cycled_batches, replay)
 from specpilot.bench.step_costs import StepCosts
+from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, Tree
 
 MS = 1e-3
@@ -61,6 +62,16 @@ def test_batches_are_filled_by_cycling_the_profile():
     # step 1: 1.5 + 1.5 + 11 + 0.75 = 14.75; step 2 (the two r0 rows, width 3): 2.5 + 1.5 + 11 + 0.75
     assert fig.spec_seconds == pytest.approx((14.75 + 15.75) * MS)
     assert fig.ar_seconds == pytest.approx(4 * 7 * MS)
+
+
+def test_cycled_batches_fill_whole_batches_and_refuse_an_empty_batch():
+    assert cycled_batches(5, 2) == [[0, 1], [2, 3], [4, 0]]
+    assert cycled_batches(2, 5) == [[0, 1, 0, 1, 0]]
+    assert cycled_batches(4, 4) == [[0, 1, 2, 3]]
+    with pytest.raises(SpecPilotError, match="at least 1, got 0"):
+        cycled_batches(3, 0)
+    with pytest.raises(SpecPilotError, match="at least 1, got 0"):
+        replay(PROFILE, chain2_costs(), 0)
 
 
 def test_tree_steps_run_every_level_but_the_last_and_use_the_tree_verification():
