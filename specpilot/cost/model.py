@@ -69,7 +69,7 @@ def batch_idle(program: Program, acceptance, batch: int) -> Optional[float]:
 def unmodelled(program: Program) -> List[str]:
     """Mechanisms of `program` the roofline does not cost (measurement decides on them)."""
     notes = []
-    if getattr(program.kernels, "fast_path", "ops") != "ops":
+    if program.kernels.fast_path != "ops":
         notes.append(f"the torch backend's {program.kernels.fast_path} fast path is not "
                      "modelled: its kernels are counted as the per-op path's")
     if not program.draft.speculates:

@@ -94,7 +94,7 @@ def build_run_report(run_dir) -> Path:
     ar_tps = (records[0].get("ar_timing") or {}).get("median_tokens_per_s")
     s, resolved = settings.get("settings", {}), settings.get("resolved", {})
     best = max(records, key=lambda r: r["round"])
-    summary = run_summary(run_dir, records)
+    summary, count = run_summary(run_dir, records), count_evaluations(records)
     lines = [f"# Compile report: {run_dir.name}", "",
              f"Target `{s.get('target_dir')}`, drafter `{s.get('drafter_dir')}`, on "
              f"{resolved.get('gpu')} ({resolved.get('device')}, {resolved.get('dtype')}), "
@@ -104,9 +104,8 @@ def build_run_report(run_dir) -> Path:
              f"tokens/s = {best['timing']['median_tokens_per_s'] / stock_tps:.2f}x the stock "
              f"Program" + (f", {best['timing']['median_tokens_per_s'] / ar_tps:.2f}x "
                            f"{records[0].get('ar_label')}" if ar_tps else "") + ".", "",
-             f"The best Program was first chosen in round {summary['best_first_reached_round']}: "
-             f"best reached after {summary['evaluations_to_best']} candidate evaluations, of "
-             f"{summary['evaluations']} (a candidate evaluation is one candidate token-forced "
+             f"The best Program was first chosen in round {count.best_round}: "
+             f"{count.summary()} (a candidate evaluation is one candidate token-forced "
              f"and, if it passed, timed).", "",
              f"![tokens/s per round]({TOKENS_PLOT})", "", f"![cost breakdown]({COST_PLOT})", "",
              "## Rounds", "",

@@ -177,7 +177,7 @@ class Evaluator:
 
     @property
     def ar_label(self) -> str:
-        return "strong AR (CUDA graphs)" if self._strong_ar() is not None else "AR (torch, eager)"
+        return "strong AR (CUDA graphs)" if self.graphed_ar else "AR (torch, eager)"
 
     def _strong_ar(self):
         """The CUDA-graphed AR system, set up once (None without CUDA)."""

@@ -32,7 +32,7 @@ class EvaluationCount:
                 "best_first_reached_round": self.best_round}
 
     def summary(self) -> str:
-        return (f"best reached after {self.to_best} candidate evaluations, of {self.total}")
+        return f"best reached after {self.to_best} candidate evaluations, of {self.total}"
 
 
 def count_evaluations(records: Sequence[dict]) -> EvaluationCount:

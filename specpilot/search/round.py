@@ -33,7 +33,7 @@ from specpilot.ir import Program, program_id
 
 from .candidates import Candidate, Outcome, make_candidate, prepare
 from .output_check import check_output
-from .seeding import MEMORY, compose, path_refusal, seeded_candidate
+from .seeding import MEMORY, compose, memory_proposals, seeded_candidate
 
 
 @dataclass
@@ -126,21 +126,8 @@ def propose(inputs: RoundInputs, agents, report: CostReport,
     with cf.ThreadPoolExecutor(max_workers=max(1, len(agents))) as pool:
         sets = list(pool.map(one, agents))
     if inputs.index == 1 and inputs.memory is not None:
-        steps, in_order = inputs.memory.seed_transformations(inputs.settings.memory_seeds)
-        seeds = ProposalSet(MEMORY, in_order=in_order)
-        if in_order:        # one path: all of it, or (refused somewhere) none of it
-            reason = path_refusal(inputs.base, steps)
-            if reason is None:
-                seeds.proposals = list(steps)
-            else:
-                seeds.notes.append(f"an alike compile's chosen path, refused here at {reason}")
-        for t in ([] if in_order else steps):
-            reason = refusal(inputs.base, t)
-            if reason is None:
-                seeds.proposals.append(t)
-            else:
-                seeds.notes.append(f"{t}: {reason}")
-        sets.insert(0, seeds)
+        sets.insert(0, memory_proposals(inputs.base, inputs.memory,
+                                        inputs.settings.memory_seeds))
     return sets
 
 

@@ -1,4 +1,4 @@
-"""Composing transformations into one candidate, and the memory's seeded candidate.
+"""Composing transformations into one candidate, and the memory's seeds and seeded candidate.
 
 Two places put several mechanisms into one Program: the memory's seeds at the start of a compile
 (mechanisms validated on alike deployments, evaluated first, together) and the round's winners
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
-from specpilot.agents import refusal
+from specpilot.agents import ProposalSet, refusal
 from specpilot.ir import Program, Transformation, diff
 from specpilot.ir.errors import SpecPilotError
 
@@ -33,25 +33,59 @@ def compose(base: Program, groups: Sequence[Tuple[Transformation, ...]]
         try:
             alone = make_candidate(base, group, "compose").program
             paths = changed_paths(base, alone)
-            if not paths or paths & used or path_refusal(program, group) is not None:
+            if not paths or paths & used:
                 continue
-            program = make_candidate(program, group, "compose").program
+            composed, reason = _apply_path(program, group)
         except SpecPilotError:      # refused part-way through the group: leave the group out
             continue
+        if reason is not None:
+            continue
+        program = composed
         applied.append(tuple(group))
         used |= paths
     return program, applied
 
 
-def path_refusal(program: Program, path: Sequence[Transformation]) -> Optional[str]:
-    """Why `path`, applied in order from `program`, cannot become a runnable candidate (each
-    step checked on the Program the steps before it made), or None when it can."""
+def _apply_path(program: Program, path: Sequence[Transformation]
+                ) -> Tuple[Program, Optional[str]]:
+    """(`program` with `path` applied in order, None) when every step is a runnable candidate
+    of the Program the steps before it made; else (`program`, why the first step that is not
+    cannot be)."""
+    start = program
     for t in path:
         reason = refusal(program, t)
         if reason is not None:
-            return f"{t}: {reason}"
+            return start, f"{t}: {reason}"
         program = make_candidate(program, (t,), "check").program
-    return None
+    return program, None
+
+
+def path_refusal(program: Program, path: Sequence[Transformation]) -> Optional[str]:
+    """Why `path`, applied in order from `program`, cannot become a runnable candidate (each
+    step checked on the Program the steps before it made), or None when it can."""
+    return _apply_path(program, path)[1]
+
+
+def memory_proposals(base: Program, memory, limit: int) -> ProposalSet:
+    """The memory's seeds for a compile's first round from `base`: an alike compile's chosen
+    path, whole or (refused somewhere) not at all, or else up to `limit` admitted mechanisms,
+    each kept only if `base` accepts it. Refusals become notes."""
+    steps, in_order = memory.seed_transformations(limit)
+    seeds = ProposalSet(MEMORY, in_order=in_order)
+    if in_order:
+        reason = path_refusal(base, steps)
+        if reason is None:
+            seeds.proposals = list(steps)
+        else:
+            seeds.notes.append(f"an alike compile's chosen path, refused here at {reason}")
+        return seeds
+    for t in steps:
+        reason = refusal(base, t)
+        if reason is None:
+            seeds.proposals.append(t)
+        else:
+            seeds.notes.append(f"{t}: {reason}")
+    return seeds
 
 
 def seeded_candidate(base: Program, proposal_sets) -> Optional[Candidate]:

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from specpilot.ir import (CaptureGraphs, IllFormed, IRError, SetBackend, SetFastPath, TransformRefused,
-                          apply, diff, format_diff, program_from_json, program_id,
-                          program_to_json, replay, transformation_from_json,
+from specpilot.ir import (CaptureGraphs, IllFormed, IRError, SetBackend, SetFastPath,
+                          TransformRefused, apply, diff, format_diff, program_from_json,
+                          program_id, program_to_json, replay, transformation_from_json,
                           transformation_to_json, verify)
 
 

@@ -1,8 +1,6 @@
 """The cost model of a Program that does not speculate: one greedy AR step of the target per
 token, by hand on the 8B/1B-shaped pair of test_cost_model.py (H200 datasheet, no launch
 overhead), its workload prediction, its report, and the ceiling that now weighs greedy AR."""
-from dataclasses import replace
-
 import pytest
 
 from specpilot.cost import AssumedAcceptance, CostModel, RankProfile

@@ -126,7 +126,7 @@ def test_a_round_rejects_a_lossy_candidate_by_forcing(tmp_path):
 
 def test_candidates_are_lowered_and_built_and_failures_recorded(tmp_path):
     from specpilot.codegen.cache import KernelCache
-    from specpilot.ir import KernelsSpec, SetBackend, apply, verify
+    from specpilot.ir import KernelsSpec, SetBackend, verify
     from specpilot.search.candidates import make_candidate, prepare
     from hf_factory import make_pair
 
