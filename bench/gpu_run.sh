@@ -26,7 +26,7 @@
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
-# TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
+# SYSTEMS (the bench phases' --systems; all by default), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
 # /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
@@ -111,7 +111,8 @@ phase() {
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-3}" \
             --eager-repeats "${EAGER_REPEATS:-${REPEATS:-3}}" \
-            --time-budget "${BENCH_BUDGET:-450}" --out-dir "$RESULTS" --name "$name" ;;
+            --time-budget "${BENCH_BUDGET:-450}" ${SYSTEMS:+--systems "$SYSTEMS"} \
+            --out-dir "$RESULTS" --name "$name" ;;
     shapes)
         local profile=$RESULTS/gpu-small.acceptance.stock_graphed.json
         [ -f "$profile" ] || profile=${PROFILE:-$(ls "$RESULTS"/*.acceptance.*.json 2>/dev/null | head -1)}

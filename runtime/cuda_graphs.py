@@ -26,7 +26,7 @@ from .errors import CapacityError
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuBLAS handles, allocator pools)
 
 
-def capture(body, device, pool=None):
+def capture_graph(body, device, pool=None):
     """Run `body` WARMUP_RUNS times eagerly on a side stream (so that cuBLAS handles, allocator
     pools and compiled kernels exist before capture), then capture one run of it into a CUDA
     graph. Returns (the graph, what the captured run returned: tensors its replays rewrite).
@@ -85,7 +85,7 @@ class GraphedStep:
                           torch.zeros((b, logits_rows), dtype=torch.int64, device=dev))
         self.graph = None
         if capture:
-            self.graph, self.logits = capture(self._forward, dev, pool)
+            self.graph, self.logits = capture_graph(self._forward, dev, pool)
         else:
             self.logits = self._forward()
 

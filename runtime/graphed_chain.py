@@ -40,7 +40,7 @@ from specpilot.ir.errors import SpecPilotError
 
 from .adaptive_draft import DRAFT_STEP_COST
 from .batch_length import BatchLengthPolicy, measure_round_costs
-from .cuda_graphs import capture, require_cuda
+from .cuda_graphs import capture_graph, require_cuda
 from .errors import CapacityError
 from .graphed_loop import read_result, read_tokens, replay_until_done
 from .graphed_prefill import StaticPrefill
@@ -291,7 +291,7 @@ class GraphedChainDecoder:
             # Capture runs the round a few times on whatever the state holds: every request is
             # inactive here (set by _reset), so only cache slots that prefill overwrites change.
             self._reset()
-            self._graphs[key] = capture(body, self.device)[0]
+            self._graphs[key] = capture_graph(body, self.device)[0]
         return self._graphs[key].replay
 
     def _ensure_round_costs(self) -> None:

@@ -13,7 +13,7 @@ from typing import Dict, List, Sequence, Tuple
 
 import torch
 
-from .cuda_graphs import capture
+from .cuda_graphs import capture_graph
 
 BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
 
@@ -57,7 +57,7 @@ class StaticPrefill:
 
         static["body"] = body
         if self.capture:
-            static["graph"], static["logits"] = capture(body, dev, self._pool)
+            static["graph"], static["logits"] = capture_graph(body, dev, self._pool)
         self._buckets[width] = static
         return static
 

@@ -7,6 +7,7 @@ import torch
 from specpilot.runtime.mechanisms import force_ar_proposals
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
+from specpilot.runtime import cuda_graphs
 from specpilot.runtime.cuda_graphs import GraphedStep, GraphsUnavailable
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.errors import CapacityError
@@ -81,6 +82,44 @@ def test_static_step_copies_new_inputs_and_matches_forward(models):
         torch.testing.assert_close(got, want, rtol=0, atol=0)
     with pytest.raises(SpecPilotError, match="tokens has shape"):
         step(tokens[:, :2], slots, slots, mask, rows)
+
+
+class _ReplayOnCpu:
+    """Stands in for a captured CUDA graph on CPU: a replay reruns the body and writes into the
+    tensor the capture returned, as a graph's replay rewrites its static output."""
+
+    def __init__(self, body, out):
+        self.body, self.out = body, out
+
+    def replay(self):
+        self.out.copy_(self.body())
+
+
+def test_capture_path_builds_its_graph_through_capture_graph(models, monkeypatch):
+    # The capture branch runs only on a GPU; here capture_graph is swapped for a CPU stand-in,
+    # so a broken call into it (a wrong name or signature) fails on CPU too.
+    calls = []
+
+    def fake_capture_graph(body, device, pool=None):
+        out = body()
+        calls.append(pool)
+        return _ReplayOnCpu(body, out), out
+
+    monkeypatch.setattr(cuda_graphs, "require_cuda", lambda device: None)
+    monkeypatch.setattr(cuda_graphs, "capture_graph", fake_capture_graph)
+    model = models["llama3"]
+    b, t, capacity = 2, 2, 16
+    step = GraphedStep(model, model.new_cache(b, capacity), width=t, capture=True, pool="pool")
+    assert calls == ["pool"] and step.graph is not None
+    eager_cache = model.new_cache(b, capacity)
+    gen = torch.Generator().manual_seed(41)
+    for start in (0, 2):
+        tokens = torch.randint(0, model.config.vocab_size, (b, t), generator=gen)
+        slots = start + torch.arange(t)[None, :].expand(b, t)
+        mask = torch.arange(capacity)[None, None, :] <= slots[:, :, None]
+        got = step(tokens, slots, slots, mask).clone()
+        want = model.forward(tokens, slots, slots, mask, eager_cache)
+        torch.testing.assert_close(got, want, rtol=0, atol=0)
 
 
 def test_capacity_and_batch_errors_name_the_fix(models):
