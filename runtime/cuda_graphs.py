@@ -39,7 +39,9 @@ def capture_graph(body, device, pool=None):
             body()
     current.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, pool=pool):
+    # Captured on the stream the warm-up ran on: cuBLAS keeps a workspace per stream, and the
+    # one made for the side stream above is the one the captured GEMMs then use.
+    with torch.cuda.graph(graph, pool=pool, stream=side):
         out = body()
     return graph, out
 

@@ -212,14 +212,16 @@ class GraphedChainDecoder:
         g = self._verify(drafts)
         n = self._accepted(drafts, g)
         # Padded rows all verify k drafts: each accepts what it can (capping a row below k
-        # would only throw verified tokens away).
-        self._commit(g, n, drafted=torch.full_like(n, k) if self.adaptive else None)
+        # would only throw verified tokens away). A plain step of an adaptive decoder runs
+        # only once the batch has turned speculation off for good, so it skips the length
+        # policy: the step then costs what a plain decoder's step costs.
+        self._commit(g, n, drafted=torch.full_like(n, k) if self.adaptive and k else None)
 
     def _commit(self, committed: torch.Tensor, n: torch.Tensor,
                 drafted: Optional[torch.Tensor] = None) -> None:
         """Commit committed[:, 0..n] per active row (the last of them becomes `last`, not yet
-        in the cache), move the state on, and decide who stops. `drafted` (adaptive lengths
-        only): each row's drafts this round (0 in a plain step), against which `n` tells a
+        in the cache), move the state on, and decide who stops. `drafted` (speculative rounds
+        of adaptive lengths only): each row's drafts this round, against which `n` tells a
         rejection."""
         self._write(committed, n)
         before = self.active.clone()
@@ -237,8 +239,10 @@ class GraphedChainDecoder:
             hit = ((committed[:, :, None] == self.eos[None, None, :]).any(-1) & kept).any(-1)
             still = still & ~hit
         self.active.copy_(still)
-        if self.adaptive:
+        if drafted is not None:
             self._adapt(n, drafted, before)
+        elif self.adaptive:
+            self._stay_off()
         self._log_round(torch.where(before, n, torch.full_like(n, -1)))
 
     def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
@@ -247,6 +251,11 @@ class GraphedChainDecoder:
         best = self.policy.next(n, drafted, before, remaining, self.active, self.round_index)
         r = self.round_index.clamp(max=self.width - 1)
         self.status[:, 1].index_copy_(0, r[None], best[None])
+
+    def _stay_off(self) -> None:
+        """A plain step of an adaptive decoder: the next length stays 0 (the policy is off)."""
+        r = self.round_index.clamp(max=self.width - 1)
+        self.status[:, 1].index_fill_(0, r[None], 0)
 
     def _forced_round(self, k: int) -> None:
         idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
