@@ -102,6 +102,9 @@ def add_parser(sub) -> None:
                    help="also replay the graphed batch-length rule (adaptive chain lengths, "
                         "speculation off where plain steps win) on the chain profile, with "
                         "graphed rounds of every length measured (GPU)")
+    g.add_argument("--step-costs", metavar="RESULT.json",
+                   help="replay on the step costs of an earlier --shapes result (same shapes) "
+                        "instead of measuring them: another profile or rule, on any machine")
     p.set_defaults(handler=run)
 
 
@@ -167,7 +170,8 @@ def _run_shapes(args, device, env) -> int:
         shapes=args.shapes, acceptance=args.acceptance, batch_sizes=args.batch_sizes,
         scale=args.scale, context=args.context, max_width=args.max_width, trees=args.tree,
         warmup=3 if args.warmup is None else args.warmup, repeats=args.repeats or 10,
-        device=device, dtype=args.dtype, name=args.name, adaptive=args.adaptive)
+        device=device, dtype=args.dtype, name=args.name, adaptive=args.adaptive,
+        step_costs=args.step_costs)
     doc = run_shapes_bench(settings, _progress, env)
     title = (f"{doc['name']}: {doc['environment']['gpu']} — replayed acceptance "
              f"({doc['settings']['topology']})")

@@ -1,8 +1,9 @@
 """`specpilot compile`: search for the fastest lossless decoder of a target/drafter pair.
 
 Rounds of: cost report -> agents propose -> candidates built -> token forcing, then timing ->
-winners combined -> memory updated. Writes runs/NAME/round-K/ per round, runs/NAME/best/ (and
-runs/NAME/program.json) for the best Program, and runs/NAME/report.md and report.json with plots.
+winners stacked one at a time, each kept only if it pays -> memory updated. Writes
+runs/NAME/round-K/ per round, runs/NAME/best/ (and runs/NAME/program.json) for the best Program,
+and runs/NAME/report.md and report.json with plots.
 Mechanisms validated on alike deployments (the memory) are evaluated first, together. Without
 --target/--drafter it compiles the built-in default: the zoo's pair (gpu-small on a CUDA GPU,
 tiny elsewhere), trained once on this machine and cached. Rerunning a killed compile with the

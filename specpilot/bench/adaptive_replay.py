@@ -6,9 +6,14 @@ A greedy drafter's draft for a position depends only on the committed prefix bef
 the reference output whatever the rounds were: so whether the drafter agrees with the target is a
 property of the position, and a chain(k) profile tells it for every position its rounds drafted.
 A round that accepted a < k drafts from position s says s .. s+a-1 agree and s+a does not; one
-that accepted all k says nothing of s+k (the target's bonus token there was never drafted), which
-the replay counts as a disagreement. A length rule replayed here can therefore only be
-underrated, never overrated, and the fixed chain(k) replays exactly as `replay.replay` does.
+that accepted all k says nothing of s+k (the target's bonus token there was never drafted). The
+replay runs twice: with those unknown drafts counted wrong (pessimistic) and counted right
+(optimistic). The truth is in between as long as more agreement never makes the rule choose
+worse, which is its intent but not a theorem (it reacts to what it sees). The fixed chain(k)
+never drafts there, so it replays exactly as `replay.replay` does either way. The two differ:
+a shorter chain lands on the unknown positions often, and with HumanEval's chain(4) profiles (a
+full chain accepted in about every other round) the pessimistic replay turns most batch-1
+requests off after a few rounds.
 
 Per batch (requests cycled to fill it, as there), each round costs the measured graphed round of
 the length the rule chose (a plain AR step for 0), every active request commits its agreeing
@@ -31,9 +36,10 @@ from .replay import AcceptanceProfile, ProfileError, ReplayFigure, cycled_batche
 ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
 
 
-def agreement_maps(profile: AcceptanceProfile) -> List[List[bool]]:
+def agreement_maps(profile: AcceptanceProfile, unknown_agrees: bool = False) -> List[List[bool]]:
     """Per request, per decode position (after the prefill's token): whether the drafter's
-    draft there equals the target's token, as far as the chain profile shows (unknown: False)."""
+    draft there equals the target's token, as far as the chain profile shows; a position after
+    a fully accepted chain, which no round drafted, counts as `unknown_agrees`."""
     if not isinstance(profile.topology, Chain):
         raise ProfileError(f"adaptive lengths are replayed from a chain profile, not "
                            f"{profile.topology}")
@@ -45,6 +51,8 @@ def agreement_maps(profile: AcceptanceProfile) -> List[List[bool]]:
         for accepted in row:
             for j in range(accepted):
                 agree[position + j] = True
+            if accepted == k:
+                agree[position + k] = unknown_agrees
             position += accepted + 1
         maps.append(agree)
     return maps
@@ -62,11 +70,12 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
     return [costs.target(batch, 1)] + [costs.round(batch, Chain(n)) for n in range(1, k + 1)]
 
 
-def replay_adaptive(profile: AcceptanceProfile, costs, batch: int,
-                    turn_off: bool = True) -> ReplayFigure:
-    """Replay the batch-length rule on `profile` at batch size `batch` (see the module)."""
+def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
+                    unknown_agrees: bool = False) -> ReplayFigure:
+    """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
+    pessimistic, or with `unknown_agrees` optimistic."""
     batches = cycled_batches(len(profile.accepted_lengths), batch)
-    maps = agreement_maps(profile)
+    maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = BatchLengthPolicy(batch, k, "cpu", 0.0,

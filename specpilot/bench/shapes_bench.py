@@ -9,7 +9,8 @@ one result document, every figure labelled "replayed acceptance".
 from __future__ import annotations
 
 import gc
-from dataclasses import dataclass
+import json
+from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
 import torch
@@ -48,6 +49,7 @@ class ShapesBenchSettings:
     device: Optional[str] = None
     dtype: Optional[str] = None
     name: Optional[str] = None
+    step_costs: Optional[str] = None  # an earlier shapes result whose step costs are replayed
 
 
 def _release(device: torch.device) -> None:
@@ -123,10 +125,43 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
     return costs
 
 
+# The batch-length rule's two replays: drafts a chain(k) profile never shows counted wrong, and
+# counted right (specpilot/bench/adaptive_replay.py).
+ADAPTIVE_BOUNDS = (("pessimistic", False), ("optimistic", True))
+
+
+def load_step_costs(settings: ShapesBenchSettings) -> tuple:
+    """(the step costs, where they were measured: device, dtype, scale, context, environment)
+    of an earlier `specpilot bench --shapes` result (its
+    JSON), for replaying another profile or rule on them without a GPU; refused when its shapes
+    differ."""
+    path = settings.step_costs
+    try:
+        with open(path) as f:
+            doc = json.load(f)
+        measured_shapes = doc["settings"]["shapes"]
+        source = {key: doc["settings"][key] for key in ("device", "dtype", "scale", "context")}
+        source["environment"] = doc["environment"]
+        costs = StepCosts.from_json(doc["step_costs"])
+    except OSError as exc:
+        raise SpecPilotError(f"cannot read step costs from {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise SpecPilotError(f"{path} is not a `specpilot bench --shapes` result with step "
+                             f"costs ({type(exc).__name__}: {exc})") from None
+    if measured_shapes != settings.shapes:
+        raise SpecPilotError(f"{path} holds step costs of {measured_shapes}, not "
+                             f"{settings.shapes}: pass the same --shapes")
+    if settings.adaptive and not costs.graphed:
+        raise SpecPilotError(f"--adaptive replays graphed rounds, and {path} measured eager "
+                             f"steps: measure the step costs on a CUDA GPU")
+    return costs, source
+
+
 def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                 adaptive: bool = False) -> tuple:
     """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance; with
-    `adaptive`, a row of the batch-length rule too (specpilot/bench/adaptive_replay.py)."""
+    `adaptive`, two rows of the batch-length rule too, pessimistic and optimistic about the
+    drafts the profile does not show (specpilot/bench/adaptive_replay.py)."""
     ar_name = "ar (graphed steps)" if costs.graphed else "ar (eager steps)"
     spec_name = f"spec {profile.topology}"
     rows, figures = [], []
@@ -136,10 +171,12 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
         systems = [(ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
                    (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)]
         if adaptive:
-            rule = replay_adaptive(profile, costs, b)
-            figures.append(dict(rule.to_json(), system="adaptive lengths"))
-            systems.append((f"spec {profile.topology}, adaptive lengths", rule.tokens_per_s,
-                            rule.spec_steps, rule.speedup, rule.mean_accepted))
+            for bound, unknown_agrees in ADAPTIVE_BOUNDS:
+                rule = replay_adaptive(profile, costs, b, unknown_agrees=unknown_agrees)
+                figures.append(dict(rule.to_json(), system=f"adaptive lengths, {bound}"))
+                systems.append((f"spec {profile.topology}, adaptive lengths, {bound}",
+                                rule.tokens_per_s, rule.spec_steps, rule.speedup,
+                                rule.mean_accepted))
         for system, rate, steps, speedup, accepted in systems:
             rows.append({"system": system, "batch_size": b, "status": "measured",
                          "label": REPLAYED, "steps": steps, "requests": fig.requests,
@@ -155,7 +192,17 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
     profile = AcceptanceProfile.load(settings.acceptance)
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
-    costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
+    measured = None
+    if settings.step_costs:
+        costs, measured = load_step_costs(settings)
+        progress(f"[bench] step costs from {settings.step_costs} (measured there, not here)")
+        # The figures are the measuring machine's: its device, dtype and environment head the
+        # result, and this machine is recorded as where the replay ran.
+        device, dtype = measured["device"], measured["dtype"]
+        settings = replace(settings, scale=measured["scale"], context=measured["context"])
+        environment = dict(measured["environment"], replayed_on=environment)
+    else:
+        costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
     rows, figures = replay_rows(profile, costs, settings.batch_sizes, settings.adaptive)
     target, drafter = parse_shapes(settings.shapes)
     return {
@@ -170,6 +217,7 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
                      "verify_width": profile.topology.num_nodes + 1,
                      "trees": [str(t) for t in settings.trees],
                      "adaptive": settings.adaptive,
+                     "step_costs_from": settings.step_costs,
                      "profile_requests": len(profile.accepted_lengths),
                      "profile_mean_accepted": profile.mean_accepted,
                      "profile_source": profile.source},

@@ -6,6 +6,7 @@ folder, and resumable compiles.
     candidates.py   Candidate, Outcome; lowering and building in parallel
     output_check.py the unforced output against the reference (near-tie divergences reported)
     seeding.py      composing mechanisms: the memory's seeded candidate, the round's winners
+    stacking.py     the round's winners stacked greedily, each kept only if it pays on the stack
     round.py        run_round: one round as a named list of steps
     evaluations.py  candidate evaluations in all and until the best Program was reached
     round_io.py     round 0 and what each round writes and records

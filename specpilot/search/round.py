@@ -14,8 +14,10 @@
                               the base; admitted only if forcing is clean, the unforced output
                               equals the reference up to reported near-tie divergences
                               (output_check.py), and the gain exceeds the base's run-to-run spread
-    combine winners           admitted mechanisms that change disjoint attributes, applied
-                              together, forced and timed again
+    stack winners             from the best admitted candidate, each next one (by gain) added
+                              to the stack, forced and timed again, and kept only if the stack
+                              with it is admitted and gains more than the noise beyond the stack
+                              without it (stacking.py)
 
 Every proposal that does not make it is an Outcome with its stage and reason.
 """
@@ -33,7 +35,8 @@ from specpilot.ir import Program, program_id
 
 from .candidates import Candidate, Outcome, make_candidate, prepare
 from .output_check import check_output
-from .seeding import MEMORY, compose, memory_proposals, seeded_candidate
+from .seeding import MEMORY, memory_proposals, seeded_candidate
+from .stacking import ranked_winners, stack_winners
 
 
 @dataclass
@@ -253,16 +256,6 @@ def _calibrate(inputs: RoundInputs, program: Program, label: str, timing) -> Opt
     return prediction.seconds / timing.median_seconds - 1.0
 
 
-def combine(inputs: RoundInputs, winners: List[Outcome]) -> Optional[Candidate]:
-    """The base with the winners that change disjoint attributes, best first (of two winners
-    that both set the topology only the better one); None when fewer than two combine."""
-    ranked = sorted(winners, key=lambda o: -(o.gain or 0.0))
-    program, applied = compose(inputs.base, [w.transformations for w in ranked])
-    if len(applied) < 2:
-        return None
-    return Candidate(tuple(t for group in applied for t in group), program, "combined")
-
-
 @dataclass
 class Choice:
     program: Program
@@ -272,26 +265,45 @@ class Choice:
 
 def choose(inputs: RoundInputs, ready: List[Candidate], evaluated: List[Outcome],
            threshold: float):
-    """The round's winner: the admitted candidate with the largest gain, or the combination of
-    the winners when it gains more than the noise beyond that one. Returns (Choice, outcomes
-    of the combination's evaluation)."""
-    winners = [o for o in evaluated if o.admitted]
-    if not winners:
+    """The round's winner: the admitted candidates stacked greedily from the one with the
+    largest gain, each next one kept only if the stack with it is admitted and gains more than
+    the noise beyond the stack without it (stacking.py); the best one alone when nothing stacks.
+    A stack's Program evaluated before (this round, or in an earlier one and not worth trying
+    again) is not evaluated again. Returns (Choice, outcomes of the stacks' evaluations and
+    builds)."""
+    ranked = ranked_winners(evaluated)
+    if not ranked:
         return Choice(inputs.base, "no change (nothing admitted)"), []
-    best = max(winners, key=lambda o: o.gain)
-    choice = Choice(next(c for c in ready if c.id == best.program_id).program, best.label, best)
-    merged = combine(inputs, winners)
-    if merged is None:
-        return choice, []
-    built, outcomes = prepare([merged], inputs.kernel_cache_dir, inputs.settings.workers)
-    if built:
-        o = evaluate(inputs, merged, threshold)
+    best = ranked[0]
+    best_program = next(c for c in ready if c.id == best.program_id).program
+    known = {o.program_id: o for o in evaluated if o.program_id}
+    outcomes: List[Outcome] = []
+    tag = f"[round {inputs.index}] stacked"
+
+    def trial(candidate: Candidate, shown: str) -> Optional[Outcome]:
+        if candidate.id in known:
+            o = known[candidate.id]
+            inputs.progress(f"{tag} {shown}: evaluated before as {o.label}: {o.stage}")
+            return o
+        if not worth_trying(inputs.tried.get(candidate.id, [])):
+            inputs.progress(f"{tag} {shown}: evaluated in an earlier round, not again")
+            return None
+        built, failed = prepare([candidate], inputs.kernel_cache_dir, inputs.settings.workers)
+        outcomes.extend(failed)
+        if not built:
+            inputs.progress(f"{tag} {shown}: {failed[0].stage} failed: {failed[0].reason}")
+            return None
+        o = evaluate(inputs, candidate, threshold)
         outcomes.append(o)
-        inputs.progress(f"[round {inputs.index}] combined {merged.label}: {o.stage}"
+        known[candidate.id] = o
+        inputs.progress(f"{tag} {shown}: {o.stage}"
                         + (f" ({o.gain:+.1%})" if o.gain is not None else ""))
-        if o.admitted and o.gain - best.gain > threshold:
-            choice = Choice(merged.program, merged.label, o)
-    return choice, outcomes
+        return o
+
+    stack = stack_winners(inputs.base, ranked, best_program, trial, threshold)
+    if len(stack.groups) == 1:
+        return Choice(best_program, best.label, best), outcomes
+    return Choice(stack.program, stack.label, stack.outcome), outcomes
 
 
 def _shown(o: Outcome) -> str:

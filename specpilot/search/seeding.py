@@ -2,8 +2,9 @@
 
 Two places put several mechanisms into one Program: the memory's seeds at the start of a compile
 (mechanisms validated on alike deployments, evaluated first, together) and the round's winners
-(combined after they were evaluated alone). Both keep only mechanisms that change attributes no
-earlier one changed, so that a composition never silently overrides a part of another.
+(stacked one at a time after they were evaluated alone, stacking.py). Both keep only mechanisms
+that change attributes no earlier one changed, so that a composition never silently overrides a
+part of another.
 """
 from __future__ import annotations
 

@@ -2,6 +2,7 @@
 agreement read off a profile by hand, the fixed chain replayed exactly as the chain replay does,
 a rule that may not turn off and sees every length cost the same keeps the longest chain, and
 one that may turn off never costs more than plain AR plus the rounds before it may."""
+import json
 import random
 
 import pytest
@@ -92,14 +93,47 @@ def test_the_shapes_bench_adds_a_row_of_the_rule_per_batch_size():
     c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
     rows, figures = replay_rows(profile, c, [1, 4], adaptive=True)
     names = [(r["system"], r["batch_size"]) for r in rows]
-    assert ("spec chain(3), adaptive lengths", 4) in names and len(rows) == 6
-    rule = [f for f in figures if f.get("system") == "adaptive lengths"]
-    assert [f["batch_size"] for f in rule] == [1, 4]
-    want = replay_adaptive(profile, c, 4)
-    got = next(r for r in rows if r["system"].endswith("adaptive lengths") and
-               r["batch_size"] == 4)
-    assert got["tokens_per_s"]["median"] == pytest.approx(want.tokens_per_s)
-    assert got["label"] == "replayed acceptance"
+    assert ("spec chain(3), adaptive lengths, pessimistic", 4) in names and len(rows) == 8
+    for bound, unknown_agrees in (("pessimistic", False), ("optimistic", True)):
+        rule = [f for f in figures if f.get("system") == f"adaptive lengths, {bound}"]
+        assert [f["batch_size"] for f in rule] == [1, 4]
+        want = replay_adaptive(profile, c, 4, unknown_agrees=unknown_agrees)
+        got = next(r for r in rows if r["system"].endswith(f"adaptive lengths, {bound}") and
+                   r["batch_size"] == 4)
+        assert got["tokens_per_s"]["median"] == pytest.approx(want.tokens_per_s)
+        assert got["label"] == "replayed acceptance"
+
+
+def test_the_two_replays_hold_the_rule_replayed_on_the_true_agreement(monkeypatch):
+    # The profile hides the agreement after every full chain; replayed on the agreement it was
+    # recorded from, the rule lands between the replay that counts those drafts wrong and the
+    # one that counts them right.
+    rnd = random.Random(21)
+    maps = [[rnd.random() < 0.75 for _ in range(rnd.randint(40, 80))] for _ in range(6)]
+    profile = profile_from_agreement(4, maps)
+    assert any(a == 4 for row in profile.accepted_lengths for a in row)
+    c = costs([1, 2], 1e-3, [1.3e-3, 1.6e-3, 1.9e-3, 2.2e-3])
+    lower, upper = agreement_maps(profile), agreement_maps(profile, unknown_agrees=True)
+    for r, m in zip(lower, maps):
+        assert all(m[p] for p in range(len(m)) if r[p])          # never more than true
+    for u, m in zip(upper, maps):
+        assert all(u[p] for p in range(len(m)) if m[p])          # never less than true
+    for batch in (1, 2):
+        low = replay_adaptive(profile, c, batch).tokens_per_s
+        high = replay_adaptive(profile, c, batch, unknown_agrees=True).tokens_per_s
+        assert low <= high
+        truth = _replay_on(maps, profile, c, batch, monkeypatch)
+        assert low <= truth * (1 + 1e-9) and truth <= high * (1 + 1e-9)
+
+
+def _replay_on(maps, profile, c, batch, monkeypatch):
+    """The rule replayed on the full agreement the profile was recorded from."""
+    import specpilot.bench.adaptive_replay as ar
+
+    with monkeypatch.context() as m:
+        m.setattr(ar, "agreement_maps",
+                  lambda p, unknown_agrees=False: [row + [False] * 8 for row in maps])
+        return ar.replay_adaptive(profile, c, batch).tokens_per_s
 
 
 def test_the_rule_is_refused_where_it_cannot_be_priced(tmp_path, capsys):
@@ -111,3 +145,42 @@ def test_the_rule_is_refused_where_it_cannot_be_priced(tmp_path, capsys):
             "cpu", "--acceptance", str(path), "--adaptive", "--out-dir", str(tmp_path)]
     assert main(argv) == 2
     assert "needs a chain profile" in capsys.readouterr().err
+
+
+def test_a_replay_on_stored_step_costs_needs_no_measuring(tmp_path):
+    from specpilot.cli import main
+
+    rnd = random.Random(9)
+    profile = profile_from_agreement(3, [[rnd.random() < 0.6 for _ in range(50)]
+                                         for _ in range(4)])
+    path = tmp_path / "profile.json"
+    profile.save(str(path))
+    c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
+    for b in (1, 4):
+        c.target_costs[b].update({4: 1.5e-3})
+        c.drafter_costs[b] = {1: 3e-4, 2: 3.5e-4}
+        c.accept_costs.setdefault("chain(3)", {})[b] = 1e-5
+    shapes = "llama-3.1-8b:llama-3.2-1b"
+    measured = {"settings": {"shapes": shapes, "device": "cuda", "dtype": "bfloat16",
+                             "scale": 1.0, "context": 64},
+                "environment": {"device": "cuda", "gpu": "NVIDIA H200", "cuda": "13.0",
+                                "torch": "2.11.0", "transformers": "5.17.0", "triton": "3.6.0",
+                                "python": "3.12.3", "date": "2026-11-29T20:17:04+00:00",
+                                "command": "specpilot bench --shapes ..."},
+                "step_costs": c.to_json()}
+    source = tmp_path / "measured.json"
+    source.write_text(json.dumps(measured))
+    argv = ["bench", "--shapes", shapes, "--acceptance", str(path), "--adaptive", "--batch-sizes",
+            "1,4", "--step-costs", str(source), "--out-dir", str(tmp_path), "--name", "again"]
+    assert main(argv) == 0
+    doc = json.loads((tmp_path / "again.json").read_text())
+    assert doc["environment"]["gpu"] == "NVIDIA H200" and "replayed_on" in doc["environment"]
+    assert doc["settings"]["dtype"] == "bfloat16" and doc["settings"]["step_costs_from"]
+    got = {(r["system"], r["batch_size"]): r["tokens_per_s"]["median"] for r in doc["rows"]}
+    want = replay_adaptive(profile, StepCosts.from_json(c.to_json()), 4, unknown_agrees=True)
+    assert got[("spec chain(3), adaptive lengths, optimistic", 4)] == pytest.approx(
+        want.tokens_per_s)
+    assert got[("spec chain(3)", 1)] == pytest.approx(replay(profile, c, 1).tokens_per_s)
+    # Costs of other shapes, or a batch size they lack, are refused with what to do.
+    assert main(argv[:2] + ["llama-3.2-1b:llama-3.2-1b"] + argv[3:]) == 2
+    assert main(argv[:7] + ["1,16"] + argv[8:]) == 2
