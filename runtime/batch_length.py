@@ -17,6 +17,15 @@ until the batch is done (the drafter's cache is no longer kept up, so it cannot 
 next batch starts speculating again). It only does so after `OFF_AFTER_ROUNDS` rounds, once the
 estimates have left their optimistic prior.
 
+Because off is for good, it needs more than the recent rounds: it is decided on the larger of
+the moving-average alpha and the request's whole-history alpha (accepted drafts and rejections
+counted since the batch began, one of each added as a prior), so a request whose drafter agrees
+well overall is not cut off by a few bad rounds. On HumanEval chain(4) profiles replayed with
+step costs measured at Llama-3.1-8B / 3.2-1B shape on an H200, the moving average alone turned
+most batch-1 requests off early (1.02x plain AR, against 1.20x for the fixed chain); with the
+whole history too the rule gave 1.19x there, and the same 0.97-0.99x as before with a useless
+or weak drafter (bench/results/llama8b-1b-replayed-run*-adaptive-both.json, BENCHMARKS.md).
+
 cost(L) is measured: the graphed decoder times a replay of each length's graph against the plain
 step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and
 the batch size as they really are. Without a GPU it is the model 1 + c L (`model_round_costs`).
@@ -105,6 +114,9 @@ class BatchLengthPolicy:
                                        else model_round_costs(cap, check_draft_cost(draft_cost)),
                                        **f32)
         self.off = torch.zeros((), dtype=torch.bool, device=device)
+        # Since the batch began: drafts accepted and rounds with a rejection, per request.
+        self.accepted_total = torch.zeros(batch, **f32)
+        self.rejected_total = torch.zeros(batch, **f32)
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
@@ -115,6 +127,8 @@ class BatchLengthPolicy:
         chain), speculating."""
         self.accepted_avg.fill_(float(self.cap))
         self.rejected_avg.zero_()
+        self.accepted_total.zero_()
+        self.rejected_total.zero_()
         self.off.zero_()
 
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
@@ -123,15 +137,21 @@ class BatchLengthPolicy:
         """The next round's length (int64, 0-dim): the rows in `ran` that drafted take in `n`
         accepted of `drafted`; then the length that would finish the `active` requests
         (`remaining` tokens each) soonest, or 0 for good once plain steps would, from round
-        `OFF_AFTER_ROUNDS` on."""
+        `OFF_AFTER_ROUNDS` on, by both the recent and the whole-history estimate."""
         ran = ran & (drafted > 0)
         accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
         self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
         self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
         alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
-        best, plain_wins = next_length(alpha, remaining, active, self.round_cost)
+        best, _ = next_length(alpha, remaining, active, self.round_cost)
         if not self.turn_off:
             return best
+        zero = torch.zeros_like(self.accepted_total)
+        self.accepted_total.add_(torch.where(ran, n.to(zero.dtype), zero))
+        self.rejected_total.add_(torch.where(ran, (n < drafted).to(zero.dtype), zero))
+        overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
+        _, plain_wins = next_length(torch.maximum(alpha, overall), remaining, active,
+                                    self.round_cost)
         settled = round_index >= OFF_AFTER_ROUNDS - 1
         self.off.logical_or_(plain_wins & settled & active.any())
         return torch.where(self.off, torch.zeros_like(best), best)

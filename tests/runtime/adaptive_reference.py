@@ -41,17 +41,25 @@ def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, tur
     """The batch lengths a padded batch of requests that share one acceptance estimate runs
     (runtime/batch_length.py): after each round the L in 1..cap minimising cost(L) / E(L), with
     cost(L) = 1 + cost L; 0 for good once a plain step (cost 1, one token) beats it, from round
-    `off_after` on. Each round accepts `accepted_fraction(length)` drafts."""
+    `off_after` on, at the larger of the moving-average alpha and the whole-history one
+    ((accepted + 1) / (accepted + rejections + 2) since the batch began). Each round accepts
+    `accepted_fraction(length)` drafts."""
     a, r, length, off, out = float(cap), 0.0, cap, False, []
+    total_a = total_r = 0.0
     for i in range(rounds):
         got = accepted_fraction(length)
         if length > 0:
             a = SMOOTHING * got + (1 - SMOOTHING) * a
             r = SMOOTHING * (1.0 if got < length else 0.0) + (1 - SMOOTHING) * r
+            total_a += got
+            total_r += 1.0 if got < length else 0.0
         alpha = a / (a + r)
         spans = [(1.0 + cost * n) / expected_tokens(alpha, n) for n in range(cap + 1)]
         best = min(range(1, cap + 1), key=lambda n: (spans[n], n))
-        off = off or (turn_off and i >= off_after - 1 and spans[0] < spans[best])
+        sure = max(alpha, (total_a + 1.0) / (total_a + total_r + 2.0))
+        sure_spans = [(1.0 + cost * n) / expected_tokens(sure, n) for n in range(cap + 1)]
+        plain_wins = sure_spans[0] < min(sure_spans[1:])
+        off = off or (turn_off and i >= off_after - 1 and plain_wins)
         length = 0 if off else best
         out.append(length)
     return [cap] + out

@@ -43,3 +43,32 @@ def test_finished_requests_do_not_count():
     _, plain_with_slow = next_length(alpha, remaining, torch.tensor([True, True]), cost)
     best, plain = next_length(alpha, remaining, torch.tensor([False, True]), cost)
     assert bool(plain_with_slow) and not bool(plain) and int(best) == 4
+
+
+def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4)):
+    """One request's lengths under BatchLengthPolicy, each round accepting rounds[i](length)."""
+    from specpilot.runtime.batch_length import BatchLengthPolicy
+
+    policy = BatchLengthPolicy(1, cap, "cpu", 0.0, round_costs=list(costs))
+    policy.reset()
+    length, out = cap, []
+    for i, accept in enumerate(rounds):
+        n = torch.tensor([min(accept, length)])
+        length = int(policy.next(n, torch.tensor([length]), torch.tensor([True]),
+                                 torch.tensor([200]), torch.tensor([True]), torch.tensor(i)))
+        out.append(length)
+    return out
+
+
+def test_a_few_bad_rounds_after_good_ones_do_not_turn_speculation_off():
+    # Four full chains, then four rounds that accept nothing: the moving average alone (weight
+    # 1/2 on the newest round) has alpha = (4 / 16) / (4 / 16 + 15 / 16) = 0.21 by then, where
+    # plain steps win (E(1) = 1.21 < cost(1) = 1.4); over the whole history (16 drafts
+    # accepted, 4 rejections) it is (16 + 1) / (16 + 4 + 2) = 0.77, which keeps it on.
+    lengths = _run_policy([4, 4, 4, 4, 0, 0, 0, 0])
+    assert 0 not in lengths
+    # A drafter that never agrees is turned off at the fourth round, as before.
+    assert _run_policy([0] * 6)[3:] == [0, 0, 0]
+    # And one that only agreed long ago is turned off once the history agrees with the present.
+    late = _run_policy([4, 4] + [0] * 30)
+    assert late[-1] == 0 and late.index(0) > 6
