@@ -102,6 +102,9 @@ def add_parser(sub) -> None:
                    help="also replay the graphed batch-length rule (adaptive chain lengths, "
                         "speculation off where plain steps win) on the chain profile, with "
                         "graphed rounds of every length measured (GPU)")
+    g.add_argument("--refill", action="store_true",
+                   help="also replay AR and speculation with continuous refill (a finished "
+                        "request's slot takes the next request at the next step)")
     g.add_argument("--step-costs", metavar="RESULT.json",
                    help="replay on the step costs of an earlier --shapes result (same shapes) "
                         "instead of measuring them: another profile or rule, on any machine")
@@ -171,7 +174,7 @@ def _run_shapes(args, device, env) -> int:
         scale=args.scale, context=args.context, max_width=args.max_width, trees=args.tree,
         warmup=3 if args.warmup is None else args.warmup, repeats=args.repeats or 10,
         device=device, dtype=args.dtype, name=args.name, adaptive=args.adaptive,
-        step_costs=args.step_costs)
+        step_costs=args.step_costs, refill=args.refill)
     doc = run_shapes_bench(settings, _progress, env)
     title = (f"{doc['name']}: {doc['environment']['gpu']} — replayed acceptance "
              f"({doc['settings']['topology']})")

@@ -101,7 +101,8 @@ def replay_markdown(doc: dict) -> str:
             f"{'CUDA-graphed' if costs['graphed'] else 'eager'} steps). **Replayed acceptance**: "
             f"accepted lengths measured on a real pair ({s['profile']}, {s['topology']}, mean "
             f"accepted {s['profile_mean_accepted']:.2f}) replayed with these step costs: "
-            f"{doc['replay_model']}.{_adaptive_note(s)}\n\n{_table(header, lines)}\n\n"
+            f"{doc['replay_model']}.{_adaptive_note(s)}{_refill_note(s)}\n\n"
+            f"{_table(header, lines)}\n\n"
             f"Step costs (median):\n\n{_table(cost_header, cost_lines)}{trees}\n")
 
 
@@ -109,8 +110,18 @@ def _adaptive_note(settings: dict) -> str:
     if not settings.get("adaptive"):
         return ""
     return (" The adaptive-lengths rows run the graphed batch-length rule on the profile's "
-            "per-position agreement (a position the profile never drafted counts as a "
-            "disagreement), each round at the measured graphed round of the chosen length.")
+            "per-position agreement, each round at the measured graphed round of the chosen "
+            "length; a position the profile never drafted (after a fully accepted chain) counts "
+            "as a disagreement in the pessimistic row and as an agreement in the optimistic "
+            "one.")
+
+
+def _refill_note(settings: dict) -> str:
+    if not settings.get("refill"):
+        return ""
+    return (" The refill rows replay AR and speculation with continuous refill (a finished "
+            "request's slot takes the next request at the next step; prefills not counted); "
+            "their × AR is against the padded AR row.")
 
 
 def _ms(table: dict, outer: str, inner: str) -> str:

@@ -20,6 +20,7 @@ from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.tree_plan import TreePlan
 
 from .adaptive_replay import replay_adaptive
+from .refill_replay import replay_refill
 from .replay import REPLAYED, AcceptanceProfile, replay
 from .shapes import build_preset, parse_shapes
 from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_round,
@@ -44,6 +45,7 @@ class ShapesBenchSettings:
     max_width: int = 16              # target widths 1..max_width are measured
     trees: Sequence[Tree] = ()       # more trees whose verification and accept are measured
     adaptive: bool = False           # also replay the batch-length rule (chain profiles, GPU)
+    refill: bool = False             # also replay AR and speculation with continuous refill
     warmup: int = 3
     repeats: int = 10
     device: Optional[str] = None
@@ -158,10 +160,12 @@ def load_step_costs(settings: ShapesBenchSettings) -> tuple:
 
 
 def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
-                adaptive: bool = False) -> tuple:
+                adaptive: bool = False, refill: bool = False) -> tuple:
     """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance; with
     `adaptive`, two rows of the batch-length rule too, pessimistic and optimistic about the
-    drafts the profile does not show (specpilot/bench/adaptive_replay.py)."""
+    drafts the profile does not show (specpilot/bench/adaptive_replay.py); with `refill`, rows
+    of AR and of the topology with continuous refill (specpilot/bench/refill_replay.py), their
+    × AR against the padded AR row."""
     ar_name = "ar (graphed steps)" if costs.graphed else "ar (eager steps)"
     spec_name = f"spec {profile.topology}"
     rows, figures = [], []
@@ -177,6 +181,13 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                 systems.append((f"spec {profile.topology}, adaptive lengths, {bound}",
                                 rule.tokens_per_s, rule.spec_steps, rule.speedup,
                                 rule.mean_accepted))
+        if refill:
+            kept = replay_refill(profile, costs, b)
+            figures.append(dict(kept.to_json(), system="continuous refill"))
+            systems += [(f"{ar_name}, refill", kept.ar_tokens_per_s, kept.ar_steps,
+                         fig.ar_seconds / kept.ar_seconds, None),
+                        (f"{spec_name}, refill", kept.tokens_per_s, kept.spec_steps,
+                         fig.ar_seconds / kept.spec_seconds, kept.mean_accepted)]
         for system, rate, steps, speedup, accepted in systems:
             rows.append({"system": system, "batch_size": b, "status": "measured",
                          "label": REPLAYED, "steps": steps, "requests": fig.requests,
@@ -203,7 +214,8 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
         environment = dict(measured["environment"], replayed_on=environment)
     else:
         costs = measure_step_costs(settings, profile, device, DTYPES[dtype], progress)
-    rows, figures = replay_rows(profile, costs, settings.batch_sizes, settings.adaptive)
+    rows, figures = replay_rows(profile, costs, settings.batch_sizes, settings.adaptive,
+                                settings.refill)
     target, drafter = parse_shapes(settings.shapes)
     return {
         "kind": REPLAYED, "label": REPLAYED,
@@ -216,7 +228,7 @@ def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], No
                      "topology": str(profile.topology),
                      "verify_width": profile.topology.num_nodes + 1,
                      "trees": [str(t) for t in settings.trees],
-                     "adaptive": settings.adaptive,
+                     "adaptive": settings.adaptive, "refill": settings.refill,
                      "step_costs_from": settings.step_costs,
                      "profile_requests": len(profile.accepted_lengths),
                      "profile_mean_accepted": profile.mean_accepted,

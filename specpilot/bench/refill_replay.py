@@ -1,0 +1,68 @@
+"""Replayed acceptance with continuous refill: the same requests and step costs as
+`replay.replay`, but a slot whose request is done takes the next request from the queue at the
+next step instead of idling until the batch's longest request is done.
+
+Each request holds a slot for as many steps as it has rounds in the profile (speculation) or
+decode tokens (plain AR); requests take the first free slot in queue order (the profile's
+requests, cycled as `replay.replay` cycles them, so both replays decode the same tokens). Every
+step of the batch costs the same as there: one graphed round of the profile's topology at batch
+B, or the modelled step with the widest catch-up the topology allows, and one target(B, 1) step
+for AR. Prefills are excluded, as in every replay: a refill's prefill is free here, which favours
+refill over the padded loop by what the batch's prefills cost. Both AR and speculation are
+replayed with refill, so the refill rows compare with each other as well as with the padded
+ones.
+"""
+from __future__ import annotations
+
+import heapq
+from typing import List, Sequence
+
+from specpilot.ir.topology import DynamicTree
+from specpilot.runtime.tree_plan import TreePlan
+
+from .replay import (AcceptanceProfile, MissingStepCost, ProfileError, ReplayFigure,
+                     cycled_batches, spec_step_seconds)
+
+REFILL_MODEL = "continuous refill: a finished request's slot takes the next one at the next step"
+
+
+def refill_steps(lengths: Sequence[int], slots: int) -> int:
+    """Steps until `lengths` (steps each request needs, in queue order) are all done on `slots`
+    slots, each request starting at the first step a slot is free (the lowest slot on a tie)."""
+    free = [(0, slot) for slot in range(slots)]
+    end = 0
+    for steps in lengths:
+        start, slot = heapq.heappop(free)
+        end = max(end, start + steps)
+        heapq.heappush(free, (start + steps, slot))
+    return end
+
+
+def _round_seconds(profile: AcceptanceProfile, costs, batch: int) -> tuple:
+    topology = profile.topology
+    if getattr(costs, "has_round", None) and costs.has_round(batch, topology):
+        return costs.round(batch, topology), "graphed round (one CUDA graph per round)"
+    if isinstance(topology, DynamicTree):
+        raise MissingStepCost(f"{topology} is replayed from a measured graphed round only: "
+                              f"measure at batch {batch} on a GPU")
+    plan = TreePlan.build(topology)
+    return (spec_step_seconds(costs, batch, topology, plan, topology.depth + 1),
+            "sum of step costs, widest catch-up")
+
+
+def replay_refill(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
+    """Replay `profile` at batch size `batch` with continuous refill, for speculation and for
+    plain AR alike (see the module)."""
+    order: List[int] = [r for rows in cycled_batches(len(profile.accepted_lengths), batch)
+                        for r in rows]
+    decode = [profile.new_tokens[r] - 1 for r in order]
+    tokens = sum(decode)
+    if tokens == 0:
+        raise ProfileError("the acceptance profile has no decode steps (every request ended at "
+                           "its prefill): measure it with more new tokens")
+    spec_steps = refill_steps([len(profile.accepted_lengths[r]) for r in order], batch)
+    ar_steps = refill_steps(decode, batch)
+    round_seconds, model = _round_seconds(profile, costs, batch)
+    return ReplayFigure(batch, len(order), tokens, spec_steps, spec_steps * round_seconds,
+                        ar_steps, ar_steps * costs.target(batch, 1), profile.mean_accepted,
+                        step_model=f"{model}; {REFILL_MODEL}")

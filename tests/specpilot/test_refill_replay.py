@@ -1,0 +1,87 @@
+"""Continuous refill replayed (specpilot/bench/refill_replay.py) against a hand-checked schedule,
+a step-by-step simulation of the slots, and the padded replay it must never be slower than."""
+import random
+
+import pytest
+
+from specpilot.bench.refill_replay import refill_steps, replay_refill
+from specpilot.bench.replay import AcceptanceProfile, cycled_batches, replay
+from specpilot.bench.step_costs import StepCosts
+from specpilot.ir.topology import Chain
+
+
+def _simulated(lengths, slots):
+    """Step by step: each step every busy slot works one step; a slot that is free at the start
+    of a step takes the next request in queue order (the lowest slot first)."""
+    queue, left, step = list(lengths), [0] * slots, 0
+    while queue or any(left):
+        for s in range(slots):
+            if left[s] == 0 and queue:
+                left[s] = queue.pop(0)
+        left = [max(0, n - 1) for n in left]
+        step += 1
+    return step
+
+
+def test_a_hand_checked_schedule():
+    # Two slots: r0 holds slot 0 for steps 0-2; r1 (step 0), r2 (step 1) and r3 (steps 2-4)
+    # follow one another in slot 1: 5 steps, where the padded loop runs [3, 1] then [1, 3]: 6.
+    assert refill_steps([3, 1, 1, 3], 2) == 5
+    assert refill_steps([4], 3) == 4 and refill_steps([2, 2, 2], 1) == 6
+
+
+@pytest.mark.parametrize("slots", [1, 3, 8])
+def test_the_schedule_matches_a_step_by_step_simulation_and_never_loses(slots):
+    rnd = random.Random(slots)
+    for _ in range(20):
+        lengths = [rnd.randint(1, 30) for _ in range(rnd.randint(1, 25))]
+        steps = refill_steps(lengths, slots)
+        assert steps == _simulated(lengths, slots)
+        padded = sum(max(lengths[i:i + slots]) for i in range(0, len(lengths), slots))
+        assert max(lengths) <= steps <= padded
+
+
+def _costs(batch_sizes):
+    c = StepCosts(context=64, graphed=True)
+    for b in batch_sizes:
+        c.target_costs[b] = {1: 1e-3 * (1 + 0.02 * b)}
+        c.round_costs.setdefault(str(Chain(3)), {})[b] = 2.1e-3 * (1 + 0.02 * b)
+    return c
+
+
+def test_refill_replays_both_decoders_on_the_padded_replays_tokens():
+    rnd = random.Random(5)
+    rows = [[rnd.randint(0, 3) for _ in range(rnd.randint(3, 40))] for _ in range(7)]
+    # new tokens: what each row committed, plus an EOS cut for some (AR decodes new_tokens - 1)
+    tokens = [sum(a + 1 for a in row) + 1 for row in rows]
+    profile = AcceptanceProfile(Chain(3), rows, tokens)
+    c = _costs([1, 3])
+    for batch in (1, 3):
+        padded, kept = replay(profile, c, batch), replay_refill(profile, c, batch)
+        assert kept.tokens == padded.tokens and kept.requests == padded.requests
+        order = [r for group in cycled_batches(len(rows), batch) for r in group]
+        assert kept.spec_steps == _simulated([len(rows[r]) for r in order], batch)
+        assert kept.ar_steps == _simulated([tokens[r] - 1 for r in order], batch)
+        assert kept.spec_seconds == pytest.approx(kept.spec_steps * c.round(batch, Chain(3)))
+        assert kept.ar_seconds == pytest.approx(kept.ar_steps * c.target(batch, 1))
+        assert kept.spec_seconds <= padded.spec_seconds + 1e-12
+        assert kept.ar_seconds <= padded.ar_seconds + 1e-12
+        if batch == 1:          # one slot: nothing to refill, the same as the padded loop
+            assert (kept.spec_steps, kept.ar_steps) == (padded.spec_steps, padded.ar_steps)
+
+
+def test_the_shapes_bench_adds_refill_rows_against_the_padded_ar():
+    from specpilot.bench.shapes_bench import replay_rows
+
+    rnd = random.Random(8)
+    rows = [[rnd.randint(0, 3) for _ in range(rnd.randint(5, 30))] for _ in range(6)]
+    profile = AcceptanceProfile(Chain(3), rows, [sum(a + 1 for a in r) + 1 for r in rows])
+    c = _costs([1, 3])
+    table, figures = replay_rows(profile, c, [3], refill=True)
+    by_name = {r["system"]: r for r in table}
+    kept, padded = replay_refill(profile, c, 3), replay(profile, c, 3)
+    assert by_name["spec chain(3), refill"]["speedup_vs_ar"] == pytest.approx(
+        padded.ar_seconds / kept.spec_seconds)
+    assert by_name["ar (graphed steps), refill"]["tokens_per_s"]["median"] == pytest.approx(
+        kept.ar_tokens_per_s)
+    assert [f["system"] for f in figures if "system" in f] == ["continuous refill"]
