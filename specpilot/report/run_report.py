@@ -6,11 +6,12 @@ import json
 from pathlib import Path
 from typing import List
 
-from specpilot.ir import diff, format_diff, load_program
+from specpilot.ir import PROGRAM_FILE, diff, format_diff, load_program
 from specpilot.ir.errors import SpecPilotError
 from specpilot.search.evaluations import count_evaluations, round_evaluations
 from specpilot.search.output_check import output_summary
 
+from .baseline_note import baseline_note
 from .markdown import _pct, _tps, forcing_line
 from .plots import plot_cost_breakdown, plot_tokens_per_round
 
@@ -78,6 +79,19 @@ def run_summary(run_dir: Path, records: List[dict]) -> dict:
                         for r in records])
 
 
+def _baseline_lines(run_dir: Path, zero: dict) -> List[str]:
+    """The note on what the best Program's ratio to AR measures, where it is not speculation
+    (specpilot/report/baseline_note.py), as report lines."""
+    path, stock = run_dir / PROGRAM_FILE, run_dir / "round-0" / PROGRAM_FILE
+    if not zero.get("ar_timing") or not path.exists():
+        return []
+    # Runs that did not record AR's fast path ran it on the stock Program's.
+    ar_path = zero.get("ar_fast_path") or (load_program(str(stock)).kernels.fast_path
+                                           if stock.exists() else None)
+    note = baseline_note(load_program(str(path)), zero.get("ar_label", "AR"), ar_path)
+    return [note, ""] if note else []
+
+
 def build_run_report(run_dir) -> Path:
     """Write report.md, report.json, tokens_per_round.png and cost_breakdown.png into
     `run_dir`; returns the path of report.md."""
@@ -104,6 +118,7 @@ def build_run_report(run_dir) -> Path:
              f"tokens/s = {best['timing']['median_tokens_per_s'] / stock_tps:.2f}x the stock "
              f"Program" + (f", {best['timing']['median_tokens_per_s'] / ar_tps:.2f}x "
                            f"{records[0].get('ar_label')}" if ar_tps else "") + ".", "",
+             *_baseline_lines(run_dir, records[0]),
              f"The best Program was first chosen in round {count.best_round}: "
              f"{count.summary()} (a candidate evaluation is one candidate token-forced "
              f"and, if it passed, timed).", "",

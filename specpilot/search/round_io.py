@@ -7,6 +7,7 @@ from typing import Dict, List, Optional
 
 from specpilot.ir import PROGRAM_FILE, Program, diff, format_diff, program_id, save_program
 from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.fast_ops import fast_ops_mode
 
 from .candidates import Outcome
 from .evaluations import EVALUATED_STAGES
@@ -70,6 +71,7 @@ def round_zero(stock: Program, evaluator, settings, device: str, progress) -> di
             "timing": dict(timing.to_json(), predicted_tokens_per_s=predicted.tokens_per_s),
             "base_timing": timing.to_json(),
             "ar_timing": ar.to_json(), "ar_label": evaluator.ar_label,
+            "ar_fast_path": fast_ops_mode(stock.kernels.fast_path),
             "forcing": forcing.to_json(), "output": output.to_json(),
             "cost_report": report.to_json(),
             "chosen_cost_report": report.to_json(),

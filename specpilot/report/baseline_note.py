@@ -1,0 +1,36 @@
+"""What the best Program's ratio to the AR baseline measures, when it is not speculation.
+
+The compile's AR baseline (strong AR on a GPU) runs on the stock Program's fast path. A Program
+that turned speculation off (`SetDrafter("none")`) is plain greedy decoding itself, and one on
+another fast path (`SetFastPath("layers")`) owes part of its speed to kernels that plain
+decoding would get too. Measured on an H200: a compile at batch 16 reported its best at 1.28x
+strong AR, and that best was plain decoding on the whole-layer path. The report says so next
+to the ratio, instead of leaving it to be read as a speculative gain.
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+from specpilot.ir import Program
+
+
+def baseline_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Optional[str]:
+    """A sentence on what `best`'s ratio to the AR baseline (`ar_label`, run on the fast path
+    `ar_fast_path`; None where the run did not record it) measures, or None when it is the gain
+    of speculation over plain decoding on the same path."""
+    path = best.kernels.fast_path
+    other_path = ar_fast_path is not None and path != ar_fast_path
+    if not best.draft.speculates:
+        if other_path:
+            return (f"The best Program does not speculate: it is plain greedy decoding on the "
+                    f"'{path}' fast path, and {ar_label} ran on the '{ar_fast_path}' one, so "
+                    f"its ratio to {ar_label} is that fast path's gain, not speculation's.")
+        return (f"The best Program does not speculate: it is plain greedy decoding, as "
+                f"{ar_label} is, so its ratio to it measures the decoding loop, not "
+                f"speculation.")
+    if other_path:
+        return (f"The best Program runs on the '{path}' fast path and {ar_label} on the "
+                f"'{ar_fast_path}' one: part of its ratio to {ar_label} is that fast path's "
+                f"gain, which plain decoding gets too (`specpilot bench` with "
+                f"SPECPILOT_FAST_OPS={path} times both on it).")
+    return None
