@@ -23,8 +23,8 @@ counted since the batch began, one of each added as a prior), so a request whose
 well overall is not cut off by a few bad rounds. On HumanEval chain(4) profiles replayed with
 step costs measured at Llama-3.1-8B / 3.2-1B shape on an H200, the moving average alone turned
 most batch-1 requests off early (1.02x plain AR, against 1.20x for the fixed chain); with the
-whole history too the rule gave 1.19x there, and the same 0.97-0.99x as before with a useless
-or weak drafter (bench/results/llama8b-1b-replayed-run*-adaptive-both.json, BENCHMARKS.md).
+whole history too the rule gave 1.19x there, and 0.97-0.98x with a useless drafter, as before
+(bench/results/llama8b-1b-replayed-*-history-rule.json, BENCHMARKS.md).
 
 cost(L) is measured: the graphed decoder times a replay of each length's graph against the plain
 step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and

@@ -127,16 +127,15 @@ def measure_step_costs(settings: ShapesBenchSettings, profile: AcceptanceProfile
     return costs
 
 
-# The batch-length rule's two replays: drafts a chain(k) profile never shows counted wrong, and
-# counted right (specpilot/bench/adaptive_replay.py).
-ADAPTIVE_BOUNDS = (("pessimistic", False), ("optimistic", True))
+# The batch-length rule's two replays: the drafts a chain(k) profile never shows counted wrong
+# (pessimistic) and right (optimistic) (specpilot/bench/adaptive_replay.py).
+ADAPTIVE_READINGS = (("pessimistic", False), ("optimistic", True))
 
 
 def load_step_costs(settings: ShapesBenchSettings) -> tuple:
     """(the step costs, where they were measured: device, dtype, scale, context, environment)
-    of an earlier `specpilot bench --shapes` result (its
-    JSON), for replaying another profile or rule on them without a GPU; refused when its shapes
-    differ."""
+    of an earlier `specpilot bench --shapes` result (its JSON), for replaying another profile or
+    rule on them without a GPU; refused when its shapes differ."""
     path = settings.step_costs
     try:
         with open(path) as f:
@@ -175,7 +174,7 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
         systems = [(ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
                    (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)]
         if adaptive:
-            for bound, unknown_agrees in ADAPTIVE_BOUNDS:
+            for bound, unknown_agrees in ADAPTIVE_READINGS:
                 rule = replay_adaptive(profile, costs, b, unknown_agrees=unknown_agrees)
                 figures.append(dict(rule.to_json(), system=f"adaptive lengths, {bound}"))
                 systems.append((f"spec {profile.topology}, adaptive lengths, {bound}",
@@ -199,11 +198,11 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
 
 def run_shapes_bench(settings: ShapesBenchSettings, progress: Callable[[str], None],
                      environment: dict) -> dict:
-    """Measure step costs, replay the profile, and return the result document."""
+    """Measure step costs (or read them: `settings.step_costs`), replay the profile, and return
+    the result document."""
     profile = AcceptanceProfile.load(settings.acceptance)
     device = settings.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = settings.dtype or ("bfloat16" if device == "cuda" else "float32")
-    measured = None
     if settings.step_costs:
         costs, measured = load_step_costs(settings)
         progress(f"[bench] step costs from {settings.step_costs} (measured there, not here)")
