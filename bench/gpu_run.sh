@@ -79,7 +79,8 @@ phase() {
         step tests timeout "${TESTS_TIMEOUT:-240}" python3 -m pytest -q -p no:cacheprovider --durations=25 \
             --junitxml="$RESULTS/gpu_tests.xml" ${TEST_FILES:-\
             tests/gpu/test_graphed_chain_gpu.py tests/gpu/test_cuda_graphs.py \
-            tests/gpu/test_mechanisms_gpu.py tests/runtime/test_ragged_varlen.py \
+            tests/gpu/test_mechanisms_gpu.py tests/gpu/test_graphed_refill_gpu.py \
+            tests/runtime/test_ragged_varlen.py \
             tests/gpu/test_no_speculation_gpu.py tests/gpu/test_program_fast_path_gpu.py \
             tests/gpu/test_compiled_layers_gpu.py \
             tests/gpu/test_bench_gpu.py tests/gpu/test_kernels_gpu.py \
@@ -131,7 +132,7 @@ phase() {
         step mechanisms timeout 560 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
-            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,stock_graphed,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
+            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
             --out-dir "$RESULTS" --name mechanisms ;;
     *)
         echo "unknown phase $1"; status=1 ;;

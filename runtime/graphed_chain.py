@@ -279,6 +279,10 @@ class GraphedChainDecoder:
     def _log_round(self, accepted: torch.Tensor) -> None:
         r = self.round_index.clamp(max=self.width - 1)
         self.accepted.index_copy_(0, r[None], accepted[None])
+        self._log_status(r)
+
+    def _log_status(self, r: torch.Tensor) -> None:
+        """Round `r`'s status row (all finished?) and the next round's index."""
         self.status[:, 0].index_copy_(0, r[None], (~self.active.any()).to(torch.int64)[None])
         self.round_index.add_(1)
 

@@ -1,9 +1,9 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
-(runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier, and
-chains with a fixed or an adaptive draft length (`graph_refusal` names what else a Program asks
-for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
+(runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier,
+chains with a fixed or an adaptive draft length, and chains of a fixed length with continuous
+refill (runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
 Adaptive draft length under a token budget, graphed: the padded batch verifies B x (L + 1)
@@ -32,6 +32,7 @@ from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
+from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
 
@@ -45,6 +46,11 @@ def graph_refusal(program: Program, device) -> Optional[str]:
         return "kernels.capture_graphs is off"
     if torch.device(device).type != "cuda" or not torch.cuda.is_available():
         return "CUDA graphs need a CUDA GPU"
+    return rounds_refusal(program)
+
+
+def rounds_refusal(program: Program) -> Optional[str]:
+    """Why the graphed runtime has no rounds for `program` on any device (None if it has)."""
     b = program.batch
     topology = program.draft.topology
     if not program.draft.speculates:
@@ -53,8 +59,13 @@ def graph_refusal(program: Program, device) -> Optional[str]:
         return f"draft topology {topology} (graphed rounds take chains and trees)"
     if not isinstance(topology, Chain) and program.batch.draft_length_policy != "fixed":
         return "adaptive draft lengths adapt chains only"
-    if b.layout != "padded" or b.refill != "drain":
-        return "graphed rounds need the padded layout and drain refill"
+    if b.layout != "padded":
+        return "graphed rounds need the padded layout"
+    if b.refill == "continuous" and not (isinstance(topology, Chain)
+                                         and b.draft_length_policy == "fixed"):
+        return "graphed continuous refill runs chains of a fixed length"
+    if b.refill not in ("drain", "continuous"):
+        return f"refill policy {b.refill!r}"
     if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
         return f"draft length policy {b.draft_length_policy!r}"
     if program.verify.prune is not None:
@@ -109,15 +120,19 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
     capacity = min(capacity, pair.target.config.max_position_embeddings)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
+    refill = refills(program)
     key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
-           tuple(pair.eos_ids), capture)
+           tuple(pair.eos_ids), capture, refill)
     if key in _decoders:
         _decoders.move_to_end(key)
         _decoders[key].prepare_prefill(prompts)
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if cap == 0:
+    if refill:
+        decoder = GraphedRefillDecoder(pair.target, pair.drafter if cap else None, batch,
+                                       capacity, cap, pair.eos_ids, capture=capture)
+    elif cap == 0:
         decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
                                       capture=capture)
     else:
@@ -126,6 +141,19 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder
+
+
+def refills(program: Program) -> bool:
+    """Whether the Program's graphed decoder refills slots (`batch.refill` "continuous"): it
+    then takes every prompt at once, not a batch at a time."""
+    return program.batch.refill == "continuous"
+
+
+def _batches(decoder, items: Sequence) -> List[Sequence]:
+    """What one call of `decoder` takes: everything with refill, else a batch at a time."""
+    if isinstance(decoder, GraphedRefillDecoder):
+        return [items]
+    return [items[start:start + decoder.batch] for start in range(0, len(items), decoder.batch)]
 
 
 def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
@@ -144,9 +172,7 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
                 capture: bool = True) -> SpecResult:
     """Decode `prompts` in batches of `batch.max_batch_size` with the graphed chain decoder."""
     decoder = decoder_for(program, pair, prompts, max_new_tokens, capture)
-    parts: List[SpecResult] = []
-    for start in range(0, len(prompts), decoder.batch):
-        parts.append(_generate(decoder, prompts[start:start + decoder.batch], max_new_tokens))
+    parts = [_generate(decoder, chunk, max_new_tokens) for chunk in _batches(decoder, prompts)]
     accepted = [a for p in parts for a in p.accepted_lengths]
     steps = sum(len(a) for a in accepted)
     stats: dict = {}
@@ -167,8 +193,8 @@ def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], refe
     longest = max(len(t) for t in reference.tokens)
     decoder = decoder_for(program, pair, prompts, longest, capture)
     proposals: List[List[int]] = []
-    for start in range(0, len(prompts), decoder.batch):
-        proposals += decoder.force(prompts[start:start + decoder.batch],
-                                   reference.tokens[start:start + decoder.batch])
+    pairs = list(zip(prompts, reference.tokens))
+    for chunk in _batches(decoder, pairs):
+        proposals += decoder.force([p for p, _ in chunk], [t for _, t in chunk])
     return compare_to_reference(proposals, reference,
                                 resolve_tolerance(tolerance, pair.target.dtype))

@@ -5,6 +5,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       compute ridge for each batch size (speculation off where it leaves no room)
   graphed_tree        CaptureGraphs + a static tree (3, 2, 1): same drafter depth as chain(3),
                       more candidates per level
+  graphed_refill      CaptureGraphs + continuous refill: chain(4), a finished request's slot
+                      refilled between two replays (differs from stock_graphed only where
+                      there are more prompts than slots)
   graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
                       data, one graph serves every tree of the budget
   dynamic_tree        the same dynamic tree, eager
@@ -51,6 +54,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
     return {
         "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
+        "graphed_refill": apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
         "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
         "graphed_dynamic": apply(apply(stock, CaptureGraphs(True)), SetTopology(dynamic)),
         "dynamic_tree": apply(stock, SetTopology(dynamic)),

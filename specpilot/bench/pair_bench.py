@@ -21,7 +21,7 @@ from specpilot.runtime.decoder import load_pair, needs_own_pair
 from .hf_systems import HFAssisted, HFGreedy, HFModels
 from .measure import add_speedups, measure, skipped_row
 from .replay import AcceptanceProfile
-from .systems import EagerAR, ProgramSystem, StrongAR, System
+from .systems import EagerAR, ProgramSystem, StrongAR, StrongARRefill, System
 from .workload import encode_prompts, stock_reference
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
@@ -119,7 +119,8 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
 
     hf = HFModels(settings.pair, DTYPES[dtype], device, pair.eos_ids)
     available: Dict[str, System] = {"hf_ar": HFGreedy(hf), "hf_assisted": HFAssisted(hf),
-                                    "ar_torch": EagerAR(pair), "strong_ar": StrongAR(pair)}
+                                    "ar_torch": EagerAR(pair), "strong_ar": StrongAR(pair),
+                                    "strong_ar_refill": StrongARRefill(pair)}
     gpu = detect_gpu() if device == "cuda" else "cpu"
     for s in program_systems(settings, target_dir, drafter_dir, dtype, gpu, pair):
         available[s.name] = s

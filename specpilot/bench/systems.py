@@ -19,6 +19,7 @@ from specpilot.runtime.cuda_graphs import GraphsUnavailable, require_cuda
 from specpilot.runtime.decoder import (ModelPair, acceptance_rule, check_pair_runs,
                                       check_runnable, force_program)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.mechanisms import force_ar_proposals, run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
                                                run_graphed)
@@ -143,6 +144,29 @@ class StrongAR(_ARSystem):
 
     def teardown(self):
         self.decoder = None
+
+
+class StrongARRefill(StrongAR):
+    name = "strong_ar_refill"
+    description = ("strong_ar with continuous refill: a finished request's slot takes the next "
+                   "prompt between two replays (runtime/graphed_refill.py); it decodes every "
+                   "prompt in one call, so it differs from strong_ar only where there are more "
+                   "prompts than slots")
+
+    def setup(self, batch_size, prompts, max_new_tokens):
+        capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
+        self.decoder = GraphedRefillDecoder(self.pair.target, None, batch_size, capacity, 0,
+                                            self.pair.eos_ids)
+        self.decoder.prepare_prefill(prompts)
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        r = self.decoder.generate(list(prompts), max_new_tokens)
+        return RunOutput(r.tokens, r.target_forwards)
+
+    def check(self, prompts, batch_size, reference, output):
+        proposals = self.decoder.force(list(prompts), reference.tokens)
+        return {"forcing": forcing_json(forcing_report(proposals, reference,
+                                                       self.pair.target.dtype))}
 
 
 class ProgramSystem(System):

@@ -8,6 +8,7 @@ from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.batch_length import next_length
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
 from mechanism_setup import MAX_NEW, ContraryDrafter, pair_setup
@@ -21,6 +22,9 @@ DECODERS = {
     # A drafter that is always wrong makes the batch turn speculation off mid-run.
     "adaptive-off": lambda s: GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4,
                                                   48, 4, s["eos"], capture=False, adaptive=True),
+    # Two slots for four requests: the refills run between replays, the rounds under the guard.
+    "refill": lambda s: GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"],
+                                             capture=False),
     "tree": lambda s: GraphedTreeDecoder(s["target"], s["drafter"], 4, 64,
                                          Tree((2, 1)).shape(), s["eos"], capture=False),
     "dynamic": lambda s: GraphedDynamicTreeDecoder(s["target"], s["drafter"], 4, 64,

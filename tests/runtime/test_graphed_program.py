@@ -37,3 +37,27 @@ def test_each_topology_runs_and_forces_on_its_graphed_decoder(topology, decoder_
     assert r.tokens == s["reference"].tokens and r.mean_accepted > 1.0
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
+
+
+def test_a_refill_program_runs_every_request_on_the_refill_decoder():
+    from specpilot.ir import SetRefill
+    from specpilot.runtime.graphed_program import rounds_refusal
+    from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+    s = pair_setup(4)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous"))
+    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert type(decoder) is GraphedRefillDecoder
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    assert r.stats["refills"] == len(s["prompts"]) - 2     # one call: the slots were refilled
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
+    # Refill with a tree is refused for graphs, with what the graphed runtime does run.
+    assert rounds_refusal(program) is None
+    tree = apply(program, SetTopology(Tree((2, 1))))
+    assert "chains of a fixed length" in rounds_refusal(tree)

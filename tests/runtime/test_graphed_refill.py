@@ -1,0 +1,103 @@
+"""Continuous refill in the graphed runtime (runtime/graphed_refill.py), its rounds run eagerly
+(capture=False) on CPU in float32: outputs equal greedy AR for more requests than slots,
+finishing at different times; forcing is clean; and a refill that leaves a stale part of the
+row behind is caught."""
+import pytest
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+from hf_factory import random_prompts
+from mechanism_setup import MAX_NEW, assert_clean, one_thread, pair_setup  # noqa: F401
+
+
+def _setup(seed):
+    s = pair_setup(seed)
+    # Nine requests of mixed lengths for 2-3 slots: most slots are refilled more than once.
+    prompts = random_prompts((5, 11, 2, 8, 3, 9, 1, 6, 4), seed=seed + 300)
+    reference = generate_ar(s["target"], prompts, MAX_NEW, eos_ids=s["eos"])
+    return s, prompts, reference
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("k,batch", [(0, 3), (1, 2), (3, 3), (4, 2)])
+def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
+    s, prompts, reference = _setup(seed)
+    lengths = [len(t) for t in reference.tokens]
+    assert min(lengths) < MAX_NEW == max(lengths)       # requests end at different times
+    drafter = s["drafter"] if k else None
+    decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"], capture=False)
+    r = decoder.generate(prompts, MAX_NEW)
+    assert r.tokens == reference.tokens
+    assert r.stats["refills"] == len(prompts) - batch
+    assert len(r.accepted_lengths) == len(prompts)
+    # every request's rounds commit its tokens: one per round plus the accepted drafts, after
+    # the prefill's first token (the last round may overshoot the limit or pass an EOS)
+    for tokens, accepted in zip(r.tokens, r.accepted_lengths):
+        assert all(0 <= a <= k for a in accepted)
+        assert sum(a + 1 for a in accepted) >= len(tokens) - 1
+        assert sum(a + 1 for a in accepted[:-1]) < len(tokens) - 1 or len(tokens) == 1
+    # a second call on the same decoder starts clean
+    assert decoder.generate(prompts[:4], MAX_NEW).tokens == reference.tokens[:4]
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_forcing_with_refill_is_clean(k):
+    s, prompts, reference = _setup(11)
+    drafter = s["drafter"] if k else None
+    decoder = GraphedRefillDecoder(s["target"], drafter, 2, 48, k, s["eos"], capture=False)
+    report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert_clean(report, reference)
+
+
+class _StaleLength(GraphedRefillDecoder):
+    """A refill that keeps the previous request's position: the newcomer's first round reads
+    and writes the cache past its prompt, where the old request's K/V still is."""
+
+    def _admit(self, row, prompt, limit, reference=None):
+        kept = self.length[row].clone()
+        super()._admit(row, prompt, limit, reference)
+        self.length[row] = kept
+
+
+class _NoTargetPrefill(GraphedRefillDecoder):
+    """A refill that prefills only the drafter: the target attends to the old request's
+    K/V where the newcomer's prompt should be."""
+
+    def _admit(self, row, prompt, limit, reference=None):
+        target, self.target = self.target, _Skip(self.target)
+        try:
+            super()._admit(row, prompt, limit, reference)
+        finally:
+            self.target = target
+
+
+class _Skip:
+    """The target's forward that returns its logits without writing the cache."""
+
+    def __init__(self, model):
+        self.model = model
+
+    def forward(self, tokens, positions, slots, mask, cache, logits_at=None):
+        scratch = self.model.new_cache(tokens.shape[0], cache.capacity)
+        return self.model.forward(tokens, positions, slots, mask, scratch, logits_at)
+
+
+@pytest.mark.parametrize("mutant", [_StaleLength, _NoTargetPrefill])
+def test_a_refilled_slot_reading_a_stale_row_is_caught(mutant):
+    s, prompts, reference = _setup(4)
+    decoder = mutant(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False)
+    assert decoder.generate(prompts, MAX_NEW).tokens != reference.tokens
+
+
+def test_what_refill_does_not_run_is_refused():
+    s = pair_setup(11)
+    with pytest.raises(SpecPilotError, match="fixed length"):
+        GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, capture=False, adaptive=True)
+    decoder = GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
+    with pytest.raises(SpecPilotError, match="no prompts"):
+        decoder.generate([], 4)
