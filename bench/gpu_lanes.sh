@@ -23,7 +23,7 @@ lane() {  # lane N GPU PHASES
     mkdir -p "$OUT/lane$n"
     for p in $1; do
         case $p in  # phases that read the pair wait for a lane that trains it
-        bench*|smoke|compile*|mechanisms)
+        bench*|smoke|compile*|mech*)
             while [ ! -f "$PAIR/train_report.json" ] && [ -d /tmp/specpilot-training ]; do sleep 5; done ;;
         esac
         CUDA_VISIBLE_DEVICES=$gpu OUT="$OUT/lane$n" bash bench/gpu_run.sh "$p"
