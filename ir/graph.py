@@ -67,13 +67,11 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
     and attributes). Graph attributes: topology (str), draft_tokens, verify_tokens."""
     target, drafter = program.models.target, program.models.drafter
     topo = program.draft.topology
-    if not program.draft.speculates:
-        # Greedy AR: no draft nodes, the target reads the last committed token and commits one.
-        widths: Tuple[int, ...] = ()
-        num_nodes = 0
-    else:
-        widths = topo.level_widths()
-        num_nodes = topo.num_nodes
+    speculates = program.draft.speculates
+    # Greedy AR (no speculation) has no draft nodes: the target reads the last committed token
+    # and commits one.
+    widths: Tuple[int, ...] = topo.level_widths() if speculates else ()
+    num_nodes = topo.num_nodes if speculates else 0
     # Forward d runs on the nodes of depth d-1 (the root first); a dynamic tree's levels hold
     # the kept candidates, of which `budget` reach the target.
     width_at = [1] + list(widths)
@@ -88,7 +86,7 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
         _add(g, name, "drafter_forward", "drafter", width_at[depth - 1], drafter, drafter.linears,
              depth=depth)
         order.append(name)
-    if program.draft.speculates:
+    if speculates:
         _add(g, "draft.build", "build_draft", None, num_nodes, structure=_structure(topo))
         order.append("draft.build")
 
@@ -108,7 +106,7 @@ def dataflow_graph(program: Program) -> nx.DiGraph:
     order += ["target.lm_head", "verify.accept", "commit"]
 
     nx.add_path(g, order)
-    if program.draft.speculates:
+    if speculates:
         g.add_edge("draft.build", "verify.accept")  # acceptance compares the drafted tokens
     return g
 

@@ -1,10 +1,11 @@
 """The chain length of a padded batch's next round, and when to stop speculating.
 
 In a padded batch every request verifies the same chain of L drafts, so the length is one choice
-for the whole batch, and the graphed runtime has no refill: a batch is done when its slowest
-request is. On an H200, chain(4) on a 161M pair committed 3.74 tokens per round at batch 64 for
-2.42 plain steps of cost, yet only tied plain decoding: the requests whose drafter agreed least
-ran on long after the others had finished, and decided the batch's length.
+for the whole batch, and adaptive lengths run with drain refill only (continuous refill,
+runtime/graphed_refill.py, takes fixed lengths): a batch is done when its slowest request is.
+On an H200, chain(4) on a 161M pair committed 3.74 tokens per round at batch 64 for 2.42 plain
+steps of cost, yet only tied plain decoding: the requests whose drafter agreed least ran on long
+after the others had finished, and decided the batch's length.
 
 So the length is chosen for the makespan. Request i, with `remaining_i` tokens to go and
 per-draft acceptance alpha_i (runtime/adaptive_draft.py's estimate), needs about

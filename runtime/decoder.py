@@ -160,9 +160,11 @@ def check_pair_runs(program: Program, pair: ModelPair) -> None:
     the Program's."""
     wanted = fast_ops_mode(program.kernels.fast_path)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
+        if model is None:
+            continue
         backend = getattr(model, "backend", None)
         built = getattr(backend, "name", None)
-        if model is not None and built is not None and built != program.kernels.backend:
+        if built is not None and built != program.kernels.backend:
             raise UnsupportedProgram(
                 f"the {role} was loaded with the {built} backend but the Program runs "
                 f"kernels.backend {program.kernels.backend!r}: load the pair with "
@@ -170,7 +172,7 @@ def check_pair_runs(program: Program, pair: ModelPair) -> None:
         # A fast-path model built op by op where the Program compiles whole layers (or the
         # reverse) would be timed as another decoder than the Program's.
         mode = getattr(backend, "fast_ops_mode", OFF)
-        if model is not None and mode != OFF and wanted != OFF and mode != wanted and (
+        if mode != OFF and wanted != OFF and mode != wanted and (
                 wanted == OPS or layers_refusal() is None):
             raise UnsupportedProgram(
                 f"the {role} was loaded with the {mode!r} fast path but the Program runs "

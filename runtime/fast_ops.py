@@ -7,8 +7,9 @@ against 0.1 ms of weight traffic, and at Llama-3.1-8B shape the small kernels be
 5.6 ms step. The reference RMSNorm is about ten elementwise kernels, RoPE five per tensor, the
 reference attention a dozen (float32 copies of the cache, two einsums, mask, softmax).
 
-Two modes, chosen by SPECPILOT_FAST_OPS (`fast_ops_mode`):
-- "ops" (the default, "1" or unset): RMSNorm, RoPE and the SwiGLU product are the reference
+Two modes, chosen by a Program's kernels.fast_path ("ops" without a Program); SPECPILOT_FAST_OPS
+overrides it (`fast_ops_mode`):
+- "ops" (the default; "1"): RMSNorm, RoPE and the SwiGLU product are the reference
   functions themselves compiled by `torch.compile` one op at a time (`compiled`; each becomes one
   fused kernel), and attention is one `scaled_dot_product_attention` call (`grouped_sdpa`).
 - "layers": the model compiles whole blocks (runtime/model.py, `Transformer.forward`): the

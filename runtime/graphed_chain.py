@@ -372,6 +372,32 @@ class GraphedChainDecoder:
         self.count.fill_(1)
         return g0
 
+    def _start(self, prompts, limits: List[int],
+               reference: Optional[Sequence[Sequence[int]]] = None) -> None:
+        """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
+        both models prefilled with `prompts` and each row's first round set up (`_begin`)."""
+        self._reset()
+        if reference is not None:
+            table = torch.zeros((self.batch, self.width), dtype=torch.int64)
+            for row, ref in enumerate(reference):
+                table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
+            self.ref.copy_(table.to(self.device))
+        g0 = self._prefill(prompts, limits)
+        self._begin(slice(None), g0, forced=reference is not None)
+
+    def _begin(self, rows, g0: torch.Tensor, forced: bool) -> None:
+        """After the prefill of `rows` (an index of the batch): `last` is each row's first token
+        (its target argmax `g0`, or the reference's when forced), and a row runs unless it has
+        reached its limit or, unforced, `g0` is an EOS."""
+        active = self.count[rows] < self.limit[rows]
+        if forced:
+            self.last[rows] = self.ref[rows, 0]
+        else:
+            self.last[rows] = g0
+            if self.eos is not None:
+                active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
+        self.active[rows] = active
+
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
         """Capture the prefill graphs these prompts will need now (e.g. before timing)."""
         if self._prefiller is not None:
@@ -394,35 +420,22 @@ class GraphedChainDecoder:
         replays = {k: self._runner(False, k) for k in self._lengths()}
         self._ensure_round_costs()
         n = len(prompts)
-        self._reset()
-        g0 = self._prefill(prompts, [max_new_tokens] * n)
-        self.last.copy_(g0)
-        active = self.count < self.limit
-        if self.eos is not None:
-            active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
-        self.active.copy_(active)
+        self._start(prompts, [max_new_tokens] * n)
         return read_result(self, n, max_new_tokens, replay_until_done(self, replays))
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:
         """What the decoder proposes at each reference position, committing the reference."""
-        if len(reference) != len(prompts) or any(not r for r in reference):
+        if not reference or len(reference) != len(prompts) or any(not r for r in reference):
             raise SpecPilotError("force needs one non-empty reference token list per prompt")
         longest = max(len(r) for r in reference)
         self._check(prompts, longest)
         self._ensure_round_costs()      # before any timed run: forcing comes first in a compile
         replays = {k: self._runner(True, k) for k in self._lengths()}
-        n = len(prompts)
-        self._reset()
-        table = torch.zeros((self.batch, self.width), dtype=torch.int64)
-        for row, ref in enumerate(reference):
-            table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
-        self.ref.copy_(table.to(self.device))
-        self._prefill(prompts, [len(r) for r in reference])
-        self.last.copy_(self.ref[:, 0])
-        self.active.copy_(self.count < self.limit)
+        limits = [len(r) for r in reference]
+        self._start(prompts, limits, reference)
         replay_until_done(self, replays, forced=True)
-        return read_tokens(self, n, [len(r) for r in reference], trim_eos=False)
+        return read_tokens(self, len(prompts), limits, trim_eos=False)
 
     @torch.no_grad()
     def generate_reference(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> ARResult:

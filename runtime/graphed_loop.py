@@ -42,11 +42,10 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
     return rounds
 
 
-def read_tokens(decoder, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
-    """The output rows of the first `n` requests of `decoder`, each cut at its limit and, with
-    `trim_eos`, after its first EOS (rounds may overshoot both)."""
-    counts = decoder.count[:n].tolist()
-    rows = decoder.out[:n].tolist()
+def cut_tokens(decoder, rows: List[List[int]], counts: List[int], limits: List[int],
+               trim_eos: bool) -> List[List[int]]:
+    """Output rows of `decoder`'s requests with their token counts, each cut at its limit and,
+    with `trim_eos`, after its first EOS (rounds may overshoot both)."""
     eos = set(decoder.eos.tolist()) if (trim_eos and decoder.eos is not None) else set()
     tokens = []
     for row, c, limit in zip(rows, counts, limits):
@@ -56,17 +55,36 @@ def read_tokens(decoder, n: int, limits: List[int], trim_eos: bool) -> List[List
     return tokens
 
 
+def read_tokens(decoder, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
+    """The output rows of the first `n` requests of `decoder`, cut as `cut_tokens` says."""
+    return cut_tokens(decoder, decoder.out[:n].tolist(), decoder.count[:n].tolist(), limits,
+                      trim_eos)
+
+
+def mean_committed(accepted: List[List[int]]) -> float:
+    """Tokens committed per (round, request that ran it): accepted drafts + 1, averaged over
+    the rounds in `accepted` (per request, drafts accepted per round); 0.0 if none ran."""
+    steps = sum(len(a) for a in accepted)
+    return sum(n + 1 for row in accepted for n in row) / steps if steps else 0.0
+
+
+def logged_result(tokens: List[List[int]], logged: List[List[int]], target_forwards: int,
+                  drafter_forwards: int, stats: Dict[str, int]) -> SpecResult:
+    """A SpecResult from the round log: `logged` holds, per request, the drafts accepted in each
+    round of the log (-1 where the request did not run that round)."""
+    accepted = [[a for a in row if a >= 0] for row in logged]
+    return SpecResult(tokens, target_forwards, drafter_forwards, accepted,
+                      mean_committed(accepted), stats=stats)
+
+
 def read_result(decoder, n: int, max_new_tokens: int, by_length: Dict[int, int]) -> SpecResult:
     """What `generate` returns for the first `n` requests, given the rounds run per chain
     length (`replay_until_done`): tokens, forward counts, drafts accepted per round and the
     rounds of each length (stats)."""
     rounds = sum(by_length.values())
     tokens = read_tokens(decoder, n, [max_new_tokens] * n, trim_eos=True)
-    accepted = decoder.accepted[:rounds, :n].T.tolist()
-    accepted = [[a for a in row if a >= 0] for row in accepted]
-    steps = sum(len(a) for a in accepted)
-    mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
     # The drafter's prefill (where there is a drafter), then its steps in each round.
     drafter_forwards = (decoder.drafter is not None) + sum(k * c for k, c in by_length.items())
     stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
-    return SpecResult(tokens, 1 + rounds, drafter_forwards, accepted, mean, stats=stats)
+    return logged_result(tokens, decoder.accepted[:rounds, :n].T.tolist(), 1 + rounds,
+                         drafter_forwards, stats)

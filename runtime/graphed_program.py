@@ -3,7 +3,8 @@
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
 (runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier,
 chains with a fixed or an adaptive draft length, and chains of a fixed length with continuous
-refill (runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for). Decoders are kept per (models, batch, chain, capacity), so capture happens once and
+refill (runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for).
+Decoders are kept per (models, batch, chain, capacity, refill), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
 Adaptive draft length under a token budget, graphed: the padded batch verifies B x (L + 1)
@@ -32,6 +33,7 @@ from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
+from .graphed_loop import mean_committed
 from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
@@ -170,11 +172,11 @@ def release_decoders() -> None:
 
 def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_new_tokens: int,
                 capture: bool = True) -> SpecResult:
-    """Decode `prompts` in batches of `batch.max_batch_size` with the graphed chain decoder."""
+    """Decode `prompts` with the Program's graphed decoder: in batches of
+    `batch.max_batch_size`, or all at once with continuous refill."""
     decoder = decoder_for(program, pair, prompts, max_new_tokens, capture)
     parts = [_generate(decoder, chunk, max_new_tokens) for chunk in _batches(decoder, prompts)]
     accepted = [a for p in parts for a in p.accepted_lengths]
-    steps = sum(len(a) for a in accepted)
     stats: dict = {}
     for p in parts:
         for name, value in p.stats.items():
@@ -182,9 +184,8 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
     return SpecResult(tokens=[t for p in parts for t in p.tokens],
                       target_forwards=sum(p.target_forwards for p in parts),
                       drafter_forwards=sum(p.drafter_forwards for p in parts),
-                      accepted_lengths=accepted,
-                      mean_accepted=(sum(n + 1 for a in accepted for n in a) / steps
-                                     if steps else 0.0), stats=stats)
+                      accepted_lengths=accepted, mean_accepted=mean_committed(accepted),
+                      stats=stats)
 
 
 def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], reference: ARResult,

@@ -5,8 +5,8 @@ The padded graphed loop (runtime/graphed_chain.py) runs a batch until its longes
 done, so the slots of requests that finished early, or accepted more, idle until then. Replayed
 at Llama-3.1-8B / 3.2-1B shape on H200 step costs, refill made plain AR 1.25-1.33x and chain(4)
 1.7-1.9x faster than their padded loops at batch 4 and 16, on a HumanEval profile whose requests
-end at different lengths (BENCHMARKS.md). Here the round graphs stay as they are (a finished row already runs along
-inactive); only the host loop and the state of one row change:
+end at different lengths (BENCHMARKS.md). Here the round graphs stay as they are (a finished row
+already runs along inactive); only the host loop and the state of one row change:
 
   - after each replay the host copies the rows' active flags back (one replay behind, as the
     status row); a row that turned inactive is done;
@@ -34,6 +34,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 from .graphed_chain import GraphedChainDecoder
+from .graphed_loop import cut_tokens, logged_result
 from .kv_cache import KVCache
 from .speculative import SpecResult
 from .steps import append_step
@@ -93,9 +94,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         logits = append_step(self.target, row_view(self.tcache, row), zero, [list(prompt)])
         if self.drafter is not None:
             append_step(self.drafter, row_view(self.dcache, row), zero, [list(prompt)])
-        g0 = torch.argmax(logits[0], dim=-1)
+        g0 = torch.argmax(logits, dim=-1)           # [1]
         self.out[row].zero_()
-        self.out[row, 0] = g0
+        self.out[row, :1] = g0
         self.accepted[:, row] = -1
         self.row_round[row] = 0
         self.length[row] = len(prompt)
@@ -105,40 +106,19 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         if reference is not None:
             self.ref[row].zero_()
             self.ref[row, :len(reference)] = torch.tensor(list(reference), dtype=torch.int64)
-            self.last[row] = self.ref[row, 0]
-            self.active[row] = self.count[row] < self.limit[row]
-            return
-        self.last[row] = g0
-        stop = self.count[row] >= self.limit[row]
-        if self.eos is not None:
-            stop = stop | (g0 == self.eos).any()
-        self.active[row] = ~stop
+        self._begin(slice(row, row + 1), g0, forced=reference is not None)
 
     # ---- the host loop --------------------------------------------------------------------------
 
-    def _run(self, prompts, limits: List[int], references=None, forced: bool = False):
-        """Decode every prompt (each up to its limit), refilling slots as requests finish;
-        returns (per request: its row's results, the rounds run, the refills made)."""
+    def _run(self, prompts, limits: List[int], references=None):
+        """Decode every prompt (each up to its limit; forced when `references` are given),
+        refilling slots as requests finish; returns (per request: its row's results, the rounds
+        run, the refills made)."""
         n, b = len(prompts), self.batch
-        replay = self._runner(forced, self.k)      # captured before the state is set up
-        self._reset()
+        replay = self._runner(references is not None, self.k)   # captured before the set-up
         first = list(range(min(n, b)))
-        if references is not None:
-            table = torch.zeros((b, self.width), dtype=torch.int64)
-            for row in first:
-                table[row, :len(references[row])] = torch.tensor(list(references[row]))
-            self.ref.copy_(table.to(self.device))
-        g0 = self._prefill([prompts[i] for i in first],
-                           [limits[i] for i in first])
-        if forced:
-            self.last.copy_(self.ref[:, 0])
-            self.active.copy_(self.count < self.limit)
-        else:
-            self.last.copy_(g0)
-            active = self.count < self.limit
-            if self.eos is not None:
-                active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
-            self.active.copy_(active)
+        self._start([prompts[i] for i in first], [limits[i] for i in first],
+                    None if references is None else [references[i] for i in first])
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
@@ -175,15 +155,12 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                                      "request never finished")
         return results, replays * self.rounds_per_replay, refills
 
-    def _results(self, results: Dict[int, dict], n: int, limits: List[int], trim_eos: bool):
-        counts = [int(results[i]["count"]) for i in range(n)]
-        eos = set(self.eos.tolist()) if (trim_eos and self.eos is not None) else set()
-        tokens = []
-        for i in range(n):
-            row = results[i]["out"][:min(counts[i], limits[i])].tolist()
-            cut = next((p for p, t in enumerate(row) if t in eos), None)
-            tokens.append(row if cut is None else row[:cut + 1])
-        return tokens
+    def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
+        """Every request's tokens from its row's results (`_take_row`), read back at once."""
+        n = len(limits)
+        rows = torch.stack([results[i]["out"] for i in range(n)]).tolist()
+        counts = torch.stack([results[i]["count"] for i in range(n)]).tolist()
+        return cut_tokens(self, rows, counts, limits, trim_eos)
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
@@ -196,26 +173,23 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         n = len(prompts)
         limits = [max_new_tokens] * n
         results, rounds, refills = self._run(prompts, limits)
-        tokens = self._results(results, n, limits, trim_eos=True)
-        accepted = [[a for a in results[i]["accepted"].tolist() if a >= 0] for i in range(n)]
-        steps = sum(len(a) for a in accepted)
-        mean = sum(a + 1 for row in accepted for a in row) / steps if steps else 0.0
+        tokens = self._tokens(results, limits, trim_eos=True)
+        logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
         prefills = 1 + refills          # the first wave's batched prefill, then one per refill
         drafter_forwards = (prefills if self.drafter is not None else 0) + self.k * rounds
         stats = {f"rounds_chain_{self.k}": rounds, "refills": refills}
-        return SpecResult(tokens, prefills + rounds, drafter_forwards, accepted, mean,
-                          stats=stats)
+        return logged_result(tokens, logged, prefills + rounds, drafter_forwards, stats)
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
               ) -> List[List[int]]:
         """What the decoder proposes at each reference position, committing the reference,
         for any number of prompts with continuous refill."""
-        if len(reference) != len(prompts) or any(not r for r in reference):
+        if not reference or len(reference) != len(prompts) or any(not r for r in reference):
             raise SpecPilotError("force needs one non-empty reference token list per prompt")
         longest = max(len(r) for r in reference)
         for start in range(0, len(prompts), self.batch):
             self._check(prompts[start:start + self.batch], longest)
         limits = [len(r) for r in reference]
-        results, _, _ = self._run(prompts, limits, references=reference, forced=True)
-        return self._results(results, len(prompts), limits, trim_eos=False)
+        results, _, _ = self._run(prompts, limits, references=reference)
+        return self._tokens(results, limits, trim_eos=False)

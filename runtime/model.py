@@ -9,9 +9,9 @@ The arithmetic is three blocks: `prologue` (embeddings, RoPE tables, window mask
 `decoder_layer` once per layer, `epilogue` (final norm, LM head). Eagerly, each op is one call of
 the backend. A decode step is bound by how many kernels it launches rather than by the bytes it
 reads (runtime/fast_ops.py has the H200 numbers), so with the torch backend's "layers" fast path
-(SPECPILOT_FAST_OPS=layers) each block is compiled whole instead: Inductor fuses the small ops
-between the GEMMs and SDPA (residual add with RMSNorm, RoPE with the KV write, SwiGLU), and every
-layer replays the one compiled layer graph with its own weights.
+(kernels.fast_path, or SPECPILOT_FAST_OPS=layers) each block is compiled whole instead: Inductor
+fuses the small ops between the GEMMs and SDPA (residual add with RMSNorm, RoPE with the KV
+write, SwiGLU), and every layer replays the one compiled layer graph with its own weights.
 """
 from __future__ import annotations
 
@@ -182,7 +182,7 @@ class Transformer:
         return CompiledBlocks(f"{self.config.model_type}{self.config.hidden_size}")
 
     def _compiled_forward(self, tokens, positions, slots, mask, cache, logits_at):
-        """`forward` as compiled blocks (SPECPILOT_FAST_OPS=layers, runtime/fast_ops.py): the
+        """`forward` as compiled blocks (the "layers" fast path, runtime/fast_ops.py): the
         prologue, one graph shared by every layer, the epilogue. Batch, token and cache-slot
         counts are symbolic sizes, so the shapes a decoder uses (T = 1 steps, k + 1 chain and
         tree verifications, prefill buckets, any batch) compile once per shape class.

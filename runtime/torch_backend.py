@@ -13,6 +13,8 @@ import torch.nn.functional as F
 
 from specpilot.ir.errors import SpecPilotError
 
+from . import fast_ops as _fast_ops
+from .fast_ops import LAYERS, OFF, OPS, compiled, grouped_sdpa
 from .reference_ops import attention_ref, rmsnorm_ref, rope_ref
 
 
@@ -41,7 +43,7 @@ class TorchBackend:
     decoder and the generated kernels' tests share one definition of each op's numerics.
 
     `fast_ops` (for a CUDA GPU; runtime/fast_ops.py says why: a small model's decode step is
-    bound by its kernel count) is False, True (or "ops") or "layers":
+    bound by its kernel count) is False (or "off"), True (or "ops") or "layers":
     - True: those same references compiled one op at a time with `torch.compile` (each becomes
       one fused kernel instead of several), attention one grouped SDPA call;
     - "layers": the model compiles whole blocks (`Transformer.forward`) from `graph_ops`, the
@@ -53,34 +55,36 @@ class TorchBackend:
     name = "torch"
 
     def __init__(self, fast_ops: Union[bool, str] = False):
-        from .fast_ops import LAYERS, OFF, OPS
-
         mode = {False: OFF, True: OPS}.get(fast_ops, fast_ops)
         if mode not in (OFF, OPS, LAYERS):
             raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
                                  f"got {fast_ops!r}")
-        self.fast_ops = mode != OFF
-        self.compiles_layers = False
-        self._rmsnorm, self._rope, self._silu_mul = _rmsnorm, _rope, _silu_mul
-        self._attention = _reference_attention
         if mode == LAYERS:
-            from .fast_ops import layers_refusal
-
-            refusal = layers_refusal()
+            refusal = _fast_ops.layers_refusal()
             if refusal is not None:
                 warnings.warn(f"fast_ops='layers' runs as the per-op fast path: {refusal}",
                               stacklevel=2)
-            self.compiles_layers = refusal is None
-            mode = LAYERS if self.compiles_layers else OPS
+                mode = OPS
         self.fast_ops_mode = mode
+        self._rmsnorm, self._rope, self._silu_mul = _rmsnorm, _rope, _silu_mul
+        self._attention = _reference_attention
         if self.fast_ops:
-            from .fast_ops import compiled, grouped_sdpa
             self._rmsnorm, self._rope, self._silu_mul = (compiled(_rmsnorm), compiled(_rope),
                                                          compiled(_silu_mul))
             self._attention = grouped_sdpa
         # What a compiled block calls: plain references (torch.compile traces them) with the
         # grouped SDPA attention. Never the per-op compiled functions: blocks compile whole.
         self.graph_ops = _graph_ops() if self.compiles_layers else None
+
+    @property
+    def fast_ops(self) -> bool:
+        """Whether any fast path runs ("ops" or "layers")."""
+        return self.fast_ops_mode != OFF
+
+    @property
+    def compiles_layers(self) -> bool:
+        """Whether the model compiles whole blocks (`fast_ops_mode` "layers")."""
+        return self.fast_ops_mode == LAYERS
 
     def prepare_linear(self, name: str, weight: torch.Tensor, bias: Optional[torch.Tensor], fmt: str):
         """Turn a checkpoint weight into whatever `linear` consumes (dense here)."""
@@ -111,8 +115,6 @@ class TorchBackend:
 
 
 def _graph_ops() -> TorchBackend:
-    from .fast_ops import grouped_sdpa
-
     ops = TorchBackend()
     ops._attention = grouped_sdpa
     return ops

@@ -31,7 +31,7 @@ import torch
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import BatchLengthPolicy
 
-from .replay import AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
+from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
 ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
 
@@ -110,8 +110,7 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
                                      torch.tensor(round_index)))
             round_index += 1
     if tokens == 0:
-        raise ProfileError("the acceptance profile has no decode steps (every request ended at "
-                           "its prefill): measure it with more new tokens")
+        raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
                         ar_steps * seconds[0], 1 + accepted_total / committed_steps,
                         step_model=ADAPTIVE_MODEL)

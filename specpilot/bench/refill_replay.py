@@ -17,11 +17,8 @@ from __future__ import annotations
 import heapq
 from typing import List, Sequence
 
-from specpilot.ir.topology import DynamicTree
-from specpilot.runtime.tree_plan import TreePlan
-
-from .replay import (AcceptanceProfile, MissingStepCost, ProfileError, ReplayFigure,
-                     cycled_batches, spec_step_seconds)
+from .replay import (GRAPHED_ROUND_MODEL, NO_DECODE_STEPS, AcceptanceProfile, ProfileError,
+                     ReplayFigure, cycled_batches, spec_step_cost)
 
 REFILL_MODEL = "continuous refill: a finished request's slot takes the next one at the next step"
 
@@ -38,18 +35,6 @@ def refill_steps(lengths: Sequence[int], slots: int) -> int:
     return end
 
 
-def _round_seconds(profile: AcceptanceProfile, costs, batch: int) -> tuple:
-    topology = profile.topology
-    if getattr(costs, "has_round", None) and costs.has_round(batch, topology):
-        return costs.round(batch, topology), "graphed round (one CUDA graph per round)"
-    if isinstance(topology, DynamicTree):
-        raise MissingStepCost(f"{topology} is replayed from a measured graphed round only: "
-                              f"measure at batch {batch} on a GPU")
-    plan = TreePlan.build(topology)
-    return (spec_step_seconds(costs, batch, topology, plan, topology.depth + 1),
-            "sum of step costs, widest catch-up")
-
-
 def replay_refill(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     """Replay `profile` at batch size `batch` with continuous refill, for speculation and for
     plain AR alike (see the module)."""
@@ -58,11 +43,13 @@ def replay_refill(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure
     decode = [profile.new_tokens[r] - 1 for r in order]
     tokens = sum(decode)
     if tokens == 0:
-        raise ProfileError("the acceptance profile has no decode steps (every request ended at "
-                           "its prefill): measure it with more new tokens")
+        raise ProfileError(NO_DECODE_STEPS)
     spec_steps = refill_steps([len(profile.accepted_lengths[r]) for r in order], batch)
     ar_steps = refill_steps(decode, batch)
-    round_seconds, model = _round_seconds(profile, costs, batch)
+    # A modelled step is priced at the widest catch-up the topology allows (see the module).
+    step_seconds, graphed = spec_step_cost(costs, batch, profile.topology)
+    round_seconds = step_seconds(profile.topology.depth + 1)
+    model = GRAPHED_ROUND_MODEL if graphed else "sum of step costs, widest catch-up"
     return ReplayFigure(batch, len(order), tokens, spec_steps, spec_steps * round_seconds,
                         ar_steps, ar_steps * costs.target(batch, 1), profile.mean_accepted,
                         step_model=f"{model}; {REFILL_MODEL}")

@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Dict, List
+from typing import Callable, Dict, List, Tuple
 
 from specpilot.ir.errors import IRError, SpecPilotError
 from specpilot.ir.topology import DynamicTree, Topology, topology_from_json
@@ -40,6 +40,10 @@ from specpilot.runtime.tree_plan import TreePlan
 PROFILE_FORMAT = "specpilot-acceptance-profile"
 PROFILE_VERSION = 1
 REPLAYED = "replayed acceptance"
+GRAPHED_ROUND_MODEL = "graphed round (one CUDA graph per round)"
+SUMMED_STEPS_MODEL = "sum of step costs"
+NO_DECODE_STEPS = ("the acceptance profile has no decode steps (every request ended at its "
+                   "prefill): measure it with more new tokens")
 
 
 class ProfileError(SpecPilotError):
@@ -137,7 +141,7 @@ class ReplayFigure:
     ar_seconds: float
     mean_accepted: float
     label: str = REPLAYED
-    step_model: str = "sum of step costs"
+    step_model: str = SUMMED_STEPS_MODEL
 
     @property
     def tokens_per_s(self) -> float:
@@ -168,6 +172,23 @@ def spec_step_seconds(costs, batch: int, topology: Topology, plan: TreePlan,
             + costs.accept(batch, topology))
 
 
+def spec_step_cost(costs, batch: int,
+                   topology: Topology) -> Tuple[Callable[[int], float], bool]:
+    """(seconds of one speculative step of a batch as a function of its catch-up width, whether
+    that is a measured graphed round): the graphed round of `topology` at `batch` where `costs`
+    hold one (the same whatever the width), else `spec_step_seconds`. A dynamic tree has no
+    modelled step: without its graphed round it is refused (MissingStepCost)."""
+    if getattr(costs, "has_round", None) and costs.has_round(batch, topology):
+        seconds = costs.round(batch, topology)
+        return (lambda catch_up_width: seconds), True
+    if isinstance(topology, DynamicTree):
+        raise MissingStepCost(f"{topology} is replayed from a measured graphed round only (its "
+                              f"shape changes every step): measure at batch {batch} on a GPU")
+    plan = TreePlan.build(topology)
+    return (lambda catch_up_width: spec_step_seconds(costs, batch, topology, plan,
+                                                     catch_up_width)), False
+
+
 def cycled_batches(count: int, batch: int) -> List[List[int]]:
     """The requests 0..count-1 of a profile, cycled to fill whole batches of `batch`: the
     request indices of each batch in turn."""
@@ -183,23 +204,14 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     target/drafter/verify/accept(batch, ...) -> seconds)."""
     batches = cycled_batches(len(profile.accepted_lengths), batch)
     ar_step = costs.target(batch, 1)
-    graphed_round, plan = None, None
-    if getattr(costs, "has_round", None) and costs.has_round(batch, profile.topology):
-        graphed_round = costs.round(batch, profile.topology)
-    elif isinstance(profile.topology, DynamicTree):
-        raise MissingStepCost(f"{profile.topology} is replayed from a measured graphed round "
-                              f"only (its shape changes every step): measure at batch {batch} "
-                              f"on a GPU")
-    else:
-        plan = TreePlan.build(profile.topology)
+    step_seconds, graphed = spec_step_cost(costs, batch, profile.topology)
     tokens = spec_steps = ar_steps = 0
     spec_seconds = 0.0
     for rows in batches:
         seqs = [profile.accepted_lengths[r] for r in rows]
         widths = [1] * batch
         for s in range(max(len(q) for q in seqs)):
-            spec_seconds += (graphed_round if graphed_round is not None else
-                             spec_step_seconds(costs, batch, profile.topology, plan, max(widths)))
+            spec_seconds += step_seconds(max(widths))
             # A row still active next step re-feeds what it committed; a finished row pads with 1.
             widths = [q[s] + 1 if s + 1 < len(q) else 1 for q in seqs]
             spec_steps += 1
@@ -207,9 +219,7 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
         tokens += sum(decode)
         ar_steps += max(decode)
     if tokens == 0 or spec_steps == 0:
-        raise ProfileError("the acceptance profile has no decode steps (every request ended at "
-                           "its prefill): measure it with more new tokens")
+        raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
                         ar_steps * ar_step, profile.mean_accepted,
-                        step_model="sum of step costs" if graphed_round is None else
-                        "graphed round (one CUDA graph per round)")
+                        step_model=GRAPHED_ROUND_MODEL if graphed else SUMMED_STEPS_MODEL)

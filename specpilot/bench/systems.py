@@ -117,6 +117,7 @@ class StrongAR(_ARSystem):
                    "norm/RoPE/SwiGLU, SDPA attention)")
 
     graphed = True
+    decoder_class = GraphedChainDecoder     # what `setup` builds: chains of 0, no drafter
 
     def __init__(self, pair: ModelPair):
         super().__init__(pair)
@@ -132,8 +133,8 @@ class StrongAR(_ARSystem):
     def setup(self, batch_size, prompts, max_new_tokens):
         # Capture once per batch size, outside the timed runs (a server captures at start-up).
         capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
-        self.decoder = GraphedChainDecoder(self.pair.target, None, batch_size, capacity, 0,
-                                           self.pair.eos_ids)
+        self.decoder = self.decoder_class(self.pair.target, None, batch_size, capacity, 0,
+                                          self.pair.eos_ids)
         self.decoder.prepare_prefill(prompts)
 
     def _decode(self, prompts, max_new_tokens):
@@ -153,11 +154,7 @@ class StrongARRefill(StrongAR):
                    "prompt in one call, so it differs from strong_ar only where there are more "
                    "prompts than slots")
 
-    def setup(self, batch_size, prompts, max_new_tokens):
-        capacity = check_capacity(self.pair.target, prompts, max_new_tokens, slack=1)
-        self.decoder = GraphedRefillDecoder(self.pair.target, None, batch_size, capacity, 0,
-                                            self.pair.eos_ids)
-        self.decoder.prepare_prefill(prompts)
+    decoder_class = GraphedRefillDecoder
 
     def run(self, prompts, batch_size, max_new_tokens):
         r = self.decoder.generate(list(prompts), max_new_tokens)

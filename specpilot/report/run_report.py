@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import List
 
-from specpilot.ir import PROGRAM_FILE, diff, format_diff, load_program
+from specpilot.ir import PROGRAM_FILE, Program, diff, format_diff, load_program
 from specpilot.ir.errors import SpecPilotError
 from specpilot.search.evaluations import count_evaluations, round_evaluations
 from specpilot.search.output_check import output_summary
@@ -79,15 +79,14 @@ def run_summary(run_dir: Path, records: List[dict]) -> dict:
                         for r in records])
 
 
-def _baseline_lines(run_dir: Path, zero: dict) -> List[str]:
+def _baseline_lines(run_dir: Path, zero: dict, stock: Program) -> List[str]:
     """The note on what the best Program's ratio to AR measures, where it is not speculation
     (specpilot/report/baseline_note.py), as report lines."""
-    path, stock = run_dir / PROGRAM_FILE, run_dir / "round-0" / PROGRAM_FILE
+    path = run_dir / PROGRAM_FILE
     if not zero.get("ar_timing") or not path.exists():
         return []
     # Runs that did not record AR's fast path ran it on the stock Program's.
-    ar_path = zero.get("ar_fast_path") or (load_program(str(stock)).kernels.fast_path
-                                           if stock.exists() else None)
+    ar_path = zero.get("ar_fast_path") or stock.kernels.fast_path
     note = baseline_note(load_program(str(path)), zero.get("ar_label", "AR"), ar_path)
     return [note, ""] if note else []
 
@@ -109,6 +108,7 @@ def build_run_report(run_dir) -> Path:
     s, resolved = settings.get("settings", {}), settings.get("resolved", {})
     best = max(records, key=lambda r: r["round"])
     summary, count = run_summary(run_dir, records), count_evaluations(records)
+    stock = load_program(str(run_dir / "round-0"))
     lines = [f"# Compile report: {run_dir.name}", "",
              f"Target `{s.get('target_dir')}`, drafter `{s.get('drafter_dir')}`, on "
              f"{resolved.get('gpu')} ({resolved.get('device')}, {resolved.get('dtype')}), "
@@ -118,7 +118,7 @@ def build_run_report(run_dir) -> Path:
              f"tokens/s = {best['timing']['median_tokens_per_s'] / stock_tps:.2f}x the stock "
              f"Program" + (f", {best['timing']['median_tokens_per_s'] / ar_tps:.2f}x "
                            f"{records[0].get('ar_label')}" if ar_tps else "") + ".", "",
-             *_baseline_lines(run_dir, records[0]),
+             *_baseline_lines(run_dir, records[0], stock),
              f"The best Program was first chosen in round {count.best_round}: "
              f"{count.summary()} (a candidate evaluation is one candidate token-forced "
              f"and, if it passed, timed).", "",
@@ -143,15 +143,14 @@ def build_run_report(run_dir) -> Path:
         error = error.get("stock", error.get("base"))
         outcomes = r.get("outcomes", [])
         admitted = sum(1 for o in outcomes if o.get("admitted"))
-        evaluated = sum(1 for o in outcomes if o["stage"] in ("admitted", "not_admitted",
-                                                                "forcing", "output"))
+        evaluated = round_evaluations(r)
         lines.append(f"| {r['round']} | {r.get('chosen')} | {_tps(tps)} | "
                      f"{tps / stock_tps:.2f}x | "
                      f"{(f'{tps / ar_tps:.2f}x' if ar_tps else '—')} | "
                      f"{_pct(r.get('gain'))} | {compounded:.2f}x | "
                      f"{_tps(r['timing'].get('predicted_tokens_per_s'))} | {_pct(error)} | "
                      f"{admitted}/{evaluated} | {forcing_line(r.get('forcing'))} |")
-    counts = _stage_counts(records)
+    counts = summary["stages"]
     lines += ["", "## Forcing and admission summary", "",
               "Every candidate is token-forced against the stock decoder before it is timed; "
               "one violation rejects it.", "",
@@ -167,7 +166,6 @@ def build_run_report(run_dir) -> Path:
               f"where the reference's top-1/top-2 margin is below the forcing tolerance): "
               f"{len(near)}" + ("." if not near else ":"), ""]
     lines += [f"- round {k}: {label}: {output_summary(o)}" for k, label, o in near]
-    stock = load_program(str(run_dir / "round-0"))
     best_program = load_program(str(run_dir / f"round-{best['round']}"))
     lines += ["", "## The best Program against the stock Program", "", "```",
               format_diff(diff(stock, best_program)), "```", ""]

@@ -118,11 +118,11 @@ class Evaluator:
 
         pair = self.pair_for(program)
         warm = timed_program(program, pair, self.prompts, self.max_new_tokens)
-        mismatched = first_divergences(warm.tokens, self.reference)
+        divergences = first_divergences(warm.tokens, self.reference)
         runs = [timed_program(program, pair, self.prompts, self.max_new_tokens)
                 for _ in range(repeats)]
         return Timing([r.tokens_per_s for r in runs], [r.seconds for r in runs],
-                      warm.new_tokens, warm.mean_accepted, mismatched)
+                      warm.new_tokens, warm.mean_accepted, divergences)
 
     def time_paired(self, program: Program, base: Program, repeats: int):
         """(Timing of `program`, Timing of `base`, their paired gain): a warm-up run of
@@ -133,7 +133,7 @@ class Evaluator:
 
         pair, base_pair = self.pair_for(program), None
         warm = timed_program(program, pair, self.prompts, self.max_new_tokens)
-        mismatched = first_divergences(warm.tokens, self.reference)
+        divergences = first_divergences(warm.tokens, self.reference)
         mine, theirs = [], []
         for _ in range(repeats):
             mine.append(timed_program(program, self.pair_for(program), self.prompts,
@@ -143,7 +143,7 @@ class Evaluator:
         gain = statistics.median(a.tokens_per_s / b.tokens_per_s
                                  for a, b in zip(mine, theirs)) - 1.0
         return (Timing([r.tokens_per_s for r in mine], [r.seconds for r in mine],
-                       warm.new_tokens, warm.mean_accepted, mismatched),
+                       warm.new_tokens, warm.mean_accepted, divergences),
                 Timing([r.tokens_per_s for r in theirs], [r.seconds for r in theirs],
                        theirs[0].new_tokens, theirs[0].mean_accepted), gain)
 

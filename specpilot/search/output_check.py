@@ -47,7 +47,12 @@ def _describe(d: OutputDivergence) -> str:
     if d.ref_token is None:
         return f"prompt {d.prompt} goes on past the reference's end at position {d.position}"
     return (f"prompt {d.prompt} position {d.position}: reference token {d.ref_token}, got "
-            f"{d.got_token} (margin {d.margin:.3g})")
+            f"{d.got_token} (margin {_margin(d.margin)})")
+
+
+def _margin(margin) -> str:
+    # A reference decoded without margins (a plain ARResult) leaves them unknown.
+    return "unknown" if margin is None else f"{margin:.3g}"
 
 
 @dataclass

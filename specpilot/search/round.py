@@ -300,9 +300,8 @@ def choose(inputs: RoundInputs, ready: List[Candidate], evaluated: List[Outcome]
                         + (f" ({o.gain:+.1%})" if o.gain is not None else ""))
         return o
 
+    # with nothing stacked, the stack is the best winner alone (its Program, label, outcome)
     stack = stack_winners(inputs.base, ranked, best_program, trial, threshold)
-    if len(stack.groups) == 1:
-        return Choice(best_program, best.label, best), outcomes
     return Choice(stack.program, stack.label, stack.outcome), outcomes
 
 

@@ -4,8 +4,6 @@ fails ("Expected all tensors to be on the same device"): every eager Program of
 tree) and a few combinations decode exactly like greedy AR of the same target in float32, and
 pass token forcing. Skipped without CUDA.
 """
-import os
-
 import pytest
 import torch
 

@@ -131,6 +131,8 @@ def test_capacity_and_batch_errors_name_the_fix(models):
         decoder.generate(random_prompts((2, 2, 2), seed=39), 3)
     with pytest.raises(SpecPilotError, match="non-empty"):
         decoder.force(random_prompts((2,), seed=40), [[]])
+    with pytest.raises(SpecPilotError, match="non-empty"):
+        decoder.force([], [])                    # nothing to force is refused, not a crash
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without CUDA")

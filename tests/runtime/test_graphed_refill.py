@@ -101,3 +101,5 @@ def test_what_refill_does_not_run_is_refused():
     decoder = GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
     with pytest.raises(SpecPilotError, match="no prompts"):
         decoder.generate([], 4)
+    with pytest.raises(SpecPilotError, match="non-empty"):
+        decoder.force([], [])

@@ -4,7 +4,8 @@ and neither."""
 import pytest
 
 from specpilot.deploy import build_deployment
-from specpilot.ir import CaptureGraphs, SetDrafter, SetFastPath, apply, save_program, stock_program
+from specpilot.ir import (CaptureGraphs, SetDrafter, SetFastPath, apply, load_program, save_program,
+                          stock_program)
 from specpilot.report.baseline_note import baseline_note
 from specpilot.report.run_report import _baseline_lines
 
@@ -44,7 +45,8 @@ def test_the_report_takes_ar_s_path_from_round_0_where_the_run_did_not_record_it
     save_program(graphed, str(tmp_path / "round-0" / "program.json"))
     save_program(apply(graphed, SetFastPath("layers")), str(tmp_path / "program.json"))
     zero = {"ar_timing": {"median_tokens_per_s": 100.0}, "ar_label": AR}
-    lines = _baseline_lines(tmp_path, zero)
+    stock = load_program(str(tmp_path / "round-0"))
+    lines = _baseline_lines(tmp_path, zero, stock)
     assert len(lines) == 2 and "'ops' one" in lines[0]
-    assert _baseline_lines(tmp_path, dict(zero, ar_fast_path="layers")) == []
-    assert _baseline_lines(tmp_path, {"ar_label": AR}) == []      # no AR timed: nothing to say
+    assert _baseline_lines(tmp_path, dict(zero, ar_fast_path="layers"), stock) == []
+    assert _baseline_lines(tmp_path, {"ar_label": AR}, stock) == []   # no AR timed: nothing to say

@@ -311,3 +311,28 @@ def test_the_profile_comes_from_the_run_with_the_most_requests(bench, tmp_path):
     profile = AcceptanceProfile.load(str(tmp_path / "more.acceptance.stock.json"))
     assert profile.source["batch_size"] == 2 and len(profile.accepted_lengths) == 2
     assert profile.accepted_lengths == [[4, 4], [4, 4]]          # the perfect drafter
+
+
+def test_strong_ar_refill_decodes_and_forces_every_prompt_as_eager_ar(bench, monkeypatch):
+    """The strong_ar_refill system's glue (setup, one call for all prompts, forcing) on the
+    uncaptured refill decoder: greedy AR's tokens, and no forcing violation."""
+    import functools
+
+    from specpilot.bench.systems import StrongARRefill
+    from specpilot.runtime.ar import generate_ar
+    from specpilot.runtime.decoder import load_pair
+    from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+    root, _ = bench
+    pair = load_pair(str(root / "pair" / "target"), None, "float32", "cpu")
+    monkeypatch.setattr(StrongARRefill, "decoder_class",
+                        functools.partial(GraphedRefillDecoder, capture=False))
+    prompts = [list(p) for p in PROMPTS] + [[7, 1, 8]]
+    system = StrongARRefill(pair)
+    system.setup(2, prompts, NEW)                 # 3 prompts on 2 slots: one refill
+    out = system.run(prompts, 2, NEW)
+    reference = generate_ar(pair.target, prompts, NEW, pair.eos_ids)
+    assert out.tokens == reference.tokens
+    forcing = system.check(prompts, 2, reference, out)["forcing"]
+    assert forcing["passed"] and forcing["violation_count"] == 0
+    assert forcing["positions_compared"] == sum(len(t) for t in reference.tokens)

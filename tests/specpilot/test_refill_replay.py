@@ -85,3 +85,27 @@ def test_the_shapes_bench_adds_refill_rows_against_the_padded_ar():
     assert by_name["ar (graphed steps), refill"]["tokens_per_s"]["median"] == pytest.approx(
         kept.ar_tokens_per_s)
     assert [f["system"] for f in figures if "system" in f] == ["continuous refill"]
+
+
+def test_without_a_graphed_round_each_step_is_the_modelled_step_at_the_widest_catch_up():
+    from specpilot.bench.replay import MissingStepCost
+    from specpilot.ir.topology import DynamicTree
+
+    ms = 1e-3
+    costs = StepCosts(context=64, graphed=False,
+                      target_costs={2: {1: 6 * ms, 3: 10 * ms}},
+                      drafter_costs={2: {1: 1 * ms, 3: 2 * ms}},
+                      accept_costs={"chain(2)": {2: 0.5 * ms}})
+    # Two slots, requests of 2, 1, 1 and 1 rounds: r0 holds slot 0 for steps 0-1, r1 and r2
+    # follow in slot 1, r3 takes slot 0 at step 2: 3 steps. Each is a catch-up of 3 tokens
+    # (2 ms) + one drafter level (1 ms) + verify of 3 (10 ms) + accept (0.5 ms) = 13.5 ms.
+    # AR decodes 4, 1, 2 and 1 tokens: r0 in slot 0, r1, r2, r3 in slot 1: 4 steps of 6 ms.
+    profile = AcceptanceProfile(Chain(2), [[2, 0], [0], [1], [0]], [5, 2, 3, 2])
+    kept = replay_refill(profile, costs, 2)
+    assert (kept.spec_steps, kept.ar_steps) == (3, 4)
+    assert kept.spec_seconds == pytest.approx(40.5 * ms)
+    assert kept.ar_seconds == pytest.approx(24 * ms)
+    assert kept.step_model.startswith("sum of step costs, widest catch-up")
+    dynamic = AcceptanceProfile(DynamicTree(budget=6, depth=3, width=2), [[1]], [3])
+    with pytest.raises(MissingStepCost, match="graphed round only"):
+        replay_refill(dynamic, costs, 2)

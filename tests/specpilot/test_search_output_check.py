@@ -79,6 +79,18 @@ def test_only_the_first_divergence_counts_and_an_early_stop_is_rejected():
     assert not strict.passed
 
 
+def test_a_reference_without_margins_rejects_with_the_margin_unknown():
+    # A plain ARResult keeps no margins: the divergence cannot count as a tie, and the reason
+    # says the margin is unknown instead of failing to format it.
+    gen = torch.Generator().manual_seed(int(torch.randint(0, 2**31, (1,))))
+    ref = random_reference(gen, prompts=2)
+    bare = ARResult(ref.tokens, [])
+    check = check_output(first_divergences([flipped(ref.tokens[0], 4, gen), ref.tokens[1]],
+                                           bare), 2, TOL)
+    assert not check.passed and [(d.prompt, d.position) for d in check.divergences] == [(0, 4)]
+    assert "prompt 0 position 4" in check.reason() and "margin unknown" in check.reason()
+
+
 class ForcedCleanTimedLossy(Evaluator):
     """Forces every Program with the stock pair (forcing passes), but runs the unforced, timed
     runs of the Programs in `lossy_ids` with a perturbed target: their unforced text diverges
