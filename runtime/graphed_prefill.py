@@ -9,7 +9,7 @@ static buffers serve, so the padding logic is tested without a GPU.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -20,11 +20,13 @@ BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted pos
 
 class StaticPrefill:
     """Prefill of up to `batch` prompts into each (model, cache) of `models`; `run` returns
-    the first model's float32 logits at each row's last prompt token, [batch, V]."""
+    the first model's float32 logits at each row's last prompt token, [batch, V]. `after`, if
+    given, runs after the forwards with the bucket's width, inside the bucket's graph."""
 
     def __init__(self, models: Sequence[Tuple[object, object]], batch: int, capacity: int,
-                 capture: bool):
+                 capture: bool, after: Optional[Callable[[int], None]] = None):
         self.models, self.batch, self.capacity, self.capture = list(models), batch, capacity, capture
+        self.after = after
         self.device = self.models[0][0].device
         self._buckets: Dict[int, dict] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -53,6 +55,8 @@ class StaticPrefill:
                 logits = model.forward(static["tokens"], static["positions"], static["positions"],
                                        static["mask"], cache, static["last"])
                 out = logits if out is None else out
+            if self.after is not None:
+                self.after(width)
             return out[:, 0]
 
         static["body"] = body

@@ -12,14 +12,12 @@ already runs along inactive); only the host loop and the state of one row change
     status row); a row that turned inactive is done;
   - its results (output row, count, per-round acceptance, margins) are cloned on the device, in
     stream order, before the row is reused;
-  - the newcomer's prompt is prefilled eagerly into that row of both caches (a one-row view),
-    and the row's state is set as a batch prefill would set it. A snapshot taken before the
-    refill is not trusted for that row.
+  - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
+    a graph per bucket width, the row a device index), and the row's state is set as a batch
+    prefill would set it. A snapshot taken before the refill is not trusted for that row.
 
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
-The newcomer's prefill costs one eager forward of each model at batch 1: not graphed, unlike the
-first wave's (runtime/graphed_prefill.py).
 
 Chains of fixed length only (k = 0 is plain greedy AR with refill); adaptive lengths turn a batch
 off for good, which a refilled batch never reaches, and trees keep more per-row state.
@@ -35,15 +33,8 @@ from specpilot.ir.errors import SpecPilotError
 
 from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import cut_tokens, logged_result
-from .kv_cache import KVCache
+from .row_prefill import RowPrefill
 from .speculative import SpecResult
-from .steps import append_step
-
-
-def row_view(cache: KVCache, row: int) -> KVCache:
-    """Request `row` of `cache` as a one-row cache whose writes land in `cache`."""
-    return KVCache(k=[t[row:row + 1] for t in cache.k], v=[t[row:row + 1] for t in cache.v],
-                   positions=cache.positions[row:row + 1])
 
 
 class GraphedRefillDecoder(GraphedChainDecoder):
@@ -63,6 +54,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.row_round = torch.zeros(batch, dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
         self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
+        models = [(target, self.tcache)] + ([(drafter, self.dcache)] if drafter else [])
+        self._row_prefill = RowPrefill(models, capacity, capture)
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 
@@ -87,14 +80,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     def _admit(self, row: int, prompt: Sequence[int], limit: int,
                reference: Optional[Sequence[int]] = None) -> None:
-        """Prefill `prompt` into `row` of both caches (eagerly) and set the row's state as a
-        batch prefill sets it: the first token its own argmax, or the reference's when forced."""
-        dev = self.device
-        zero = torch.zeros(1, dtype=torch.int64, device=dev)
-        logits = append_step(self.target, row_view(self.tcache, row), zero, [list(prompt)])
-        if self.drafter is not None:
-            append_step(self.drafter, row_view(self.dcache, row), zero, [list(prompt)])
-        g0 = torch.argmax(logits, dim=-1)           # [1]
+        """Prefill `prompt` into `row` of both caches and set the row's state as a batch
+        prefill sets it: the first token its own argmax, or the reference's when forced."""
+        g0 = torch.argmax(self._row_prefill.run(row, prompt), dim=-1)       # [1]
         self.out[row].zero_()
         self.out[row, :1] = g0
         self.accepted[:, row] = -1
@@ -107,6 +95,12 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             self.ref[row].zero_()
             self.ref[row, :len(reference)] = torch.tensor(list(reference), dtype=torch.int64)
         self._begin(slice(row, row + 1), g0, forced=reference is not None)
+
+    def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Capture the prefill graphs these prompts will need now, as a first-wave batch and
+        as newcomers."""
+        super().prepare_prefill(prompts)
+        self._row_prefill.prepare([len(p) for p in prompts])
 
     # ---- the host loop --------------------------------------------------------------------------
 

@@ -65,26 +65,14 @@ class _StaleLength(GraphedRefillDecoder):
 
 
 class _NoTargetPrefill(GraphedRefillDecoder):
-    """A refill that prefills only the drafter: the target attends to the old request's
-    K/V where the newcomer's prompt should be."""
+    """A refill whose target K/V never reaches the row (the row prefill copies it elsewhere):
+    the target attends to the old request's K/V where the newcomer's prompt should be."""
 
-    def _admit(self, row, prompt, limit, reference=None):
-        target, self.target = self.target, _Skip(self.target)
-        try:
-            super()._admit(row, prompt, limit, reference)
-        finally:
-            self.target = target
-
-
-class _Skip:
-    """The target's forward that returns its logits without writing the cache."""
-
-    def __init__(self, model):
-        self.model = model
-
-    def forward(self, tokens, positions, slots, mask, cache, logits_at=None):
-        scratch = self.model.new_cache(tokens.shape[0], cache.capacity)
-        return self.model.forward(tokens, positions, slots, mask, scratch, logits_at)
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        batch_cache, scratch = self._row_prefill.caches[0]
+        elsewhere = self.target.new_cache(self.batch, batch_cache.capacity)
+        self._row_prefill.caches[0] = (elsewhere, scratch)
 
 
 @pytest.mark.parametrize("mutant", [_StaleLength, _NoTargetPrefill])

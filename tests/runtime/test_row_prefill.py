@@ -1,0 +1,45 @@
+"""The one-row prefill of continuous refill (runtime/row_prefill.py), run eagerly on CPU in
+float32: the chosen row of each batch cache holds what an eager prefill of the prompt writes,
+its logits are the eager prefill's, and every other row keeps what it held; capture is covered
+by tests/gpu/test_graphed_refill_gpu.py."""
+import torch
+
+from specpilot.runtime.row_prefill import RowPrefill
+from specpilot.runtime.steps import append_step
+
+from mechanism_setup import pair_setup
+
+
+def _filled(model, batch, capacity, seed):
+    """A batch cache holding random K/V and positions: a stand-in for running requests."""
+    cache = model.new_cache(batch, capacity)
+    g = torch.Generator().manual_seed(seed)
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn(t.shape, generator=g, dtype=t.dtype))
+    cache.positions.copy_(torch.randint(0, capacity, cache.positions.shape, generator=g))
+    return cache
+
+
+def test_row_prefill_writes_only_its_row_and_gives_the_eager_logits():
+    s = pair_setup(7)
+    target, drafter = s["target"], s["drafter"]
+    caches = [_filled(target, 3, 96, 1), _filled(drafter, 3, 96, 2)]
+    before = [[t.clone() for t in c.k + c.v + [c.positions]] for c in caches]
+    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], 96, capture=False)
+    for row, prompt in ((1, s["prompts"][1]), (2, s["prompts"][3]), (1, s["prompts"][0])):
+        got = prefill.run(row, prompt)
+        eager = [target.new_cache(1, 96), drafter.new_cache(1, 96)]
+        zero = torch.zeros(1, dtype=torch.int64)
+        want = append_step(target, eager[0], zero, [list(prompt)])
+        append_step(drafter, eager[1], zero, [list(prompt)])
+        torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+        n = len(prompt)
+        for cache, ref, old in zip(caches, eager, before):
+            for mine, theirs in zip(cache.k + cache.v, ref.k + ref.v):
+                torch.testing.assert_close(mine[row, :n], theirs[0, :n], rtol=1e-5, atol=1e-5)
+            assert torch.equal(cache.positions[row, :n], torch.arange(n))
+            for now, then in zip(cache.k + cache.v + [cache.positions], old):
+                for other in {0, 1, 2} - {row}:               # the other rows keep theirs
+                    assert torch.equal(now[other], then[other])
+            for i, t in enumerate(cache.k + cache.v + [cache.positions]):
+                old[i] = t.clone()
