@@ -32,7 +32,7 @@ stops speculating until it is done (runtime/batch_length.py says why).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -42,7 +42,7 @@ from .adaptive_draft import DRAFT_STEP_COST
 from .batch_length import BatchLengthPolicy, measure_round_costs
 from .cuda_graphs import capture_graph, require_cuda
 from .errors import CapacityError
-from .graphed_loop import read_result, read_tokens, replay_until_done
+from .graphed_loop import read_result, read_tokens, replay_until_done, request_limits
 from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
@@ -414,14 +414,16 @@ class GraphedChainDecoder:
                                 f"{needed} cache slots; this decoder has {self.capacity}")
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
-        """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each."""
-        self._check(prompts, max_new_tokens)
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: Union[int, Sequence[int]]) -> SpecResult:
+        """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each (one
+        count for all, or one per prompt)."""
+        limits = request_limits(max_new_tokens, len(prompts))
+        self._check(prompts, max(limits))
         replays = {k: self._runner(False, k) for k in self._lengths()}
         self._ensure_round_costs()
-        n = len(prompts)
-        self._start(prompts, [max_new_tokens] * n)
-        return read_result(self, n, max_new_tokens, replay_until_done(self, replays))
+        self._start(prompts, limits)
+        return read_result(self, limits, replay_until_done(self, replays))
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:

@@ -3,9 +3,21 @@ is done, reading back one status row per replay, one replay behind the GPU; then
 results back once."""
 from __future__ import annotations
 
-from typing import Dict, List
+from typing import Dict, List, Sequence, Union
+
+from specpilot.ir.errors import SpecPilotError
 
 from .speculative import SpecResult
+
+
+def request_limits(max_new_tokens: Union[int, Sequence[int]], n: int) -> List[int]:
+    """New tokens allowed per request: one count for all `n`, or one per request (a server's
+    requests each bring their own); a SpecPilotError unless there are n counts, each >= 1."""
+    limits = [max_new_tokens] * n if isinstance(max_new_tokens, int) else list(max_new_tokens)
+    if len(limits) != n or any(not isinstance(m, int) or m < 1 for m in limits):
+        raise SpecPilotError(f"max_new_tokens must be one count >= 1 or one per prompt ({n}), "
+                             f"got {max_new_tokens!r}")
+    return limits
 
 
 def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
@@ -77,12 +89,12 @@ def logged_result(tokens: List[List[int]], logged: List[List[int]], target_forwa
                       mean_committed(accepted), stats=stats)
 
 
-def read_result(decoder, n: int, max_new_tokens: int, by_length: Dict[int, int]) -> SpecResult:
-    """What `generate` returns for the first `n` requests, given the rounds run per chain
-    length (`replay_until_done`): tokens, forward counts, drafts accepted per round and the
-    rounds of each length (stats)."""
-    rounds = sum(by_length.values())
-    tokens = read_tokens(decoder, n, [max_new_tokens] * n, trim_eos=True)
+def read_result(decoder, limits: List[int], by_length: Dict[int, int]) -> SpecResult:
+    """What `generate` returns for its requests (each cut at its limit), given the rounds run
+    per chain length (`replay_until_done`): tokens, forward counts, drafts accepted per round
+    and the rounds of each length (stats)."""
+    rounds, n = sum(by_length.values()), len(limits)
+    tokens = read_tokens(decoder, n, limits, trim_eos=True)
     # The drafter's prefill (where there is a drafter), then its steps in each round.
     drafter_forwards = (decoder.drafter is not None) + sum(k * c for k, c in by_length.items())
     stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}

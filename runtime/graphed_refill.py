@@ -25,14 +25,14 @@ off for good, which a refilled batch never reaches, and trees keep more per-row 
 from __future__ import annotations
 
 from collections import deque
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Union
 
 import torch
 
 from specpilot.ir.errors import SpecPilotError
 
 from .graphed_chain import GraphedChainDecoder
-from .graphed_loop import cut_tokens, logged_result
+from .graphed_loop import cut_tokens, logged_result, request_limits
 from .row_prefill import RowPrefill
 from .speculative import SpecResult
 
@@ -157,15 +157,17 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         return cut_tokens(self, rows, counts, limits, trim_eos)
 
     @torch.no_grad()
-    def generate(self, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> SpecResult:
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: Union[int, Sequence[int]]) -> SpecResult:
         """Greedy chain speculation (or plain steps for k = 0) of any number of prompts,
-        `max_new_tokens` each, `batch` at a time with continuous refill."""
+        `max_new_tokens` each (one count for all, or one per prompt), `batch` at a time with
+        continuous refill."""
         if not prompts:
             raise SpecPilotError("no prompts to decode")
-        for start in range(0, len(prompts), self.batch):
-            self._check(prompts[start:start + self.batch], max_new_tokens)
         n = len(prompts)
-        limits = [max_new_tokens] * n
+        limits = request_limits(max_new_tokens, n)
+        for start in range(0, n, self.batch):
+            self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
         results, rounds, refills = self._run(prompts, limits)
         tokens = self._tokens(results, limits, trim_eos=True)
         logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()

@@ -8,6 +8,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
 from hf_factory import random_prompts
@@ -91,3 +92,18 @@ def test_what_refill_does_not_run_is_refused():
         decoder.generate([], 4)
     with pytest.raises(SpecPilotError, match="non-empty"):
         decoder.force([], [])
+
+
+@pytest.mark.parametrize("k", [0, 3])
+def test_each_request_may_bring_its_own_limit(k):
+    s, prompts, reference = _setup(4)
+    limits = [1 + (7 * i) % MAX_NEW for i in range(len(prompts))]        # 1, 8, 15, 6, ...
+    want = [t[:m] for t, m in zip(reference.tokens, limits)]
+    drafter = s["drafter"] if k else None
+    refill = GraphedRefillDecoder(s["target"], drafter, 2, 48, k, s["eos"], capture=False)
+    assert refill.generate(prompts, limits).tokens == want
+    padded = GraphedChainDecoder(s["target"], drafter, 4, 48, k, s["eos"], capture=False)
+    assert padded.generate(prompts[:4], limits[:4]).tokens == want[:4]
+    for bad in ([4] * (len(prompts) - 1), [0] + limits[1:], 0):
+        with pytest.raises(SpecPilotError, match="max_new_tokens"):
+            refill.generate(prompts, bad)
