@@ -17,6 +17,9 @@
 #   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
 #   mechrefill the graphed refill systems against the padded ones, 64 prompts, batch 4/16/64
 #   mechlayers the graphed mechanisms with SPECPILOT_FAST_OPS=layers, as mechanisms-layers
+#   mechrefilllayers  mechrefill on the whole-layer fast path, as mechanisms-refill-layers
+#   refillcost bench/refill_cost.py: a refill's prefill eager and graphed, refill against padded
+#              plain AR with per-request limits (no trained pair needed)
 #   smoke      a short bench (4 prompts, 64 tokens, batch 1 and 16, one repeat)
 #   profile    bench/profile_decode.py: where a decode step's time goes (no trained pair needed)
 #   profile8b  the same at Llama-3.1-8B / 3.2-1B shapes, per-op against whole-layer fast path
@@ -136,13 +139,19 @@ phase() {
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
             --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
             --out-dir "$RESULTS" --name mechanisms ;;
-    mechrefill)
+    mechrefill|mechrefilllayers)
         # Graphed refill against the padded loops: more prompts than slots, or it changes nothing.
-        step mechrefill timeout 560 python3 -m specpilot bench --pair "$PAIR" --prompts 64 \
+        local fast=${SPECPILOT_FAST_OPS:-1} name=mechanisms-refill
+        [ "$1" = mechrefilllayers ] && fast=layers name=mechanisms-refill-layers
+        step "$1" env SPECPILOT_FAST_OPS="$fast" timeout 560 python3 -m specpilot bench \
+            --pair "$PAIR" --prompts 64 \
             --max-new-tokens "${MAX_NEW:-256}" --batch-sizes 4,16,64 --repeats 2 \
             --mechanisms --time-budget "${BENCH_BUDGET:-450}" \
             --systems strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill \
-            --out-dir "$RESULTS" --name mechanisms-refill ;;
+            --out-dir "$RESULTS" --name "$name" ;;
+    refillcost)
+        step refillcost timeout 300 python3 bench/refill_cost.py --repeats 2 \
+            --out "$RESULTS/refill-cost.json" ;;
     mechlayers)
         # The graphed mechanisms on the whole-layer fast path.
         step mechlayers env SPECPILOT_FAST_OPS=layers timeout 560 python3 -m specpilot bench \
