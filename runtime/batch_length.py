@@ -1,8 +1,7 @@
 """The chain length of a padded batch's next round, and when to stop speculating.
 
 In a padded batch every request verifies the same chain of L drafts, so the length is one choice
-for the whole batch, and adaptive lengths run with drain refill only (continuous refill,
-runtime/graphed_refill.py, takes fixed lengths): a batch is done when its slowest request is.
+for the whole batch. With drain refill a batch is done when its slowest request is.
 On an H200, chain(4) on a 161M pair committed 3.74 tokens per round at batch 64 for 2.42 plain
 steps of cost, yet only tied plain decoding: the requests whose drafter agreed least ran on long
 after the others had finished, and decided the batch's length.
@@ -26,6 +25,12 @@ step costs measured at Llama-3.1-8B / 3.2-1B shape on an H200, the moving averag
 most batch-1 requests off early (1.02x plain AR, against 1.20x for the fixed chain); with the
 whole history too the rule gave 1.19x there, and 0.97-0.98x with a useless drafter, as before
 (bench/results/llama8b-1b-replayed-*-history-rule.json, BENCHMARKS.md).
+
+With continuous refill (runtime/graphed_refill.py, objective "throughput") a finished slot takes
+the next request at once, so no request's tail decides anything: the length is the one with the
+least time per token over the active requests, cost(L) / sum_i E_i(L); a newcomer's estimates
+start from the averages per round of the requests before it (`admit`), and the turn-off reads
+the workload's whole history, not the newcomer's own.
 
 cost(L) is measured: the graphed decoder times a replay of each length's graph against the plain
 step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and
@@ -63,11 +68,25 @@ def makespans(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor
     return torch.where(active[:, None], times, torch.zeros_like(times)).max(dim=0).values
 
 
+def times_per_token(alpha: torch.Tensor, active: torch.Tensor,
+                    round_cost: torch.Tensor) -> torch.Tensor:
+    """[cap + 1]: for each length L, cost(L) over the tokens a round of it commits summed over
+    the active requests, sum_i E_i(L) (inf where none is active): the batch's time per token
+    when every finished slot is refilled at once, so no request's tail decides anything."""
+    expected = expected_tokens(alpha, round_cost.shape[0] - 1)
+    total = torch.where(active[:, None], expected, torch.zeros_like(expected)).sum(dim=0)
+    return round_cost / total
+
+
 def next_length(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
-                round_cost: torch.Tensor):
-    """(the length in 1..cap with the shortest makespan, whether a plain step would beat it):
-    int64 and bool 0-dim tensors. The shortest length wins a tie."""
-    spans = makespans(alpha, remaining, active, round_cost)
+                round_cost: torch.Tensor, objective: str = "makespan"):
+    """(the length in 1..cap with the shortest makespan, or with `objective` "throughput" the
+    least time per token, and whether a plain step would beat it): int64 and bool 0-dim
+    tensors. The shortest length wins a tie."""
+    if objective == "throughput":
+        spans = times_per_token(alpha, active, round_cost)
+    else:
+        spans = makespans(alpha, remaining, active, round_cost)
     best = torch.argmin(spans[1:]) + 1
     # min, not spans[best]: indexing with a tensor reads it on the host, which a graph forbids.
     return best, spans[0] < spans[1:].min()
@@ -103,11 +122,14 @@ class BatchLengthPolicy:
     on the device, so it runs inside a captured round."""
 
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
-                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True):
+                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
+                 objective: str = "makespan"):
         if round_costs is not None and len(round_costs) != cap + 1:
             raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
                                  f"{len(round_costs)}")
-        self.cap, self.turn_off = cap, turn_off
+        if objective not in ("makespan", "throughput"):
+            raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
+        self.cap, self.turn_off, self.objective = cap, turn_off, objective
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
@@ -115,9 +137,14 @@ class BatchLengthPolicy:
                                        else model_round_costs(cap, check_draft_cost(draft_cost)),
                                        **f32)
         self.off = torch.zeros((), dtype=torch.bool, device=device)
-        # Since the batch began: drafts accepted and rounds with a rejection, per request.
+        # The length last chosen: kept through rounds where no request is active (refilled
+        # slots wait for the host), where every length would look alike.
+        self.chosen = torch.full((), cap, dtype=torch.int64, device=device)
+        # Since the batch began: drafts accepted and rounds with a rejection, per request, and
+        # over every request the batch has held ([accepted, rejections, request rounds]).
         self.accepted_total = torch.zeros(batch, **f32)
         self.rejected_total = torch.zeros(batch, **f32)
+        self.workload = torch.zeros(3, **f32)
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
@@ -130,7 +157,22 @@ class BatchLengthPolicy:
         self.rejected_avg.zero_()
         self.accepted_total.zero_()
         self.rejected_total.zero_()
+        self.workload.zero_()
         self.off.zero_()
+        self.chosen.fill_(self.cap)
+
+    def admit(self, row: int) -> None:
+        """Request `row` is a newcomer (continuous refill): its estimates start from the
+        averages per round of every request so far (the optimistic prior before any), and its
+        own history from nothing. Stream-ordered tensor operations, no host sync."""
+        rounds = self.workload[2]
+        seen = rounds > 0
+        self.accepted_avg[row] = torch.where(seen, self.workload[0] / rounds.clamp(min=1.0),
+                                             torch.full_like(rounds, float(self.cap)))
+        self.rejected_avg[row] = torch.where(seen, self.workload[1] / rounds.clamp(min=1.0),
+                                             torch.zeros_like(rounds))
+        self.accepted_total[row] = 0.0
+        self.rejected_total[row] = 0.0
 
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
              remaining: torch.Tensor, active: torch.Tensor,
@@ -144,15 +186,25 @@ class BatchLengthPolicy:
         self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
         self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
         alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
-        best, _ = next_length(alpha, remaining, active, self.round_cost)
+        best, _ = next_length(alpha, remaining, active, self.round_cost, self.objective)
+        best = torch.where(active.any(), best, self.chosen)
+        self.chosen.copy_(best)
+        zero = torch.zeros_like(self.accepted_total)
+        accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
+                              torch.where(ran, (n < drafted).to(zero.dtype), zero))
+        self.workload.add_(torch.stack([accepted.sum(), rejected.sum(),
+                                        ran.to(zero.dtype).sum()]))
         if not self.turn_off:
             return best
-        zero = torch.zeros_like(self.accepted_total)
-        self.accepted_total.add_(torch.where(ran, n.to(zero.dtype), zero))
-        self.rejected_total.add_(torch.where(ran, (n < drafted).to(zero.dtype), zero))
-        overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
+        self.accepted_total.add_(accepted)
+        self.rejected_total.add_(rejected)
+        if self.objective == "throughput":
+            # Refilled slots bring new requests: the workload's whole history speaks for them.
+            overall = acceptance_rate(self.workload[0] + 1.0, self.workload[1] + 1.0)
+        else:
+            overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
         _, plain_wins = next_length(torch.maximum(alpha, overall), remaining, active,
-                                    self.round_cost)
+                                    self.round_cost, self.objective)
         settled = round_index >= OFF_AFTER_ROUNDS - 1
         self.off.logical_or_(plain_wins & settled & active.any())
         return torch.where(self.off, torch.zeros_like(best), best)

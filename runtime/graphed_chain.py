@@ -57,6 +57,10 @@ class GraphedChainDecoder:
     up to near-ties that the wider verification forward may round differently in low precision.
     """
 
+
+    # What an adaptive length optimises (runtime/batch_length.py): a padded batch is done when
+    # its slowest request is, so the batch's makespan.
+    length_objective = "makespan"
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  adaptive: bool = False, length_cap: Optional[int] = None,
@@ -142,8 +146,8 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
-        self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs,
-                                        turn_off) if adaptive else None
+        self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
+                                        self.length_objective) if adaptive else None
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 

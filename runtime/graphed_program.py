@@ -2,8 +2,8 @@
 
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
 (runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier,
-chains with a fixed or an adaptive draft length, and chains of a fixed length with continuous
-refill (runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for).
+chains with a fixed or an adaptive draft length, with drain or continuous refill
+(runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for).
 Decoders are kept per (models, batch, chain, capacity, refill), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
@@ -63,9 +63,8 @@ def rounds_refusal(program: Program) -> Optional[str]:
         return "adaptive draft lengths adapt chains only"
     if b.layout != "padded":
         return "graphed rounds need the padded layout"
-    if b.refill == "continuous" and not (isinstance(topology, Chain)
-                                         and b.draft_length_policy == "fixed"):
-        return "graphed continuous refill runs chains of a fixed length"
+    if b.refill == "continuous" and not isinstance(topology, Chain):
+        return "graphed continuous refill runs chains (fixed or adaptive lengths), not trees"
     if b.refill not in ("drain", "continuous"):
         return f"refill policy {b.refill!r}"
     if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
@@ -131,7 +130,11 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if refill:
+    if refill and adaptive and cap:
+        decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
+                                       pair.eos_ids, capture=capture, adaptive=True,
+                                       length_cap=cap)
+    elif refill:
         decoder = GraphedRefillDecoder(pair.target, pair.drafter if cap else None, batch,
                                        capacity, cap, pair.eos_ids, capture=capture)
     elif cap == 0:

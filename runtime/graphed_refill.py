@@ -19,8 +19,12 @@ already runs along inactive); only the host loop and the state of one row change
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
 
-Chains of fixed length only (k = 0 is plain greedy AR with refill); adaptive lengths turn a batch
-off for good, which a refilled batch never reaches, and trees keep more per-row state.
+Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
+trees keep more per-row state. With adaptive lengths the batch's length serves its tokens per
+unit of time, not the makespan of its current requests (a refilled batch has no tail), a
+newcomer's estimates start from the averages of the requests before it, and speculation turns
+off for the rest of the call once plain steps would serve the batch faster by every estimate
+(runtime/batch_length.py): the drafter's cache is not kept up after that.
 """
 from __future__ import annotations
 
@@ -38,22 +42,26 @@ from .speculative import SpecResult
 
 
 class GraphedRefillDecoder(GraphedChainDecoder):
-    """`GraphedChainDecoder` (chains of fixed length k, or k = 0 for plain steps) whose
-    `generate` and `force` take any number of prompts and keep the batch's `batch` slots busy:
-    a slot whose request is done takes the next one."""
+    """`GraphedChainDecoder` (chains of fixed length k or adaptive lengths up to k, or k = 0
+    for plain steps) whose `generate` and `force` take any number of prompts and keep the
+    batch's `batch` slots busy: a slot whose request is done takes the next one."""
+
+    # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
+    # tokens per unit of time (runtime/batch_length.py).
+    length_objective = "throughput"
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True, **options):
-        if options.get("adaptive") or options.get("record_margins"):
-            raise SpecPilotError("continuous refill runs chains of a fixed length, without "
-                                 "margins: adaptive lengths turn a batch off for good, which a "
-                                 "refilled batch never reaches")
+        if options.get("record_margins"):
+            raise SpecPilotError("continuous refill does not record margins: build the "
+                                 "reference with the padded decoder")
         super().__init__(target, drafter, batch, capacity, k, eos_ids, capture=capture,
                          **options)
         dev = self.device
         self.row_round = torch.zeros(batch, dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
         self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
+        self.host_next = torch.zeros((3, 2), dtype=torch.int64, pin_memory=cuda)
         models = [(target, self.tcache)] + ([(drafter, self.dcache)] if drafter else [])
         self._row_prefill = RowPrefill(models, capacity, capture)
 
@@ -83,6 +91,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         """Prefill `prompt` into `row` of both caches and set the row's state as a batch
         prefill sets it: the first token its own argmax, or the reference's when forced."""
         g0 = torch.argmax(self._row_prefill.run(row, prompt), dim=-1)       # [1]
+        if self.policy is not None:
+            self.policy.admit(row)
         self.out[row].zero_()
         self.out[row, :1] = g0
         self.accepted[:, row] = -1
@@ -107,9 +117,13 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     def _run(self, prompts, limits: List[int], references=None):
         """Decode every prompt (each up to its limit; forced when `references` are given),
         refilling slots as requests finish; returns (per request: its row's results, the rounds
-        run, the refills made)."""
-        n, b = len(prompts), self.batch
-        replay = self._runner(references is not None, self.k)   # captured before the set-up
+        run per chain length, the refills made). An adaptive decoder replays the length its
+        policy chose two replays back; forced runs cycle through every length."""
+        n, b, per = len(prompts), self.batch, self.rounds_per_replay
+        forced = references is not None
+        lengths = self._lengths()
+        replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
+        self._ensure_round_costs()
         first = list(range(min(n, b)))
         self._start([prompts[i] for i in first], [limits[i] for i in first],
                     None if references is None else [references[i] for i in first])
@@ -118,18 +132,27 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
-        replays = refills = 0
+        by_length: Dict[int, int] = {}
+        k, replayed, refills = lengths[-1], 0, 0
         while True:
-            j = replays
-            replay()
-            replays += 1
+            j = replayed
+            if forced:
+                k = lengths[j % len(lengths)]
+            replays[k]()
+            replayed += 1
+            by_length[k] = by_length.get(k, 0) + per
             self.host_active[j % 3].copy_(self.active, non_blocking=cuda)
+            if self.adaptive:   # rounds past the log's end all write its last row
+                self.host_next[j % 3].copy_(self.status[min(replayed * per, self.width) - 1],
+                                            non_blocking=cuda)
             if cuda:
                 self.events[j % 3].record()
             if j == 0:
                 continue
             if cuda:
                 self.events[(j - 1) % 3].synchronize()
+            if self.adaptive and not forced:
+                k = min(max(int(self.host_next[(j - 1) % 3, 1]), lengths[0]), lengths[-1])
             active = self.host_active[(j - 1) % 3].tolist()
             for row in range(b):
                 if held[row] is None or active[row] or j - 1 < trusted_from[row]:
@@ -144,10 +167,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
             if all(h is None for h in held):
                 break
-            if replays * self.rounds_per_replay > (n + b) * (self.width + 1):
+            if replayed * per > (n + b) * (self.width + 1):
                 raise SpecPilotError("the refill loop ran past every request's limit: a "
                                      "request never finished")
-        return results, replays * self.rounds_per_replay, refills
+        return results, by_length, refills
 
     def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
         """Every request's tokens from its row's results (`_take_row`), read back at once."""
@@ -168,13 +191,16 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         limits = request_limits(max_new_tokens, n)
         for start in range(0, n, self.batch):
             self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
-        results, rounds, refills = self._run(prompts, limits)
+        results, by_length, refills = self._run(prompts, limits)
         tokens = self._tokens(results, limits, trim_eos=True)
         logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
         prefills = 1 + refills          # the first wave's batched prefill, then one per refill
-        drafter_forwards = (prefills if self.drafter is not None else 0) + self.k * rounds
-        stats = {f"rounds_chain_{self.k}": rounds, "refills": refills}
-        return logged_result(tokens, logged, prefills + rounds, drafter_forwards, stats)
+        drafter_forwards = ((prefills if self.drafter is not None else 0) +
+                            sum(k * c for k, c in by_length.items()))
+        stats = {**{f"rounds_chain_{k}": c for k, c in sorted(by_length.items())},
+                 "refills": refills}
+        return logged_result(tokens, logged, prefills + sum(by_length.values()),
+                             drafter_forwards, stats)
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]

@@ -8,6 +8,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_refill      CaptureGraphs + continuous refill: chain(4), a finished request's slot
                       refilled between two replays (differs from stock_graphed only where
                       there are more prompts than slots)
+  graphed_adaptive_refill  the two combined in the graphed runtime: adaptive lengths for the
+                      batch's tokens per unit of time, slots refilled (turned off for the rest
+                      of the call where plain steps would serve faster)
   graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
                       data, one graph serves every tree of the budget
   dynamic_tree        the same dynamic tree, eager
@@ -55,6 +58,8 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     return {
         "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
         "graphed_refill": apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
+        "graphed_adaptive_refill": apply(apply(apply(stock, CaptureGraphs(True)), adaptive),
+                                         SetRefill("continuous")),
         "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
         "graphed_dynamic": apply(apply(stock, CaptureGraphs(True)), SetTopology(dynamic)),
         "dynamic_tree": apply(stock, SetTopology(dynamic)),

@@ -38,3 +38,29 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))
     assert report.passed, report.format()
+
+
+@pytest.mark.parametrize("mode", ["ops", "layers"])
+@pytest.mark.parametrize("drafter_seed", [93, 95])      # the target itself; a useless drafter
+def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed,
+                                                               monkeypatch):
+    monkeypatch.setenv("SPECPILOT_FAST_OPS", mode)
+    folder = make_checkpoint(tmp_path, "llama3", seed=93)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    other = make_checkpoint(tmp_path / "drafter", "llama3", seed=drafter_seed)
+    drafter = Transformer.from_checkpoint(other, "float32", "cuda")
+    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=94)
+    limits = [3 + (5 * i) % 18 for i in range(len(prompts))]       # requests end apart
+    reference = generate_ar(target, prompts, 20)
+    # One set of round costs and one replay size for both, so that both choose the same
+    # lengths at the same rounds.
+    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=4)
+    eager = GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=False, **options)
+    want = eager.generate(prompts, limits)
+    assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]
+    graphed = GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=True, **options)
+    for _ in range(2):
+        got = graphed.generate(prompts, limits)
+        assert got.tokens == want.tokens
+        assert got.accepted_lengths == want.accepted_lengths
+        assert got.stats == want.stats

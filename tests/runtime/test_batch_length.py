@@ -72,3 +72,43 @@ def test_a_few_bad_rounds_after_good_ones_do_not_turn_speculation_off():
     # And one that only agreed long ago is turned off once the history agrees with the present.
     late = _run_policy([4, 4] + [0] * 30)
     assert late[-1] == 0 and late.index(0) > 6
+
+
+def test_throughput_is_the_time_per_token_of_all_active_requests():
+    from specpilot.runtime.batch_length import times_per_token
+
+    alpha = torch.tensor([0.9, 0.2, 0.6], dtype=torch.float64)
+    active = torch.tensor([True, True, False])
+    cost = torch.tensor(model_round_costs(3, 0.5), dtype=torch.float64)
+    want = [c / (_expected(0.9, n) + _expected(0.2, n)) for n, c in enumerate(cost.tolist())]
+    assert times_per_token(alpha, active, cost).tolist() == pytest.approx(want)
+    best, plain = next_length(alpha, torch.tensor([5, 900, 1]), active, cost, "throughput")
+    assert int(best) == 1 + min(range(3), key=lambda i: want[1 + i]) and not bool(plain)
+    # the makespan would follow the slow request's 900 tokens and turn speculation off
+    _, plain_makespan = next_length(alpha, torch.tensor([5, 900, 1]), active, cost)
+    assert bool(plain_makespan)
+
+
+def test_a_newcomer_starts_from_the_averages_of_the_requests_before_it():
+    from specpilot.runtime.batch_length import BatchLengthPolicy
+
+    policy = BatchLengthPolicy(2, 4, "cpu", 0.0, round_costs=[1.0, 1.4, 1.8, 2.0, 2.4],
+                               objective="throughput")
+    policy.reset()
+    policy.admit(1)                                # nothing seen yet: the optimistic prior
+    assert policy.accepted_avg.tolist() == [4.0, 4.0] and policy.rejected_avg.tolist() == [0, 0]
+    rng = torch.Generator().manual_seed(3)
+    accepted = rejections = rounds = 0
+    for i in range(5):
+        n = torch.randint(0, 5, (2,), generator=rng)
+        ran = torch.tensor([True, i % 2 == 0])
+        policy.next(n, torch.tensor([4, 4]), ran, torch.tensor([50, 50]), ran, torch.tensor(i))
+        accepted += int(n[ran].sum())
+        rejections += int((n[ran] < 4).sum())
+        rounds += int(ran.sum())
+    policy.admit(1)
+    assert policy.accepted_avg[1].item() == pytest.approx(accepted / rounds)
+    assert policy.rejected_avg[1].item() == pytest.approx(rejections / rounds)
+    assert policy.accepted_total[1].item() == 0 and policy.rejected_total[1].item() == 0
+    with pytest.raises(Exception, match="objective"):
+        BatchLengthPolicy(2, 4, "cpu", 0.0, objective="fastest")

@@ -60,4 +60,28 @@ def test_a_refill_program_runs_every_request_on_the_refill_decoder():
     # Refill with a tree is refused for graphs, with what the graphed runtime does run.
     assert rounds_refusal(program) is None
     tree = apply(program, SetTopology(Tree((2, 1))))
-    assert "chains of a fixed length" in rounds_refusal(tree)
+    assert "not trees" in rounds_refusal(tree)
+
+
+def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder():
+    from specpilot.ir import SetDraftLengthPolicy, SetRefill
+    from specpilot.runtime.graphed_program import rounds_refusal
+    from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+    s = pair_setup(11)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
+                    SetDraftLengthPolicy("per_request_adaptive", token_budget=8))
+    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    assert rounds_refusal(program) is None
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    # the budget of 8 tokens on 2 slots leaves chains of up to 3 drafts
+    assert type(decoder) is GraphedRefillDecoder and decoder.adaptive
+    assert decoder.length_cap == 3 and decoder.policy.objective == "throughput"
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    assert r.stats["refills"] == len(s["prompts"]) - 2
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])

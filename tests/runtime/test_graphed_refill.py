@@ -12,7 +12,8 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
 from hf_factory import random_prompts
-from mechanism_setup import MAX_NEW, assert_clean, one_thread, pair_setup  # noqa: F401
+from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_clean, one_thread,  # noqa: F401
+                             pair_setup)
 
 
 def _setup(seed):
@@ -85,8 +86,9 @@ def test_a_refilled_slot_reading_a_stale_row_is_caught(mutant):
 
 def test_what_refill_does_not_run_is_refused():
     s = pair_setup(11)
-    with pytest.raises(SpecPilotError, match="fixed length"):
-        GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, capture=False, adaptive=True)
+    with pytest.raises(SpecPilotError, match="margins"):
+        GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, capture=False,
+                             record_margins=True)
     decoder = GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
     with pytest.raises(SpecPilotError, match="no prompts"):
         decoder.generate([], 4)
@@ -107,3 +109,36 @@ def test_each_request_may_bring_its_own_limit(k):
     for bad in ([4] * (len(prompts) - 1), [0] + limits[1:], 0):
         with pytest.raises(SpecPilotError, match="max_new_tokens"):
             refill.generate(prompts, bad)
+
+
+def _adaptive(s, drafter, batch):
+    return GraphedRefillDecoder(s["target"], drafter, batch, 48, 4, s["eos"], capture=False,
+                                adaptive=True)
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("batch", [2, 3])
+def test_adaptive_lengths_with_refill_give_greedy_ar_and_pass_forcing(seed, batch):
+    s, prompts, reference = _setup(seed)
+    decoder = _adaptive(s, s["drafter"], batch)
+    r = decoder.generate(prompts, MAX_NEW)
+    assert r.tokens == reference.tokens
+    assert r.stats["refills"] == len(prompts) - batch
+    assert all(0 <= a <= 4 for row in r.accepted_lengths for a in row)
+    report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert_clean(report, reference)
+
+
+def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
+    s, prompts, reference = _setup(11)
+    useless = _adaptive(s, ContraryDrafter(s["target"]), 2).generate(prompts, MAX_NEW)
+    assert useless.tokens == reference.tokens
+    spec = sum(c for key, c in useless.stats.items() if key.startswith("rounds_chain_")
+               and key != "rounds_chain_0")
+    assert useless.stats.get("rounds_chain_0", 0) > 2 * spec        # off after a few rounds
+    perfect = _adaptive(s, s["target"], 2).generate(prompts, MAX_NEW)
+    assert perfect.tokens == reference.tokens
+    # every round the longest chain, also those where refilled slots wait for the host
+    assert [key for key in perfect.stats if key.startswith("rounds_chain_")] == ["rounds_chain_4"]
+    assert perfect.mean_accepted == 5
