@@ -28,9 +28,11 @@ whole history too the rule gave 1.19x there, and 0.97-0.98x with a useless draft
 
 With continuous refill (runtime/graphed_refill.py, objective "throughput") a finished slot takes
 the next request at once, so no request's tail decides anything: the length is the one with the
-least time per token over the active requests, cost(L) / sum_i E_i(L); a newcomer's estimates
-start from the averages per round of the requests before it (`admit`), and the turn-off reads
-the workload's whole history, not the newcomer's own.
+least time per token over the active requests, cost(L) / sum_i E_i(L), until the queue is empty
+(`draining`: the batch then drains like a padded one, and its makespan counts again). A
+newcomer's estimates start from the averages per round of the requests before it (`admit`); one
+that arrives alone in the batch (always, with one slot) starts the batch anew, as a padded batch
+would, so that no request is judged on another's rounds.
 
 cost(L) is measured: the graphed decoder times a replay of each length's graph against the plain
 step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and
@@ -145,6 +147,10 @@ class BatchLengthPolicy:
         self.accepted_total = torch.zeros(batch, **f32)
         self.rejected_total = torch.zeros(batch, **f32)
         self.workload = torch.zeros(3, **f32)
+        # Speculative rounds since the batch (re)started, and (refill) whether the queue is
+        # empty: with no newcomer left, the batch drains and its makespan matters again.
+        self.rounds = torch.zeros((), dtype=torch.int64, device=device)
+        self.draining = torch.zeros((), dtype=torch.bool, device=device)
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
@@ -153,18 +159,29 @@ class BatchLengthPolicy:
     def reset(self) -> None:
         """A new batch: the optimistic prior (as if each request had just accepted a full
         chain), speculating."""
+        self.workload.zero_()
+        self.draining.zero_()
+        self._restart()
+
+    def _restart(self) -> None:
         self.accepted_avg.fill_(float(self.cap))
         self.rejected_avg.zero_()
         self.accepted_total.zero_()
         self.rejected_total.zero_()
-        self.workload.zero_()
         self.off.zero_()
         self.chosen.fill_(self.cap)
+        self.rounds.zero_()
 
-    def admit(self, row: int) -> None:
+    def admit(self, row: int, alone: bool = False) -> None:
         """Request `row` is a newcomer (continuous refill): its estimates start from the
         averages per round of every request so far (the optimistic prior before any), and its
-        own history from nothing. Stream-ordered tensor operations, no host sync."""
+        own history from nothing. `alone` (no other request is in the batch): the batch starts
+        anew, as a padded batch would (optimistic, speculating, the turn-off unsettled); with
+        one slot every request is judged on its own rounds. Stream-ordered tensor operations,
+        no host sync."""
+        if alone:
+            self._restart()
+            return
         rounds = self.workload[2]
         seen = rounds > 0
         self.accepted_avg[row] = torch.where(seen, self.workload[0] / rounds.clamp(min=1.0),
@@ -174,19 +191,28 @@ class BatchLengthPolicy:
         self.accepted_total[row] = 0.0
         self.rejected_total[row] = 0.0
 
+    def _choose(self, alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor):
+        """`next_length` by the objective; "throughput" reads the makespan once draining."""
+        if self.objective == "makespan":
+            return next_length(alpha, remaining, active, self.round_cost)
+        best, plain = next_length(alpha, remaining, active, self.round_cost, "throughput")
+        best_m, plain_m = next_length(alpha, remaining, active, self.round_cost)
+        return (torch.where(self.draining, best_m, best),
+                torch.where(self.draining, plain_m, plain))
+
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
-             remaining: torch.Tensor, active: torch.Tensor,
-             round_index: torch.Tensor) -> torch.Tensor:
+             remaining: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """The next round's length (int64, 0-dim): the rows in `ran` that drafted take in `n`
         accepted of `drafted`; then the length that would finish the `active` requests
-        (`remaining` tokens each) soonest, or 0 for good once plain steps would, from round
-        `OFF_AFTER_ROUNDS` on, by both the recent and the whole-history estimate."""
+        (`remaining` tokens each) soonest (or serve them fastest), or 0 for good once plain
+        steps would, from the `OFF_AFTER_ROUNDS`-th round of the batch on, by both the recent
+        and the whole-history estimate."""
         ran = ran & (drafted > 0)
         accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
         self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
         self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
         alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
-        best, _ = next_length(alpha, remaining, active, self.round_cost, self.objective)
+        best, _ = self._choose(alpha, remaining, active)
         best = torch.where(active.any(), best, self.chosen)
         self.chosen.copy_(best)
         zero = torch.zeros_like(self.accepted_total)
@@ -198,13 +224,9 @@ class BatchLengthPolicy:
             return best
         self.accepted_total.add_(accepted)
         self.rejected_total.add_(rejected)
-        if self.objective == "throughput":
-            # Refilled slots bring new requests: the workload's whole history speaks for them.
-            overall = acceptance_rate(self.workload[0] + 1.0, self.workload[1] + 1.0)
-        else:
-            overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
-        _, plain_wins = next_length(torch.maximum(alpha, overall), remaining, active,
-                                    self.round_cost, self.objective)
-        settled = round_index >= OFF_AFTER_ROUNDS - 1
+        overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
+        _, plain_wins = self._choose(torch.maximum(alpha, overall), remaining, active)
+        settled = self.rounds >= OFF_AFTER_ROUNDS - 1
+        self.rounds.add_(1)
         self.off.logical_or_(plain_wins & settled & active.any())
         return torch.where(self.off, torch.zeros_like(best), best)

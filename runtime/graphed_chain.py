@@ -252,7 +252,7 @@ class GraphedChainDecoder:
     def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
         """Record the batch's next length (runtime/batch_length.py) in the status row."""
         remaining = (self.limit - self.count).clamp(min=0)
-        best = self.policy.next(n, drafted, before, remaining, self.active, self.round_index)
+        best = self.policy.next(n, drafted, before, remaining, self.active)
         r = self.round_index.clamp(max=self.width - 1)
         self.status[:, 1].index_copy_(0, r[None], best[None])
 

@@ -87,12 +87,12 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 "accepted": self.accepted[:, row].clone()}
 
     def _admit(self, row: int, prompt: Sequence[int], limit: int,
-               reference: Optional[Sequence[int]] = None) -> None:
+               reference: Optional[Sequence[int]] = None, alone: bool = False) -> None:
         """Prefill `prompt` into `row` of both caches and set the row's state as a batch
         prefill sets it: the first token its own argmax, or the reference's when forced."""
         g0 = torch.argmax(self._row_prefill.run(row, prompt), dim=-1)       # [1]
         if self.policy is not None:
-            self.policy.admit(row)
+            self.policy.admit(row, alone)
         self.out[row].zero_()
         self.out[row, :1] = g0
         self.accepted[:, row] = -1
@@ -134,6 +134,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
         k, replayed, refills = lengths[-1], 0, 0
+        restarted = 0                   # lengths read back from before this replay are stale
+        if self.policy is not None and not queue:
+            self.policy.draining.fill_(True)
         while True:
             j = replayed
             if forced:
@@ -151,7 +154,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 continue
             if cuda:
                 self.events[(j - 1) % 3].synchronize()
-            if self.adaptive and not forced:
+            if self.adaptive and not forced and j - 1 >= restarted:
                 k = min(max(int(self.host_next[(j - 1) % 3, 1]), lengths[0]), lengths[-1])
             active = self.host_active[(j - 1) % 3].tolist()
             for row in range(b):
@@ -161,10 +164,15 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 held[row] = None
                 if queue:
                     i = queue.popleft()
+                    alone = all(h is None for h in held)
                     self._admit(row, prompts[i], limits[i],
-                                None if references is None else references[i])
+                                None if references is None else references[i], alone)
                     held[row], trusted_from[row] = i, j + 1
                     refills += 1
+                    if alone and self.adaptive and not forced:
+                        k, restarted = lengths[-1], j + 1     # the batch starts anew
+                    if not queue and self.policy is not None:
+                        self.policy.draining.fill_(True)
             if all(h is None for h in held):
                 break
             if replayed * per > (n + b) * (self.width + 1):

@@ -91,7 +91,7 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
         position = [0] * batch
         remaining = torch.tensor(decode, dtype=torch.int64)
         policy.reset()
-        length, round_index = k, 0
+        length = k
         while bool((remaining > 0).any()):
             ran = remaining > 0
             n = torch.tensor([_streak(maps[r], position[i], length) if ran[i] else 0
@@ -106,9 +106,7 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
                         accepted_total += int(n[i])
             remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
             drafted = torch.full((batch,), length, dtype=torch.int64)
-            length = int(policy.next(n, drafted, ran, remaining, remaining > 0,
-                                     torch.tensor(round_index)))
-            round_index += 1
+            length = int(policy.next(n, drafted, ran, remaining, remaining > 0))
     if tokens == 0:
         raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,

@@ -19,6 +19,7 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.tree_plan import TreePlan
 
+from .adaptive_refill_replay import replay_adaptive_refill
 from .adaptive_replay import replay_adaptive
 from .refill_replay import replay_refill
 from .replay import REPLAYED, AcceptanceProfile, replay
@@ -162,7 +163,8 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
     `adaptive`, two rows of the batch-length rule too, pessimistic and optimistic about the
     drafts the profile does not show (specpilot/bench/adaptive_replay.py); with `refill`, rows
     of AR and of the topology with continuous refill (specpilot/bench/refill_replay.py), their
-    × AR against the padded AR row."""
+    × AR against the padded AR row; with both, rows of the two combined
+    (specpilot/bench/adaptive_refill_replay.py), also against the padded AR row."""
     ar_name = "ar (graphed steps)" if costs.graphed else "ar (eager steps)"
     spec_name = f"spec {profile.topology}"
     rows, figures = [], []
@@ -185,6 +187,13 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                          fig.ar_seconds / kept.ar_seconds, None),
                         (f"{spec_name}, refill", kept.tokens_per_s, kept.spec_steps,
                          fig.ar_seconds / kept.spec_seconds, kept.mean_accepted)]
+        if adaptive and refill:
+            for bound, unknown_agrees in ADAPTIVE_READINGS:
+                both = replay_adaptive_refill(profile, costs, b, unknown_agrees=unknown_agrees)
+                figures.append(dict(both.to_json(), system=f"adaptive lengths, refill, {bound}"))
+                systems.append((f"{spec_name}, adaptive lengths, refill, {bound}",
+                                both.tokens_per_s, both.spec_steps,
+                                fig.ar_seconds / both.spec_seconds, both.mean_accepted))
         for system, rate, steps, speedup, accepted in systems:
             rows.append({"system": system, "batch_size": b, "status": "measured",
                          "label": REPLAYED, "steps": steps, "requests": fig.requests,

@@ -52,10 +52,10 @@ def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4)):
     policy = BatchLengthPolicy(1, cap, "cpu", 0.0, round_costs=list(costs))
     policy.reset()
     length, out = cap, []
-    for i, accept in enumerate(rounds):
+    for accept in rounds:
         n = torch.tensor([min(accept, length)])
         length = int(policy.next(n, torch.tensor([length]), torch.tensor([True]),
-                                 torch.tensor([200]), torch.tensor([True]), torch.tensor(i)))
+                                 torch.tensor([200]), torch.tensor([True])))
         out.append(length)
     return out
 
@@ -102,7 +102,7 @@ def test_a_newcomer_starts_from_the_averages_of_the_requests_before_it():
     for i in range(5):
         n = torch.randint(0, 5, (2,), generator=rng)
         ran = torch.tensor([True, i % 2 == 0])
-        policy.next(n, torch.tensor([4, 4]), ran, torch.tensor([50, 50]), ran, torch.tensor(i))
+        policy.next(n, torch.tensor([4, 4]), ran, torch.tensor([50, 50]), ran)
         accepted += int(n[ran].sum())
         rejections += int((n[ran] < 4).sum())
         rounds += int(ran.sum())

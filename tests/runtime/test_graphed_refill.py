@@ -60,9 +60,9 @@ class _StaleLength(GraphedRefillDecoder):
     """A refill that keeps the previous request's position: the newcomer's first round reads
     and writes the cache past its prompt, where the old request's K/V still is."""
 
-    def _admit(self, row, prompt, limit, reference=None):
+    def _admit(self, row, prompt, limit, reference=None, alone=False):
         kept = self.length[row].clone()
-        super()._admit(row, prompt, limit, reference)
+        super()._admit(row, prompt, limit, reference, alone)
         self.length[row] = kept
 
 
@@ -142,3 +142,43 @@ def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
     # every round the longest chain, also those where refilled slots wait for the host
     assert [key for key in perfect.stats if key.startswith("rounds_chain_")] == ["rounds_chain_4"]
     assert perfect.mean_accepted == 5
+
+
+COSTS = [1.0, 1.3, 1.6, 1.9, 2.2]
+
+
+def _padded_per_batch(s, prompts, batch):
+    """Adaptive lengths on the padded decoder, `batch` prompts per call: tokens, per-request
+    accepted drafts per round, rounds per length."""
+    padded = GraphedChainDecoder(s["target"], s["drafter"], batch, 48, 4, s["eos"], capture=False,
+                                 adaptive=True, round_costs=COSTS)
+    tokens, accepted, rounds = [], [], {}
+    for start in range(0, len(prompts), batch):
+        r = padded.generate(prompts[start:start + batch], MAX_NEW)
+        tokens += r.tokens
+        accepted += r.accepted_lengths
+        for key, c in r.stats.items():
+            rounds[key] = rounds.get(key, 0) + c
+    return tokens, accepted, rounds
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+def test_one_slot_judges_every_request_as_a_padded_batch_of_one_would(seed):
+    s, prompts, reference = _setup(seed)
+    refill = GraphedRefillDecoder(s["target"], s["drafter"], 1, 48, 4, s["eos"], capture=False,
+                                  adaptive=True, round_costs=COSTS)
+    r = refill.generate(prompts, MAX_NEW)
+    tokens, accepted, rounds = _padded_per_batch(s, prompts, 1)
+    assert r.tokens == tokens == reference.tokens
+    assert r.accepted_lengths == accepted
+    assert {k: c for k, c in r.stats.items() if k != "refills"} == rounds
+
+
+def test_with_no_queue_the_batch_drains_as_a_padded_batch():
+    s, prompts, reference = _setup(4)
+    refill = GraphedRefillDecoder(s["target"], s["drafter"], 4, 48, 4, s["eos"], capture=False,
+                                  adaptive=True, round_costs=COSTS)
+    r = refill.generate(prompts[:4], MAX_NEW)
+    tokens, accepted, rounds = _padded_per_batch(s, prompts[:4], 4)
+    assert r.tokens == tokens == reference.tokens[:4]
+    assert r.accepted_lengths == accepted and r.stats["refills"] == 0

@@ -1,0 +1,88 @@
+"""Replayed acceptance of adaptive lengths with continuous refill (runtime/graphed_refill.py with
+`adaptive`): the batch-length rule with its throughput objective runs on a chain(k) profile's
+agreement, priced with graphed rounds of every length, while a finished request's slot takes the
+next request at the next step.
+
+The agreement is read as in specpilot/bench/adaptive_replay.py (pessimistic or optimistic about
+the drafts a full chain never showed), the queue and the pricing of a step as in
+specpilot/bench/refill_replay.py (prefills excluded, which favours refill by what they cost).
+Each step every active slot commits its agreeing drafts up to the chosen length plus one token;
+the rule (`BatchLengthPolicy`, objective "throughput", the decoder's own device-state code, here
+on the CPU) picks the next length, and a newcomer starts from the averages of the requests
+before it (`admit`). The AR baseline is AR with refill, as in the refill replay.
+"""
+from __future__ import annotations
+
+from collections import deque
+
+import torch
+
+from specpilot.runtime.batch_length import BatchLengthPolicy
+
+from .adaptive_replay import _streak, agreement_maps, round_costs_for
+from .refill_replay import refill_steps
+from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
+
+ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the batch's tokens per "
+                         "second (plain AR step for 0); a finished request's slot takes the next "
+                         "one at the next step")
+
+
+def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
+                           unknown_agrees: bool = False, turn_off: bool = True) -> ReplayFigure:
+    """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
+    the module): pessimistic, or with `unknown_agrees` optimistic."""
+    order = [r for rows in cycled_batches(len(profile.accepted_lengths), batch) for r in rows]
+    decode = [profile.new_tokens[r] - 1 for r in order]
+    tokens = sum(decode)
+    if tokens == 0:
+        raise ProfileError(NO_DECODE_STEPS)
+    maps = agreement_maps(profile, unknown_agrees)
+    k = profile.topology.k
+    seconds = round_costs_for(costs, batch, k)
+    policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
+                               round_costs=[s / seconds[0] for s in seconds],
+                               turn_off=turn_off, objective="throughput")
+    policy.reset()
+    queue = deque(range(len(order)))            # positions in `order` (first cycle counted)
+    held = [-1] * batch
+    position = [0] * batch
+    remaining = torch.zeros(batch, dtype=torch.int64)
+
+    def refill(length: int) -> int:
+        """Newcomers into the free slots; the next round's length (the longest where the
+        batch starts anew: a newcomer alone in it)."""
+        for slot in range(batch):
+            while int(remaining[slot]) == 0 and queue:
+                alone = not bool((remaining > 0).any())
+                held[slot] = queue.popleft()
+                position[slot], remaining[slot] = 0, decode[held[slot]]
+                policy.admit(slot, alone)
+                length = k if alone else length
+        policy.draining.fill_(not queue)
+        return length
+
+    length = refill(k)
+    count = len(profile.accepted_lengths)
+    spec_steps = committed_steps = accepted_total = 0
+    spec_seconds = 0.0
+    while bool((remaining > 0).any()):
+        ran = remaining > 0
+        n = torch.tensor([_streak(maps[order[held[i]]], position[i], length) if ran[i] else 0
+                          for i in range(batch)], dtype=torch.int64)
+        spec_seconds += seconds[length]
+        spec_steps += 1
+        for i in range(batch):
+            if ran[i]:
+                position[i] += int(n[i]) + 1
+                if held[i] < count:          # the mean is over requests, not their repeats
+                    committed_steps += 1
+                    accepted_total += int(n[i])
+        remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
+        drafted = torch.full((batch,), length, dtype=torch.int64)
+        length = refill(int(policy.next(n, drafted, ran, remaining, remaining > 0)))
+    ar_steps = refill_steps(decode, batch)
+    return ReplayFigure(batch, len(order), tokens, spec_steps, spec_seconds, ar_steps,
+                        ar_steps * seconds[0],
+                        1 + accepted_total / committed_steps if committed_steps else 1.0,
+                        step_model=ADAPTIVE_REFILL_MODEL)
