@@ -137,7 +137,7 @@ phase() {
         step mechanisms timeout 560 python3 -m specpilot bench --pair "$PAIR" \
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
-            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
+            --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_adaptive_refill,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
             --out-dir "$RESULTS" --name mechanisms ;;
     mechrefill|mechrefilllayers)
         # Graphed refill against the padded loops: more prompts than slots, or it changes nothing.
@@ -147,7 +147,7 @@ phase() {
             --pair "$PAIR" --prompts 64 \
             --max-new-tokens "${MAX_NEW:-256}" --batch-sizes 4,16,64 --repeats 2 \
             --mechanisms --time-budget "${BENCH_BUDGET:-450}" \
-            --systems strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill \
+            --systems strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_adaptive_refill \
             --out-dir "$RESULTS" --name "$name" ;;
     refillcost)
         step refillcost timeout 300 python3 bench/refill_cost.py --repeats 2 \
