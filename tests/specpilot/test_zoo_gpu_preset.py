@@ -213,14 +213,19 @@ def test_native_grouped_query_attention_equals_repeated_kv(heads, kv_heads):
     torch.testing.assert_close(repeated, ref)
 
 
-def _tiny_stage(sched, max_seconds, delay=0.0):
+def _tiny_stage(sched, max_seconds, delay=0.0, clock=None):
+    """A tiny stage; with `clock` (a _VirtualClock) each step takes `delay` of its time instead
+    of sleeping, so the stage clock sees exactly that whatever the machine's load."""
     model = TrainLlama(ModelDims(hidden=16, layers=1, heads=2, kv_heads=1, intermediate=24), 50)
     model.init_weights(torch.Generator().manual_seed(random.randrange(2**31)))
     batches = WindowBatches(torch.randint(0, 50, (4000,)), 8, 4, torch.Generator().manual_seed(1))
     lrs = []
 
     def loss_fn(x, y):
-        time.sleep(delay)
+        if clock is None:
+            time.sleep(delay)
+        else:
+            clock.now += delay
         return torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten())
 
     lines = []
@@ -242,12 +247,23 @@ def test_stage_past_its_time_limit_stops_early_and_says_so():
     assert unlimited.rescheduled_to is None and unlimited.tokens == 50 * 4 * 8
 
 
+class _VirtualClock:
+    """Stands in for the stage clock's `time` module: seconds pass only as steps spend them."""
+
+    def __init__(self):
+        self.now = 0.0
+
+    def perf_counter(self):
+        return self.now
+
+
 def test_slow_stage_refits_its_schedule_to_the_time_limit(monkeypatch):
     import specpilot.zoo.stage_clock as stage_clock
 
-    monkeypatch.setattr(stage_clock, "FIT_MARGIN", 0.8)  # room for a busy test machine's jitter
+    clock = _VirtualClock()
+    monkeypatch.setattr(stage_clock, "time", clock)
     sched = StageSchedule(steps=1000, lr=1e-3, warmup=15)
-    result, lines, lrs = _tiny_stage(sched, max_seconds=1.0, delay=0.01)
+    result, lines, lrs = _tiny_stage(sched, max_seconds=1.0, delay=0.01, clock=clock)
     assert result.rescheduled_to is not None and 15 < result.rescheduled_to < 1000
     assert any("refitted" in line for line in lines)
     if result.stopped_early_at_step is None:         # finished the refitted cosine, to its floor
