@@ -57,10 +57,10 @@ class GraphedChainDecoder:
     up to near-ties that the wider verification forward may round differently in low precision.
     """
 
-
     # What an adaptive length optimises (runtime/batch_length.py): a padded batch is done when
     # its slowest request is, so the batch's makespan.
     length_objective = "makespan"
+
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  adaptive: bool = False, length_cap: Optional[int] = None,
@@ -69,11 +69,12 @@ class GraphedChainDecoder:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
-        that would finish the batch soonest (runtime/batch_length.py), from `round_costs`
-        (cost of a round of L = 0..cap drafts in plain steps; default: measured from the
-        graphs at the first call with capture, else 1 + `draft_cost` L). With `turn_off`, a
-        batch for which plain steps would finish sooner stops speculating until it is done.
-        The host replays the length chosen two replays back.
+        that would finish the batch soonest (or, by the class's `length_objective`, serve it
+        fastest; runtime/batch_length.py), from `round_costs` (cost of a round of L = 0..cap
+        drafts in plain steps; default: measured from the graphs at the first call with
+        capture, else 1 + `draft_cost` L). With `turn_off`, a batch for which plain steps would
+        finish sooner stops speculating until it is done. The host replays the length chosen
+        two replays back.
 
         `rounds_per_replay` rounds are captured back to back in one graph (default 4 with
         capture, 1 without): the host's work per replay (launch, one status copy, one event)
@@ -423,7 +424,7 @@ class GraphedChainDecoder:
         """Greedy chain speculation of `prompts` (at most `batch`), `max_new_tokens` each (one
         count for all, or one per prompt)."""
         limits = request_limits(max_new_tokens, len(prompts))
-        self._check(prompts, max(limits))
+        self._check(prompts, max(limits, default=1))     # no prompts: _check says so
         replays = {k: self._runner(False, k) for k in self._lengths()}
         self._ensure_round_costs()
         self._start(prompts, limits)

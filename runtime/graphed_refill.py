@@ -10,8 +10,8 @@ already runs along inactive); only the host loop and the state of one row change
 
   - after each replay the host copies the rows' active flags back (one replay behind, as the
     status row); a row that turned inactive is done;
-  - its results (output row, count, per-round acceptance, margins) are cloned on the device, in
-    stream order, before the row is reused;
+  - its results (output row, count, per-round acceptance) are cloned on the device, in stream
+    order, before the row is reused;
   - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
     a graph per bucket width, the row a device index), and the row's state is set as a batch
     prefill would set it. A snapshot taken before the refill is not trusted for that row.
@@ -24,7 +24,9 @@ trees keep more per-row state. With adaptive lengths the batch's length serves i
 unit of time, not the makespan of its current requests (a refilled batch has no tail), a
 newcomer's estimates start from the averages of the requests before it, and speculation turns
 off for the rest of the call once plain steps would serve the batch faster by every estimate
-(runtime/batch_length.py): the drafter's cache is not kept up after that.
+(runtime/batch_length.py): the drafter's cache is not kept up after that. Once the queue is
+empty the batch drains like a padded one (by its makespan again), and a newcomer alone in the
+batch starts it anew (speculating again, the host back at the longest chain).
 """
 from __future__ import annotations
 
@@ -118,7 +120,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         """Decode every prompt (each up to its limit; forced when `references` are given),
         refilling slots as requests finish; returns (per request: its row's results, the rounds
         run per chain length, the refills made). An adaptive decoder replays the length its
-        policy chose two replays back; forced runs cycle through every length."""
+        policy chose two replays back (the longest for the two replays after a newcomer alone
+        starts the batch anew); forced runs cycle through every length."""
         n, b, per = len(prompts), self.batch, self.rounds_per_replay
         forced = references is not None
         lengths = self._lengths()
@@ -157,11 +160,14 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             if self.adaptive and not forced and j - 1 >= restarted:
                 k = min(max(int(self.host_next[(j - 1) % 3, 1]), lengths[0]), lengths[-1])
             active = self.host_active[(j - 1) % 3].tolist()
-            for row in range(b):
-                if held[row] is None or active[row] or j - 1 < trusted_from[row]:
-                    continue
+            done = [row for row in range(b) if held[row] is not None and not active[row]
+                    and j - 1 >= trusted_from[row]]
+            for row in done:
                 results[held[row]] = self._take_row(row)
                 held[row] = None
+            # Every finished row is emptied before any is refilled: a newcomer is alone when no
+            # row holds a request still running (as of this read-back), whatever its row.
+            for row in done:
                 if queue:
                     i = queue.popleft()
                     alone = all(h is None for h in held)

@@ -109,6 +109,8 @@ def test_each_request_may_bring_its_own_limit(k):
     for bad in ([4] * (len(prompts) - 1), [0] + limits[1:], 0):
         with pytest.raises(SpecPilotError, match="max_new_tokens"):
             refill.generate(prompts, bad)
+    with pytest.raises(SpecPilotError, match="prompts per call"):     # not max() of nothing
+        padded.generate([], 4)
 
 
 def _adaptive(s, drafter, batch):
@@ -182,3 +184,25 @@ def test_with_no_queue_the_batch_drains_as_a_padded_batch():
     tokens, accepted, rounds = _padded_per_batch(s, prompts[:4], 4)
     assert r.tokens == tokens == reference.tokens[:4]
     assert r.accepted_lengths == accepted and r.stats["refills"] == 0
+
+
+class _Admissions(GraphedRefillDecoder):
+    """A refill decoder that records, per newcomer, whether it was admitted alone."""
+
+    def _admit(self, row, prompt, limit, reference=None, alone=False):
+        self.admissions.append((row, alone))
+        super()._admit(row, prompt, limit, reference, alone)
+
+
+def test_a_newcomer_is_alone_when_every_other_row_finished_in_the_same_replay():
+    # Both rows finish in the same round (plain steps, equal limits, no EOS) and one request
+    # is left: it goes into an empty batch, so it starts the batch anew, whichever row it takes.
+    s, prompts, _ = _setup(11)
+    decoder = _Admissions(s["target"], None, 2, 48, 0, capture=False)
+    decoder.admissions = []
+    decoder.generate(prompts[:3], [3, 3, 4])
+    assert decoder.admissions == [(0, True)]
+    # With two left, the first newcomer starts the batch anew and the second joins it.
+    decoder.admissions = []
+    decoder.generate(prompts[:4], [3, 3, 4, 4])
+    assert decoder.admissions == [(0, True), (1, False)]
