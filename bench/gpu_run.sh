@@ -15,7 +15,8 @@
 #              one memory, so a later compile starts from what the earlier ones validated)
 #              (a compile cut by the time limit resumes at its last round when run again)
 #   mechanisms specpilot bench --pair $PAIR --mechanisms: each verification/batching mechanism
-#   mechrefill the graphed refill systems against the padded ones, 64 prompts, batch 4/16/64
+#   mechrefill the graphed refill systems (fixed and adaptive lengths) against the padded ones,
+#              64 prompts, batch 4/16/64
 #   mechlayers the graphed mechanisms with SPECPILOT_FAST_OPS=layers, as mechanisms-layers
 #   mechrefilllayers  mechrefill on the whole-layer fast path, as mechanisms-refill-layers
 #   refillcost bench/refill_cost.py: a refill's prefill eager and graphed, refill against padded

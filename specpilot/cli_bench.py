@@ -104,7 +104,8 @@ def add_parser(sub) -> None:
                         "graphed rounds of every length measured (GPU)")
     g.add_argument("--refill", action="store_true",
                    help="also replay AR and speculation with continuous refill (a finished "
-                        "request's slot takes the next request at the next step)")
+                        "request's slot takes the next request at the next step); with "
+                        "--adaptive, adaptive lengths with refill too")
     g.add_argument("--step-costs", metavar="RESULT.json",
                    help="replay on the step costs of an earlier --shapes result (same shapes) "
                         "instead of measuring them: another profile or rule, on any machine")

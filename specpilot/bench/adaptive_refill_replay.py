@@ -9,7 +9,10 @@ specpilot/bench/refill_replay.py (prefills excluded, which favours refill by wha
 Each step every active slot commits its agreeing drafts up to the chosen length plus one token;
 the rule (`BatchLengthPolicy`, objective "throughput", the decoder's own device-state code, here
 on the CPU) picks the next length, and a newcomer starts from the averages of the requests
-before it (`admit`). The AR baseline is AR with refill, as in the refill replay.
+before it (`admit`). As in the runtime's host loop, a newcomer alone in the batch (no other slot
+holds a request still running: with one slot, every newcomer) starts it anew at the longest
+chain, and once the queue is empty the batch drains (`draining`: the makespan rule). The AR
+baseline is AR with refill, as in the refill replay.
 """
 from __future__ import annotations
 
@@ -19,7 +22,7 @@ import torch
 
 from specpilot.runtime.batch_length import BatchLengthPolicy
 
-from .adaptive_replay import _streak, agreement_maps, round_costs_for
+from .adaptive_replay import agreement_maps, play_round, round_costs_for
 from .refill_replay import refill_steps
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
@@ -67,20 +70,15 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
     spec_steps = committed_steps = accepted_total = 0
     spec_seconds = 0.0
     while bool((remaining > 0).any()):
-        ran = remaining > 0
-        n = torch.tensor([_streak(maps[order[held[i]]], position[i], length) if ran[i] else 0
-                          for i in range(batch)], dtype=torch.int64)
         spec_seconds += seconds[length]
         spec_steps += 1
-        for i in range(batch):
-            if ran[i]:
-                position[i] += int(n[i]) + 1
-                if held[i] < count:          # the mean is over requests, not their repeats
-                    committed_steps += 1
-                    accepted_total += int(n[i])
-        remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
-        drafted = torch.full((batch,), length, dtype=torch.int64)
-        length = refill(int(policy.next(n, drafted, ran, remaining, remaining > 0)))
+        remaining, length, rounds, accepted = play_round(
+            policy, [maps[order[h]] for h in held],
+            [h < count for h in held],       # the mean is over requests, not their repeats
+            position, remaining, length)
+        committed_steps += rounds
+        accepted_total += accepted
+        length = refill(length)
     ar_steps = refill_steps(decode, batch)
     return ReplayFigure(batch, len(order), tokens, spec_steps, spec_seconds, ar_steps,
                         ar_steps * seconds[0],

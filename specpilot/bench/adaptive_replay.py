@@ -24,7 +24,7 @@ applies it at the next round.
 """
 from __future__ import annotations
 
-from typing import List
+from typing import List, Sequence
 
 import torch
 
@@ -65,6 +65,29 @@ def _streak(agree: List[bool], start: int, cap: int) -> int:
     return n
 
 
+def play_round(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: Sequence[bool],
+               position: List[int], remaining: torch.Tensor, length: int) -> tuple:
+    """One round of `length` drafts on every slot with tokens `remaining`: each commits the
+    drafts its `agree` map shows agreeing from its `position` (advanced here), up to `length`,
+    plus one token, and `policy` takes in what was accepted. Returns (the tokens remaining
+    after it, the length the policy chose next, the rounds and accepted drafts of the
+    `counted` slots)."""
+    ran = remaining > 0
+    n = torch.tensor([_streak(agree[i], position[i], length) if ran[i] else 0
+                      for i in range(len(position))], dtype=torch.int64)
+    rounds = accepted = 0
+    for i in range(len(position)):
+        if ran[i]:
+            position[i] += int(n[i]) + 1
+            if counted[i]:
+                rounds += 1
+                accepted += int(n[i])
+    remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
+    drafted = torch.full_like(n, length)
+    return (remaining, int(policy.next(n, drafted, ran, remaining, remaining > 0)), rounds,
+            accepted)
+
+
 def round_costs_for(costs, batch: int, k: int) -> List[float]:
     """Seconds of a plain graphed AR step and of a graphed chain(L) round, L = 1..k."""
     return [costs.target(batch, 1)] + [costs.round(batch, Chain(n)) for n in range(1, k + 1)]
@@ -91,22 +114,16 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
         position = [0] * batch
         remaining = torch.tensor(decode, dtype=torch.int64)
         policy.reset()
+        agree = [maps[r] for r in rows]
+        counted = [start + i < count for i in range(batch)]  # requests, not their repeats
         length = k
         while bool((remaining > 0).any()):
-            ran = remaining > 0
-            n = torch.tensor([_streak(maps[r], position[i], length) if ran[i] else 0
-                              for i, r in enumerate(rows)], dtype=torch.int64)
             spec_seconds += seconds[length]
             spec_steps += 1
-            for i in range(batch):
-                if ran[i]:
-                    position[i] += int(n[i]) + 1
-                    if start + i < count:   # the mean is over requests, not their repeats
-                        committed_steps += 1
-                        accepted_total += int(n[i])
-            remaining = torch.where(ran, (remaining - n - 1).clamp(min=0), remaining)
-            drafted = torch.full((batch,), length, dtype=torch.int64)
-            length = int(policy.next(n, drafted, ran, remaining, remaining > 0))
+            remaining, length, rounds, accepted = play_round(policy, agree, counted, position,
+                                                             remaining, length)
+            committed_steps += rounds
+            accepted_total += accepted
     if tokens == 0:
         raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,

@@ -9,8 +9,8 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       refilled between two replays (differs from stock_graphed only where
                       there are more prompts than slots)
   graphed_adaptive_refill  the two combined in the graphed runtime: adaptive lengths for the
-                      batch's tokens per unit of time, slots refilled (turned off for the rest
-                      of the call where plain steps would serve faster)
+                      batch's tokens per unit of time, slots refilled (turned off where plain
+                      steps would serve faster, until a newcomer alone starts the batch anew)
   graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
                       data, one graph serves every tree of the budget
   dynamic_tree        the same dynamic tree, eager
