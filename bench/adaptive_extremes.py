@@ -25,7 +25,7 @@ import time
 import torch
 
 from specpilot.bench.environment import environment
-from specpilot.bench.shapes import build_preset, parse_shapes
+from specpilot.bench.shapes import random_pair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 
 SYSTEMS = ("plain AR", "chain", "adaptive")
@@ -65,12 +65,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    graphs = torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if graphs else ("cpu", torch.float32)
-    target_preset, drafter_preset = parse_shapes(args.shapes)
-    target = build_preset(target_preset.name, device, dtype, args.scale, seed=1)
-    drafters = {"useless": build_preset(drafter_preset.name, device, dtype, args.scale, seed=2),
-                "perfect": target}
+    target, useless, graphs = random_pair(args.shapes, args.scale)
+    drafters = {"useless": useless, "perfect": target}
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     capacity = args.prompt_len + args.new_tokens + 2 * args.k + 2
@@ -92,7 +88,7 @@ def main(argv=None) -> int:
             print(f"batch {batch:3d} {name:8s} {system:9s} {rate:10.1f} tok/s "
                   f"{rate / plain:5.2f}x plain AR  rounds {row['rounds']}", flush=True)
             del dec
-    doc = {"environment": environment(device), "settings": vars(args), "rows": rows}
+    doc = {"environment": environment(target.device.type), "settings": vars(args), "rows": rows}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     return 0

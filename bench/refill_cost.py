@@ -24,7 +24,7 @@ import time
 import torch
 
 from specpilot.bench.environment import environment
-from specpilot.bench.shapes import build_preset, parse_shapes
+from specpilot.bench.shapes import random_pair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.kv_cache import KVCache
@@ -120,11 +120,7 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
 
-    graphs = torch.cuda.is_available()
-    device, dtype = ("cuda", torch.bfloat16) if graphs else ("cpu", torch.float32)
-    target_preset, drafter_preset = parse_shapes(args.shapes)
-    target = build_preset(target_preset.name, device, dtype, args.scale, seed=1)
-    drafter = build_preset(drafter_preset.name, device, dtype, args.scale, seed=2)
+    target, drafter, graphs = random_pair(args.shapes, args.scale)
     gen = torch.Generator().manual_seed(0)
     lo, hi = (int(x) for x in args.prompt_lengths.split(","))
     new_lo, new_hi = (int(x) for x in args.new_tokens.split(","))
@@ -145,7 +141,7 @@ def main(argv=None) -> int:
             print(f"batch {batch:3d} {row['system']:18s} {row['tokens_per_s']:10.1f} tok/s "
                   f"{row['x_padded']:5.2f}x padded, {row['target_forwards']} target forwards, "
                   f"{row['refills']} refills", flush=True)
-    doc = {"environment": environment(device), "settings": vars(args), "prefill": prefill,
+    doc = {"environment": environment(target.device.type), "settings": vars(args), "prefill": prefill,
            "decode": decode}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)

@@ -186,3 +186,14 @@ def build_preset(name: str, device="cuda", dtype: torch.dtype = torch.bfloat16,
     backend = TorchBackend(fast_ops=fast_ops_mode() if fuse else False)
     return Transformer(config, tensors, dtype, device, backend=backend,
                        fuse_projections=fuse, consume_tensors=fuse)
+
+
+def random_pair(shapes: str, scale: float = 1.0):
+    """(target, drafter, graphs) of the `shapes` pair ("TARGET:DRAFTER" presets) with random
+    weights (seeds 1 and 2): in bf16 on a CUDA GPU, where `graphs` is True, else in float32 on
+    the CPU (to check a script)."""
+    graphs = torch.cuda.is_available()
+    device, dtype = ("cuda", torch.bfloat16) if graphs else ("cpu", torch.float32)
+    target_preset, drafter_preset = parse_shapes(shapes)
+    return (build_preset(target_preset.name, device, dtype, scale, seed=1),
+            build_preset(drafter_preset.name, device, dtype, scale, seed=2), graphs)
