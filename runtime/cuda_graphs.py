@@ -46,6 +46,16 @@ def capture_graph(body, device, pool=None):
     return graph, out
 
 
+def to_device(host: torch.Tensor, device) -> torch.Tensor:
+    """`host` (a CPU tensor) on `device` without the host waiting for the GPU: on a CUDA device
+    it is copied from page-locked memory with a non-blocking copy, stream-ordered (a plain
+    copy would wait for every replay already queued, and leave the GPU idle until the host
+    queues the next). PyTorch keeps the page-locked block until the copy has run."""
+    if torch.device(device).type != "cuda":
+        return host.to(device)
+    return host.pin_memory().to(device, non_blocking=True)
+
+
 class GraphsUnavailable(SpecPilotError):
     """CUDA graphs were asked for where there is no CUDA GPU."""
 

@@ -13,7 +13,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .cuda_graphs import capture_graph
+from .cuda_graphs import capture_graph, to_device
 
 BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
 
@@ -72,9 +72,9 @@ class StaticPrefill:
         table = torch.zeros((self.batch, width), dtype=torch.int64)
         for i, r in enumerate(rows):
             table[i, :len(r)] = torch.tensor(r, dtype=torch.int64)
-        static["tokens"].copy_(table.to(self.device))
-        static["last"].copy_(torch.tensor([[len(r) - 1] for r in rows],
-                                          dtype=torch.int64).to(self.device))
+        static["tokens"].copy_(to_device(table, self.device))
+        static["last"].copy_(to_device(torch.tensor([[len(r) - 1] for r in rows],
+                                                    dtype=torch.int64), self.device))
         if self.capture:
             static["graph"].replay()
             return static["logits"]

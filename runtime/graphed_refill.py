@@ -37,6 +37,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
+from .cuda_graphs import to_device
 from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import cut_tokens, logged_result, request_limits
 from .row_prefill import RowPrefill
@@ -105,7 +106,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.count[row] = 1
         if reference is not None:
             self.ref[row].zero_()
-            self.ref[row, :len(reference)] = torch.tensor(list(reference), dtype=torch.int64)
+            self.ref[row, :len(reference)] = to_device(
+                torch.tensor(list(reference), dtype=torch.int64), self.device)
         self._begin(slice(row, row + 1), g0, forced=reference is not None)
 
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
