@@ -38,7 +38,10 @@ from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
 
-CAPACITY_STEP = 256      # capacities are rounded up so prompts of similar length share graphs
+# Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
+# attention reads all `capacity` slots of every row, so the rounding is paid at each step, most
+# at large batches: 64 wastes at most 63 slots (256 could waste 255 of a ~600-slot cache).
+CAPACITY_STEP = 64
 KEPT_DECODERS = 4        # decoders (each with its own KV caches) kept alive at once
 
 
