@@ -2,12 +2,13 @@
 
 Continuous refill (runtime/graphed_refill.py) prefills each newcomer on its own, between two
 replays of the batch's round graphs. Run eagerly, that prefill was the refill's cost: on an
-H200, 64 HumanEval prompts on 4 and 16 slots of a 161M/12.6M pair took 26-50 ms of wall time
-per refill, so plain AR with refill ran at 0.48-0.70x the padded loop although it needed a third
-fewer target forwards (BENCHMARKS.md, fourth set). Here both models prefill the prompt at batch
-1 into scratch caches, padded to a bucket width (runtime/graphed_prefill.py), and the bucket's
-slots are copied into the row named by a device index: one graph per bucket serves every row,
-and a refill is one replay plus the row's state writes.
+H200, with 64 HumanEval prompts on 4 and 16 slots of a 161M/12.6M pair, each refill added about
+26 ms, so plain AR with refill ran at 0.48-0.70x the padded loop although it needed 20-35 %
+fewer target forwards; the eager prefill alone took 17.6-23.5 ms on those shapes, the graph
+below 1.7 ms (BENCHMARKS.md, fourth set). Here both models prefill the prompt at batch 1 into
+scratch caches, padded to a bucket width (runtime/graphed_prefill.py), and the bucket's slots
+are copied into the row named by a device index: one graph per bucket serves every row, and a
+refill is one replay plus the row's state writes.
 """
 from __future__ import annotations
 
