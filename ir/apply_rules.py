@@ -58,17 +58,16 @@ def _set_drafter(p: Program, t: SetDrafter) -> Program:
            f"unknown drafter {t.drafter!r} (known: {', '.join(DRAFTERS)})")
     _check(t.drafter != p.draft.drafter, f"the drafter is already {t.drafter!r}")
     if t.drafter == "none":
-        # Plain greedy AR runs padded batches that drain, with nothing to prune or adapt
-        # (ir/wellformed.py): name the attribute to reset rather than reset it silently.
+        # Plain greedy AR runs padded batches (drained or refilled), with nothing to prune or
+        # adapt (ir/wellformed.py): name the attribute to reset rather than reset it silently.
         b = p.batch
         for ok, attribute, reset in (
                 (p.verify.prune is None, f"verify.prune is {p.verify.prune}",
                  "SetVerifyPrune(None)"),
                 (b.draft_length_policy == "fixed", f"batch.draft_length_policy is "
                  f"{b.draft_length_policy}", "SetDraftLengthPolicy('fixed', 0)"),
-                (b.layout == "padded", f"batch.layout is {b.layout}", "SetBatchLayout('padded')"),
-                (b.refill == "drain", f"batch.refill is {b.refill}", "SetRefill('drain')")):
-            _check(ok, f"greedy AR without a drafter runs padded batches that drain, but "
+                (b.layout == "padded", f"batch.layout is {b.layout}", "SetBatchLayout('padded')")):
+            _check(ok, f"greedy AR without a drafter runs padded batches, but "
                        f"{attribute}: apply {reset} first")
     return replace(p, draft=replace(p.draft, drafter=t.drafter))
 

@@ -140,20 +140,20 @@ def _verify_no_speculation(p: Program) -> None:
     Its topology (with the mask and commit the topology implies) is kept, checked like any
     other, and unused, so that SetDrafter("model") restores the speculative decoder. Every
     attribute that only shapes drafts or a speculative batch must be at its default: the decoder
-    is plain padded greedy AR in draining batches, so a pruned verifier, an adaptive draft length
-    (with its token budget), a ragged layout or continuous refill would describe a mechanism
-    that does not run. Refusing them (rather than ignoring them) keeps one spelling, and one id,
-    per AR decoder up to its topology, and says what a Program runs by reading it.
+    is plain greedy AR in padded batches, so a pruned verifier, an adaptive draft length (with
+    its token budget) or a ragged layout would describe a mechanism that does not run. Refusing
+    them (rather than ignoring them) keeps one spelling, and one id, per AR decoder up to its
+    topology, and says what a Program runs by reading it. Refill is the batch's own: greedy AR
+    drains its batches or refills their slots (runtime/graphed_refill.py with chains of 0),
+    two decoders, two spellings.
     """
     b = p.batch
     _require(p.verify.prune is None, "verify.prune",
              f"a Program without a drafter verifies no draft: expected None, got {p.verify.prune}")
     for path, value, wanted in (("batch.draft_length_policy", b.draft_length_policy, "fixed"),
-                                ("batch.layout", b.layout, "padded"),
-                                ("batch.refill", b.refill, "drain")):
+                                ("batch.layout", b.layout, "padded")):
         _require(value == wanted, path, f"a Program without a drafter decodes with greedy AR in "
-                                        f"padded batches that drain: expected {wanted!r}, got "
-                                        f"{value!r}")
+                                        f"padded batches: expected {wanted!r}, got {value!r}")
 
 
 def _verify_prune(p: Program) -> None:

@@ -17,7 +17,8 @@ costs more than plain decoding there).
 
 A Program that does not speculate (`draft.drafter` "none") decodes with that same graphed
 greedy AR step at every batch size: the chain decoder with no drafter and chains of 0, the
-decoder of the strong AR baseline.
+decoder of the strong AR baseline, or with continuous refill the refill decoder with chains of 0
+(the `strong_ar_refill` baseline's).
 """
 from __future__ import annotations
 
@@ -166,8 +167,8 @@ def _batches(decoder, items: Sequence) -> List[Sequence]:
 
 def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
     r = decoder.generate(prompts, max_new_tokens)
-    if decoder.k == 0:
-        r.stats = {"speculation_off": 1}     # plain greedy steps, named as the eager path does
+    if decoder.k == 0:                       # plain greedy steps, named as the eager path does
+        r.stats = {"speculation_off": 1, **{k: v for k, v in r.stats.items() if k == "refills"}}
     return r
 
 

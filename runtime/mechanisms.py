@@ -80,6 +80,9 @@ def run_program_decode(program: Program, target, drafter, prompts: Sequence[Sequ
         raise SpecPilotError(f"verify.acceptance {program.verify.acceptance!r}: only 'greedy' "
                              "is implemented")
     if not program.draft.speculates:
+        if program.batch.refill == "continuous":
+            return _ar_with_refill(program.batch.max_batch_size, target, list(prompts),
+                                   max_new_tokens, eos_ids, force_reference)
         return _ar_in_batches(program.batch.max_batch_size, target, list(prompts),
                               max_new_tokens, eos_ids, force_reference)
     if drafter is None:
@@ -164,6 +167,30 @@ def _ar_in_batches(size: int, target, prompts, max_new_tokens, eos_ids,
                       accepted_lengths=accepted, mean_accepted=1.0 if steps else 0.0,
                       proposals=proposals,
                       stats={"speculation_off": -(-len(prompts) // size)})  # batches, as graphed
+
+
+def _ar_with_refill(size: int, target, prompts, max_new_tokens, eos_ids,
+                    force_reference) -> SpecResult:
+    """A Program without a drafter whose finished slots are refilled: the graphed runtime's
+    refill loop with chains of 0, its rounds run eagerly (runtime/graphed_refill.py)."""
+    from .graphed_refill import GraphedRefillDecoder    # it builds on this module's runtime
+
+    longest = (max_new_tokens if force_reference is None
+               else max(len(t) for t in force_reference.tokens))
+    capacity = check_capacity(target, prompts, longest, slack=1)
+    decoder = GraphedRefillDecoder(target, None, min(size, len(prompts)), capacity, 0, eos_ids,
+                                   capture=False)
+    if force_reference is None:
+        r = decoder.generate(prompts, max_new_tokens)
+        r.stats = {"speculation_off": 1, "refills": r.stats["refills"]}   # as the graphed path
+        return r
+    tokens = [list(t) for t in force_reference.tokens]
+    proposals = decoder.force(prompts, tokens)
+    accepted = [[0] * max(0, len(t) - 1) for t in tokens]
+    # Forced: one verified position per reference token (a forced run is compared, not timed).
+    return SpecResult(tokens=tokens, target_forwards=sum(len(t) for t in tokens),
+                      drafter_forwards=0, accepted_lengths=accepted,
+                      mean_accepted=1.0 if any(accepted) else 0.0, proposals=proposals)
 
 
 def force_program_decode(program: Program, target, drafter, prompts: Sequence[Sequence[int]],

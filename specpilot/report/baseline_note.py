@@ -3,9 +3,10 @@
 The compile's AR baseline (strong AR on a GPU) runs on the stock Program's fast path. A Program
 that turned speculation off (`SetDrafter("none")`) is plain greedy decoding itself, and one on
 another fast path (`SetFastPath("layers")`) owes part of its speed to kernels that plain
-decoding would get too. Measured on an H200: a compile at batch 16 reported its best at 1.28x
-strong AR, and that best was plain decoding on the whole-layer path. The report says so next
-to the ratio, instead of leaving it to be read as a speculative gain.
+decoding would get too; one with continuous refill owes part of it to refill, which plain
+decoding gets too. Measured on an H200: a compile at batch 16 reported its best at 1.28x strong
+AR, and that best was plain decoding on the whole-layer path. The report says so next to the
+ratio, instead of leaving it to be read as a speculative gain.
 """
 from __future__ import annotations
 
@@ -15,9 +16,19 @@ from specpilot.ir import Program
 
 
 def baseline_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Optional[str]:
-    """A sentence on what `best`'s ratio to the AR baseline (`ar_label`, run on the fast path
+    """What `best`'s ratio to the AR baseline (`ar_label`, padded batches on the fast path
     `ar_fast_path`; None where the run did not record it) measures, or None when it is the gain
-    of speculation over plain decoding on the same path."""
+    of speculation over plain decoding on the same path and the same batching."""
+    note = _path_note(best, ar_label, ar_fast_path)
+    if best.batch.refill != "continuous":
+        return note
+    refill = (f"It refills finished slots, which {ar_label}'s padded batches do not: part of its "
+              f"ratio is refill's gain (`specpilot bench` times plain decoding with refill as "
+              f"strong_ar_refill).")
+    return refill if note is None else f"{note} {refill}"
+
+
+def _path_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Optional[str]:
     path = best.kernels.fast_path
     other_path = ar_fast_path is not None and path != ar_fast_path
     if not best.draft.speculates:

@@ -58,9 +58,7 @@ def test_record_json_and_text():
      "batch.draft_length_policy is per_request_adaptive: apply SetDraftLengthPolicy('fixed', 0)"),
     ([SetBatchLayout("ragged")], SetDrafter("none"),
      "batch.layout is ragged: apply SetBatchLayout('padded') first"),
-    ([SetRefill("continuous")], SetDrafter("none"),
-     "batch.refill is continuous: apply SetRefill('drain') first"),
-], ids=["unknown", "model-no-op", "none-no-op", "pruned", "adaptive", "ragged", "continuous"])
+], ids=["unknown", "model-no-op", "none-no-op", "pruned", "adaptive", "ragged"])
 def test_set_drafter_refusals(stock, before, t, reason):
     program = replay(stock, before)
     with pytest.raises(TransformRefused) as info:
@@ -75,7 +73,6 @@ def test_set_drafter_refusals(stock, before, t, reason):
     (SetDraftLengthPolicy("per_request_adaptive", 4), "an adaptive draft length changes nothing"),
     (SetVerifyPrune(LayerSkipPrune((0,), 1)), "pruning the draft"),
     (SetBatchLayout("ragged"), "batch.layout: a Program without a drafter decodes with greedy AR"),
-    (SetRefill("continuous"), "batch.refill: a Program without a drafter decodes with greedy AR"),
 ], ids=str)
 def test_draft_attributes_of_a_program_without_drafter_are_refused(stock, t, reason):
     off = replay(stock, [SetMaxBatchSize(4), SetDrafter("none")])
@@ -86,22 +83,38 @@ def test_what_a_program_without_drafter_may_still_change(stock):
     off = apply(stock, SetDrafter("none"))
     measured = record_escape_rates(off, "target", {n: 10 for n in off.models.target.linears})
     assert check(measured, SetWeightFormat("target.mlp.*", "lossless12")) is None
-    for t in (SetMaxBatchSize(16), CaptureGraphs(True), SetBackend("generated")):
+    for t in (SetMaxBatchSize(16), CaptureGraphs(True), SetBackend("generated"),
+              SetRefill("continuous")):
         assert check(off, t) is None, t
+
+
+def test_greedy_ar_may_refill_its_slots(stock):
+    # Greedy AR that refills finished slots is its own decoder (chains of 0 on the refill
+    # loop): reached from either side, one Program, one id, one diff line.
+    refilled = replay(stock, [SetMaxBatchSize(4), SetDrafter("none"), SetRefill("continuous")])
+    other_way = replay(stock, [SetMaxBatchSize(4), SetRefill("continuous"), SetDrafter("none")])
+    verify(refilled)
+    assert program_id(refilled) == program_id(other_way)
+    drained = replay(stock, [SetMaxBatchSize(4), SetDrafter("none")])
+    assert program_id(refilled) != program_id(drained)
+    assert format_diff(diff(drained, refilled)) == """\
+batch.refill: drain → continuous
+history[2]: absent → SetRefill(refill="continuous")"""
+    back = apply(refilled, SetDrafter("model"))        # speculation back, refill kept
+    assert back.draft.speculates and back.batch.refill == "continuous"
 
 
 @pytest.mark.parametrize("change,message", [
     (lambda p: replace(p, verify=replace(p.verify, prune=LayerSkipPrune((0,), 2))),
      "verify.prune: a Program without a drafter verifies no draft"),
     (lambda p: replace(p, batch=replace(p.batch, layout="ragged")),
-     "batch.layout: a Program without a drafter decodes with greedy AR in padded batches that "
-     "drain: expected 'padded', got 'ragged'"),
-    (lambda p: replace(p, batch=replace(p.batch, refill="continuous")), "batch.refill:"),
+     "batch.layout: a Program without a drafter decodes with greedy AR in padded batches: "
+     "expected 'padded', got 'ragged'"),
     (lambda p: replace(p, batch=replace(p.batch, draft_length_policy="per_request_adaptive",
                                         token_budget=4)), "batch.draft_length_policy:"),
     # the kept topology is checked like any other (its mask still follows it)
     (lambda p: replace(p, verify=replace(p.verify, mask="tree")), "verify.mask:"),
-], ids=["prune", "ragged", "continuous", "adaptive", "mask"])
+], ids=["prune", "ragged", "adaptive", "mask"])
 def test_well_formedness_of_a_program_without_drafter(stock, change, message):
     off = apply(stock, SetDrafter("none"))
     with pytest.raises(IllFormed) as info:

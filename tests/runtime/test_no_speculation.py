@@ -105,3 +105,30 @@ def test_a_wrong_target_is_caught_by_forcing(graphed):
     else:
         report = force_program(program, pair, s["prompts"], s["reference"])
     assert_caught(report, s["reference"])
+
+
+@pytest.mark.parametrize("capture", [False, True])
+def test_greedy_ar_with_refill_runs_the_refill_loop(capture):
+    from specpilot.ir import SetRefill
+    from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+    from specpilot.runtime.mechanisms import force_program_decode
+
+    s = pair_setup(4)
+    program = apply(no_speculation(s, 2, capture=capture), SetRefill("continuous"))
+    reference = s["reference"]
+    if capture:             # the graphed Program: the refill decoder with chains of 0
+        pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+        release_decoders()
+        decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+        assert type(decoder) is GraphedRefillDecoder
+        assert decoder.k == 0 and decoder.drafter is None
+        r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+        report = force_graphed(program, pair, s["prompts"], reference, capture=False)
+        release_decoders()
+    else:                   # eagerly, the same refill loop with its rounds run eagerly
+        r = run_program_decode(program, s["target"], None, s["prompts"], MAX_NEW, s["eos"])
+        report = force_program_decode(program, s["target"], None, s["prompts"], reference)
+    assert r.tokens == reference.tokens
+    assert r.stats == {"speculation_off": 1, "refills": len(s["prompts"]) - 2}
+    assert r.drafter_forwards == 0 and r.mean_accepted == 1.0
+    assert_clean(report, reference)

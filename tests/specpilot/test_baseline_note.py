@@ -4,8 +4,8 @@ and neither."""
 import pytest
 
 from specpilot.deploy import build_deployment
-from specpilot.ir import (CaptureGraphs, SetDrafter, SetFastPath, apply, load_program, save_program,
-                          stock_program)
+from specpilot.ir import (CaptureGraphs, SetDrafter, SetFastPath, SetMaxBatchSize, SetRefill,
+                          apply, load_program, replay, save_program, stock_program)
 from specpilot.report.baseline_note import baseline_note
 from specpilot.report.run_report import _baseline_lines
 
@@ -37,6 +37,14 @@ def test_a_speculating_program_is_noted_only_on_another_fast_path(graphed):
     assert "part of its ratio" in note and "SPECPILOT_FAST_OPS=layers" in note
     # AR itself ran on whole layers (the variable set for the whole compile): no note
     assert baseline_note(apply(graphed, SetFastPath("layers")), AR, "layers") is None
+
+
+def test_refill_is_named_alone_or_after_the_other_notes(graphed):
+    refilled = replay(graphed, [SetMaxBatchSize(4), SetRefill("continuous")])
+    alone = baseline_note(refilled, AR, "ops")
+    assert alone.startswith("It refills finished slots") and "strong_ar_refill" in alone
+    off = baseline_note(apply(refilled, SetDrafter("none")), AR, "ops")
+    assert off.startswith("The best Program does not speculate") and "refill's gain" in off
 
 
 def test_the_report_takes_ar_s_path_from_round_0_where_the_run_did_not_record_it(graphed,
