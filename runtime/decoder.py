@@ -239,7 +239,8 @@ def timed_program(program: Program, pair: ModelPair, prompts, max_new_tokens: in
     where `kernels.capture_graphs` is on and the GPU can replay its rounds, with the graphed
     runtime (runtime/graphed_program.py; capture happens before the clock starts). A Program
     that does not speculate decodes with greedy AR of the target (graphed steps where capture
-    is on, `generate_ar` otherwise) and needs no drafter in `pair`."""
+    is on, otherwise `generate_ar`, or the refill loop run eagerly with continuous refill) and
+    needs no drafter in `pair`."""
     check_runnable(program)
     if pair.drafter is None and program.draft.speculates:
         raise SpecPilotError("this Program speculates: give a drafter checkpoint")

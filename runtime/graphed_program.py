@@ -60,7 +60,7 @@ def rounds_refusal(program: Program) -> Optional[str]:
     b = program.batch
     topology = program.draft.topology
     if not program.draft.speculates:
-        return None        # greedy AR steps (well-formedness: padded, drain, nothing pruned)
+        return None        # greedy AR steps, drained or refilled (padded, nothing pruned)
     if not isinstance(topology, (Chain, Tree, SparseTree, DynamicTree)):
         return f"draft topology {topology} (graphed rounds take chains and trees)"
     if not isinstance(topology, Chain) and program.batch.draft_length_policy != "fixed":

@@ -4,6 +4,8 @@
 
   * no speculation (`draft.drafter` "none"): greedy AR of the target (`generate_ar`) on batches
     of `batch.max_batch_size`; forced, the same steps fed the reference (`force_ar_proposals`);
+    with `batch.refill` "continuous", the refill loop of runtime/graphed_refill.py with chains
+    of 0 and its rounds run eagerly (`_ar_with_refill`), `batch.max_batch_size` slots at a time;
   * stock mechanisms (a chain or tree topology, padded layout, fixed draft length, drain refill,
     no pruning): `speculative_generate` on batches of `batch.max_batch_size`, exactly as before;
   * anything else: `decode_with_mechanisms` (runtime/step_loop.py) with

@@ -87,7 +87,8 @@ def summarize(program: Program) -> str:
             ("verify", [f"{program.verify.mask} mask, {program.verify.acceptance} acceptance"]),
             ("commit", [f"kv {program.commit.kv}"]),
             ("batch", [f"{program.batch.layout}, max batch size {program.batch.max_batch_size}, "
-                       f"draft length {program.batch.draft_length_policy}"]),
+                       f"draft length {program.batch.draft_length_policy}, "
+                       f"{program.batch.refill} refill"]),
             ("kernels", [f"backend {k.backend}"
                          + (f" (fast path {k.fast_path})" if k.backend == "torch" else "")
                          + f", graph capture {'on' if k.capture_graphs else 'off'}, "

@@ -9,7 +9,9 @@ accepted one, and at any batch size a drafter that is rarely right, or rounds th
 than the roofline sees (the eager runtime on a CPU measured 994 tokens/s of greedy AR against
 855 of the best speculative Program on the tiny pair), make greedy AR the fastest decoder.
 Whether it is, is one cheap evaluation to measure; the cost model only ranks it among the
-others. A Program that does not speculate is offered its drafter again."""
+others. A Program that does not speculate is offered its drafter again, and the other refill
+policy (greedy AR drains its batches or refills their slots); its layout and draft length stay
+at their defaults (ir/wellformed.py)."""
 from __future__ import annotations
 
 from typing import List, Optional

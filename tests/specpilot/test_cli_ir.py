@@ -5,8 +5,9 @@ import pytest
 
 from specpilot.cli import main
 from specpilot.deploy import build_deployment
-from specpilot.ir import (SetTopology, Tree, apply, diff, format_diff, load_program, program_id,
-                          program_to_json, save_program, stock_program)
+from specpilot.ir import (SetDrafter, SetMaxBatchSize, SetRefill, SetTopology, Tree, apply, diff,
+                          format_diff, load_program, program_id, program_to_json, replay,
+                          save_program, stock_program)
 
 
 @pytest.fixture(scope="module")
@@ -84,6 +85,19 @@ def test_show(two_programs, capsys):
         assert fragment in text, fragment
     assert main(["ir", "show", str(a)]) == 0
     assert "(stock)" in capsys.readouterr().out
+
+
+def test_show_names_the_refill(two_programs, tmp_path, capsys):
+    # Greedy AR drains its batches or refills their slots: two decoders, both shown.
+    stock = two_programs[0]
+    drained = replay(stock, [SetMaxBatchSize(4), SetDrafter("none")])
+    refilled = apply(drained, SetRefill("continuous"))
+    for program, refill in ((drained, "drain"), (refilled, "continuous")):
+        save_program(program, tmp_path / "p.json")
+        assert main(["ir", "show", str(tmp_path / "p.json")]) == 0
+        text = capsys.readouterr().out
+        assert f"padded, max batch size 4, draft length fixed, {refill} refill" in text, text
+        assert "no speculation (greedy AR)" in text
 
 
 def test_diff(two_programs, capsys):
