@@ -14,25 +14,14 @@ ones.
 """
 from __future__ import annotations
 
-import heapq
-from typing import List, Sequence
+from typing import List
+
+from specpilot.cost.refill_schedule import refill_steps
 
 from .replay import (GRAPHED_ROUND_MODEL, NO_DECODE_STEPS, AcceptanceProfile, ProfileError,
                      ReplayFigure, cycled_batches, spec_step_cost)
 
 REFILL_MODEL = "continuous refill: a finished request's slot takes the next one at the next step"
-
-
-def refill_steps(lengths: Sequence[int], slots: int) -> int:
-    """Steps until `lengths` (steps each request needs, in queue order) are all done on `slots`
-    slots, each request starting at the first step a slot is free (the lowest slot on a tie)."""
-    free = [(0, slot) for slot in range(slots)]
-    end = 0
-    for steps in lengths:
-        start, slot = heapq.heappop(free)
-        end = max(end, start + steps)
-        heapq.heappush(free, (start + steps, slot))
-    return end
 
 
 def replay_refill(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:

@@ -18,6 +18,7 @@ from specpilot.ir import Program, program_id
 from .acceptance import is_dynamic, program_accepted_lengths, program_mean_accepted
 from .calibrate import Calibration, CalibrationPoint
 from .gpu_specs import GpuSpec
+from .refill_schedule import refill_steps
 from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
 from .roofline import (ACCEPT_OPS, forward_cost, gap_parts, graphed_share, step_nodes,
                        time_parts)
@@ -222,6 +223,8 @@ class CostModel:
         if lengths is None:
             raise ValueError("a workload prediction needs per-request accepted lengths")
         batch = program.batch.max_batch_size
+        if program.batch.refill == "continuous":
+            return self._predict_refill_run(program, lengths, prompt_lengths, new_tokens)
         roof = over = 0.0
         for start in range(0, len(prompt_lengths), batch):
             rows = list(range(start, min(start + batch, len(prompt_lengths))))
@@ -239,6 +242,32 @@ class CostModel:
             nodes = step_nodes(program, self.gpu, len(rows), context, accepted)
             roof += count * sum(n.roofline_s(self.gpu) for n in nodes)
             over += count * sum(n.overhead_s(self.gpu) for n in nodes)
+        return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
+                                  sum(new_tokens))
+
+    def _predict_refill_run(self, program: Program, lengths, prompt_lengths: Sequence[int],
+                            new_tokens: Sequence[int]) -> WorkloadPrediction:
+        """`predict_speculative_run` with continuous refill: the first `min(B, n)` requests are
+        prefilled together and every later one alone, as it takes a finished slot; every step
+        runs all the slots, for as many steps as the slot schedule needs (each request holds
+        a slot for its own steps: `refill_schedule.refill_steps`), at the mean context of the
+        requests (slots hold requests at every stage, not one batch's longest)."""
+        n = len(prompt_lengths)
+        slots = min(program.batch.max_batch_size, n)
+        roles = ("target", "drafter") if program.draft.speculates else ("target",)
+        roof = over = 0.0
+        for rows in [list(range(slots))] + [[r] for r in range(slots, n)]:
+            longest = max(prompt_lengths[r] for r in rows)
+            for role in roles:
+                r, o = self._prefill(program, role, len(rows), longest)
+                roof, over = roof + r, over + o
+        steps = refill_steps([len(s) for s in lengths], slots)
+        if steps:
+            flat = [a for s in lengths for a in s]
+            context = int(sum(prompt_lengths) / n + sum(new_tokens) / n / 2)
+            nodes = step_nodes(program, self.gpu, slots, context, sum(flat) / len(flat))
+            roof += steps * sum(node.roofline_s(self.gpu) for node in nodes)
+            over += steps * sum(node.overhead_s(self.gpu) for node in nodes)
         return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
                                   sum(new_tokens))
 

@@ -79,3 +79,30 @@ def test_report_and_ceiling_weigh_greedy_ar(program):
     always = AssumedAcceptance(1.0)
     assert model.report(off, always, batch=1).ceiling_topology != "no speculation (greedy AR)"
     assert model.report(off, always, batch=1).gap_per_token_s["topology"] > 0
+
+
+def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
+    from specpilot.ir import SetRefill
+
+    gpu = no_launch()
+    model = CostModel(gpu)
+    ranks = [[0, 2, 0], [1] * 6, [0]]                  # 4, 7 and 2 new tokens
+    acceptance = RankProfile(ranks, [len(r) + 1 for r in ranks])
+    off = apply(apply(program, SetMaxBatchSize(2)), SetDrafter("none"))
+    refilled = apply(off, SetRefill("continuous"))
+    got = model.predict_speculative_run(refilled, acceptance, [20, 30, 10], [4, 7, 2])
+
+    def prefill(rows, tokens):                        # by hand, as in the drained case above
+        n = rows * tokens
+        memory = (2 * target_params() + n * H * 2 + n * KV_TOKEN) / gpu.memory_bandwidth
+        compute = (2.0 * n * target_params() + L * 4.0 * n * tokens * 32 * 128) / gpu.matmul_flops
+        return max(memory, compute)
+
+    # request 0 holds slot 0 for 3 steps, request 1 slot 1 for 6; request 2 takes slot 0 at
+    # step 3 for 1 step: 6 steps of both slots, at the mean context 20 + 13 / 3 / 2 = 22.17
+    want = prefill(2, 30) + prefill(1, 10) + 6 * ar_step_bytes(2, 22) / gpu.memory_bandwidth
+    assert got.overhead_s == 0.0 and got.tokens == 13
+    assert got.roofline_s == pytest.approx(want, rel=1e-9)
+    # the drained batches: (0, 1) for 6 steps, then (2) alone for 1, each prefilled as a batch
+    drained = model.predict_speculative_run(off, acceptance, [20, 30, 10], [4, 7, 2])
+    assert drained.roofline_s > got.roofline_s
