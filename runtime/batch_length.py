@@ -86,9 +86,13 @@ def next_length(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tens
     least time per token, and whether a plain step would beat it): int64 and bool 0-dim
     tensors. The shortest length wins a tie."""
     if objective == "throughput":
-        spans = times_per_token(alpha, active, round_cost)
-    else:
-        spans = makespans(alpha, remaining, active, round_cost)
+        return shortest(times_per_token(alpha, active, round_cost))
+    return shortest(makespans(alpha, remaining, active, round_cost))
+
+
+def shortest(spans: torch.Tensor):
+    """(the length in 1..cap with the least of `spans` [cap + 1], whether length 0's is less):
+    int64 and bool 0-dim tensors. The shortest length wins a tie."""
     best = torch.argmin(spans[1:]) + 1
     # min, not spans[best]: indexing with a tensor reads it on the host, which a graph forbids.
     return best, spans[0] < spans[1:].min()
@@ -193,12 +197,11 @@ class BatchLengthPolicy:
 
     def _choose(self, alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor):
         """`next_length` by the objective; "throughput" reads the makespan once draining."""
-        if self.objective == "makespan":
-            return next_length(alpha, remaining, active, self.round_cost)
-        best, plain = next_length(alpha, remaining, active, self.round_cost, "throughput")
-        best_m, plain_m = next_length(alpha, remaining, active, self.round_cost)
-        return (torch.where(self.draining, best_m, best),
-                torch.where(self.draining, plain_m, plain))
+        spans = makespans(alpha, remaining, active, self.round_cost)
+        if self.objective == "throughput":
+            spans = torch.where(self.draining, spans,
+                                times_per_token(alpha, active, self.round_cost))
+        return shortest(spans)
 
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
              remaining: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -213,13 +216,14 @@ class BatchLengthPolicy:
         self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
         alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
         best, _ = self._choose(alpha, remaining, active)
-        best = torch.where(active.any(), best, self.chosen)
-        self.chosen.copy_(best)
         zero = torch.zeros_like(self.accepted_total)
         accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
                               torch.where(ran, (n < drafted).to(zero.dtype), zero))
-        self.workload.add_(torch.stack([accepted.sum(), rejected.sum(),
-                                        ran.to(zero.dtype).sum()]))
+        if self.objective == "throughput":    # refill's state; a padded round needs none of it
+            best = torch.where(active.any(), best, self.chosen)
+            self.chosen.copy_(best)
+            self.workload.add_(torch.stack([accepted.sum(), rejected.sum(),
+                                            ran.to(zero.dtype).sum()]))
         if not self.turn_off:
             return best
         self.accepted_total.add_(accepted)

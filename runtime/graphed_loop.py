@@ -20,6 +20,12 @@ def request_limits(max_new_tokens: Union[int, Sequence[int]], n: int) -> List[in
     return limits
 
 
+def replay_length(chosen, lengths: List[int]) -> int:
+    """The chain length to replay for a status row's chosen length (read back from the GPU),
+    held to the lengths the decoder has graphs for (sorted)."""
+    return min(max(int(chosen), lengths[0]), lengths[-1])
+
+
 def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False) -> Dict[int, int]:
     """Replay until every request of `decoder` (a GraphedChainDecoder) is done; returns the
     rounds run per chain length (their sum is the number of rounds).
@@ -39,7 +45,7 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
         if forced:
             k = lengths[j % len(lengths)]
         elif decoder.adaptive and j >= 2:
-            k = min(max(int(host[j - 2, 1]), lengths[0]), lengths[-1])
+            k = replay_length(host[j - 2, 1], lengths)
         replays[k]()
         rounds[k] = rounds.get(k, 0) + per
         last = min((j + 1) * per, decoder.width) - 1
@@ -78,6 +84,12 @@ def mean_committed(accepted: List[List[int]]) -> float:
     the rounds in `accepted` (per request, drafts accepted per round); 0.0 if none ran."""
     steps = sum(len(a) for a in accepted)
     return sum(n + 1 for row in accepted for n in row) / steps if steps else 0.0
+
+
+def ar_stats(stats: dict) -> dict:
+    """The stats of one call of plain greedy steps, eager or graphed: `speculation_off`, and
+    the refills made where slots were refilled."""
+    return {"speculation_off": 1, **({"refills": stats["refills"]} if "refills" in stats else {})}
 
 
 def logged_result(tokens: List[List[int]], logged: List[List[int]], target_forwards: int,

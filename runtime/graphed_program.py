@@ -34,7 +34,7 @@ from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
-from .graphed_loop import mean_committed
+from .graphed_loop import ar_stats, mean_committed
 from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .speculative import SpecResult
@@ -134,13 +134,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if refill and adaptive and cap:
-        decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
-                                       pair.eos_ids, capture=capture, adaptive=True,
-                                       length_cap=cap)
-    elif refill:
+    if refill:    # chains of up to k, adaptive or of k; of 0 without a drafter
         decoder = GraphedRefillDecoder(pair.target, pair.drafter if cap else None, batch,
-                                       capacity, cap, pair.eos_ids, capture=capture)
+                                       capacity, k if cap else 0, pair.eos_ids, capture=capture,
+                                       adaptive=adaptive and cap > 0, length_cap=cap)
     elif cap == 0:
         decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
                                       capture=capture)
@@ -168,7 +165,7 @@ def _batches(decoder, items: Sequence) -> List[Sequence]:
 def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
     r = decoder.generate(prompts, max_new_tokens)
     if decoder.k == 0:                       # plain greedy steps, named as the eager path does
-        r.stats = {"speculation_off": 1, **{k: v for k, v in r.stats.items() if k == "refills"}}
+        r.stats = ar_stats(r.stats)
     return r
 
 

@@ -39,7 +39,7 @@ from specpilot.ir.errors import SpecPilotError
 
 from .cuda_graphs import to_device
 from .graphed_chain import GraphedChainDecoder
-from .graphed_loop import cut_tokens, logged_result, request_limits
+from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
 from .row_prefill import RowPrefill
 from .speculative import SpecResult
 
@@ -140,9 +140,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         by_length: Dict[int, int] = {}
         k, replayed, refills = lengths[-1], 0, 0
         restarted = 0                   # lengths read back from before this replay are stale
-        if self.policy is not None and not queue:
-            self.policy.draining.fill_(True)
+        draining = self.policy is None  # the policy is told once, when the queue is empty
         while True:
+            if not draining and not queue:
+                self.policy.draining.fill_(True)
+                draining = True
             j = replayed
             if forced:
                 k = lengths[j % len(lengths)]
@@ -160,7 +162,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             if cuda:
                 self.events[(j - 1) % 3].synchronize()
             if self.adaptive and not forced and j - 1 >= restarted:
-                k = min(max(int(self.host_next[(j - 1) % 3, 1]), lengths[0]), lengths[-1])
+                k = replay_length(self.host_next[(j - 1) % 3, 1], lengths)
             active = self.host_active[(j - 1) % 3].tolist()
             done = [row for row in range(b) if held[row] is not None and not active[row]
                     and j - 1 >= trusted_from[row]]
@@ -179,8 +181,6 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
-                    if not queue and self.policy is not None:
-                        self.policy.draining.fill_(True)
             if all(h is None for h in held):
                 break
             if replayed * per > (n + b) * (self.width + 1):

@@ -33,6 +33,8 @@ from .adaptive_draft import AdaptiveChainProposer
 from .ar import ARResult, generate_ar
 from .dynamic_tree import DynamicProposer
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
+from .graphed_loop import ar_stats
+from .graphed_refill import GraphedRefillDecoder
 from .speculative import SpecResult, speculative_generate
 from .step_loop import decode_with_mechanisms
 from .steps import append_step, check_capacity
@@ -162,21 +164,25 @@ def _ar_in_batches(size: int, target, prompts, max_new_tokens, eos_ids,
         proposals += force_ar_proposals(target, chunk, reference)
         tokens += [list(t) for t in reference]
         forwards += max(len(t) for t in reference)
-    # The first token of a request comes from the prefill; each later one from one AR step.
+    return _ar_result(tokens, forwards, proposals,
+                      {"speculation_off": -(-len(prompts) // size)})  # batches, as graphed
+
+
+def _ar_result(tokens: List[List[int]], forwards: int, proposals: List[List[int]],
+               stats: dict) -> SpecResult:
+    """Greedy AR's run as a SpecResult: every step accepted no draft (one token per target
+    forward) and no drafter ran. The first token of a request comes from the prefill."""
     accepted = [[0] * max(0, len(t) - 1) for t in tokens]
     steps = sum(len(a) for a in accepted)
     return SpecResult(tokens=tokens, target_forwards=forwards, drafter_forwards=0,
                       accepted_lengths=accepted, mean_accepted=1.0 if steps else 0.0,
-                      proposals=proposals,
-                      stats={"speculation_off": -(-len(prompts) // size)})  # batches, as graphed
+                      proposals=proposals, stats=stats)
 
 
 def _ar_with_refill(size: int, target, prompts, max_new_tokens, eos_ids,
                     force_reference) -> SpecResult:
     """A Program without a drafter whose finished slots are refilled: the graphed runtime's
     refill loop with chains of 0, its rounds run eagerly (runtime/graphed_refill.py)."""
-    from .graphed_refill import GraphedRefillDecoder    # it builds on this module's runtime
-
     longest = (max_new_tokens if force_reference is None
                else max(len(t) for t in force_reference.tokens))
     capacity = check_capacity(target, prompts, longest, slack=1)
@@ -184,15 +190,11 @@ def _ar_with_refill(size: int, target, prompts, max_new_tokens, eos_ids,
                                    capture=False)
     if force_reference is None:
         r = decoder.generate(prompts, max_new_tokens)
-        r.stats = {"speculation_off": 1, "refills": r.stats["refills"]}   # as the graphed path
+        r.stats = ar_stats(r.stats)                 # as the graphed path names them
         return r
     tokens = [list(t) for t in force_reference.tokens]
-    proposals = decoder.force(prompts, tokens)
-    accepted = [[0] * max(0, len(t) - 1) for t in tokens]
     # Forced: one verified position per reference token (a forced run is compared, not timed).
-    return SpecResult(tokens=tokens, target_forwards=sum(len(t) for t in tokens),
-                      drafter_forwards=0, accepted_lengths=accepted,
-                      mean_accepted=1.0 if any(accepted) else 0.0, proposals=proposals)
+    return _ar_result(tokens, sum(len(t) for t in tokens), decoder.force(prompts, tokens), {})
 
 
 def force_program_decode(program: Program, target, drafter, prompts: Sequence[Sequence[int]],

@@ -229,21 +229,32 @@ class CostModel:
         for start in range(0, len(prompt_lengths), batch):
             rows = list(range(start, min(start + batch, len(prompt_lengths))))
             longest = max(prompt_lengths[r] for r in rows)
-            for role in ("target", "drafter") if program.draft.speculates else ("target",):
-                r, o = self._prefill(program, role, len(rows), longest)
-                roof, over = roof + r, over + o
+            r, o = self._prefills(program, len(rows), longest)
             steps = [lengths[r] for r in rows]
-            count = max(len(s) for s in steps)
-            if count == 0:
-                continue
-            flat = [a for s in steps for a in s]
-            accepted = sum(flat) / len(flat)
             context = longest + max(new_tokens[r] for r in rows) // 2
-            nodes = step_nodes(program, self.gpu, len(rows), context, accepted)
-            roof += count * sum(n.roofline_s(self.gpu) for n in nodes)
-            over += count * sum(n.overhead_s(self.gpu) for n in nodes)
+            sr, so = self._steps(program, steps, max(len(s) for s in steps), len(rows), context)
+            roof, over = roof + r + sr, over + o + so
         return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
                                   sum(new_tokens))
+
+    def _prefills(self, program: Program, rows: int, longest: int):
+        """(roofline, overhead) seconds of prefilling `rows` prompts of up to `longest` tokens
+        into each model the Program runs."""
+        roof = over = 0.0
+        for role in ("target", "drafter") if program.draft.speculates else ("target",):
+            r, o = self._prefill(program, role, rows, longest)
+            roof, over = roof + r, over + o
+        return roof, over
+
+    def _steps(self, program: Program, lengths, count: int, rows: int, context: int):
+        """(roofline, overhead) seconds of `count` steps of `rows` rows at `context`, accepting
+        the mean of the accepted lengths `lengths` (per request, per step)."""
+        flat = [a for s in lengths for a in s]
+        if count == 0 or not flat:
+            return 0.0, 0.0
+        nodes = step_nodes(program, self.gpu, rows, context, sum(flat) / len(flat))
+        return (count * sum(n.roofline_s(self.gpu) for n in nodes),
+                count * sum(n.overhead_s(self.gpu) for n in nodes))
 
     def _predict_refill_run(self, program: Program, lengths, prompt_lengths: Sequence[int],
                             new_tokens: Sequence[int]) -> WorkloadPrediction:
@@ -254,20 +265,14 @@ class CostModel:
         requests (slots hold requests at every stage, not one batch's longest)."""
         n = len(prompt_lengths)
         slots = min(program.batch.max_batch_size, n)
-        roles = ("target", "drafter") if program.draft.speculates else ("target",)
-        roof = over = 0.0
-        for rows in [list(range(slots))] + [[r] for r in range(slots, n)]:
-            longest = max(prompt_lengths[r] for r in rows)
-            for role in roles:
-                r, o = self._prefill(program, role, len(rows), longest)
-                roof, over = roof + r, over + o
-        steps = refill_steps([len(s) for s in lengths], slots)
-        if steps:
-            flat = [a for s in lengths for a in s]
-            context = int(sum(prompt_lengths) / n + sum(new_tokens) / n / 2)
-            nodes = step_nodes(program, self.gpu, slots, context, sum(flat) / len(flat))
-            roof += steps * sum(node.roofline_s(self.gpu) for node in nodes)
-            over += steps * sum(node.overhead_s(self.gpu) for node in nodes)
+        roof, over = self._prefills(program, slots, max(prompt_lengths[:slots]))
+        for r in range(slots, n):
+            pr, po = self._prefills(program, 1, prompt_lengths[r])
+            roof, over = roof + pr, over + po
+        context = int(sum(prompt_lengths) / n + sum(new_tokens) / n / 2)
+        sr, so = self._steps(program, lengths, refill_steps([len(s) for s in lengths], slots),
+                             slots, context)
+        roof, over = roof + sr, over + so
         return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
                                   sum(new_tokens))
 
