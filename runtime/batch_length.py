@@ -19,12 +19,22 @@ estimates have left their optimistic prior.
 
 Because off is for good, it needs more than the recent rounds: it is decided on the larger of
 the moving-average alpha and the request's whole-history alpha (accepted drafts and rejections
-counted since the batch began, one of each added as a prior), so a request whose drafter agrees
-well overall is not cut off by a few bad rounds. On HumanEval chain(4) profiles replayed with
-step costs measured at Llama-3.1-8B / 3.2-1B shape on an H200, the moving average alone turned
-most batch-1 requests off early (1.02x plain AR, against 1.20x for the fixed chain); with the
-whole history too the rule gave 1.19x there, and 0.97-0.98x with a useless drafter, as before
+counted since the batch began), so a request whose drafter agrees well overall is not cut off by
+a few bad rounds. On HumanEval chain(4) profiles replayed with step costs measured at
+Llama-3.1-8B / 3.2-1B shape on an H200, the moving average alone turned most batch-1 requests
+off early (1.02x plain AR, against 1.20x for the fixed chain); with the whole history too the
+rule gave 1.19x there, and 0.97-0.98x with a useless drafter, as before
 (bench/results/llama8b-1b-replayed-*-history-rule.json, BENCHMARKS.md).
+
+The whole-history alpha is an upper confidence bound (`upper_acceptance`: the mean of
+Beta(accepted + 1, rejections + 1) plus `OFF_CONFIDENCE` standard deviations), not the mean.
+After four rounds the mean is noise: on the H200 a 161M pair whose chain(4) gained 1.19x at batch
+4 had a request or two in most batches open with three or four rejections, the batch turned off
+at its fourth round and the rule gave 1.03x; with refill one such turn-off held for the whole
+queue (1.17x against 1.51x for the fixed chain). The bound lets a drafter that truly never
+agrees off after five rounds where rounds are dear, about ten where they are cheap. Replayed on
+that pair's profiles (8B-shape costs, and the pair's own), it lifts the rule at batch 1-16 (up to
+1.00x -> 1.42x with refill at batch 4) and costs at most 0.01x with a useless drafter.
 
 With continuous refill (runtime/graphed_refill.py, objective "throughput") a finished slot takes
 the next request at once, so no request's tail decides anything: the length is the one with the
@@ -51,8 +61,22 @@ from .adaptive_draft import (acceptance_rate, check_draft_cost, expected_tokens,
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 4
+# Standard deviations above the mean acceptance at which a turn-off is judged (upper_acceptance).
+OFF_CONFIDENCE = 2.0
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
+
+
+def upper_acceptance(accepted: torch.Tensor, rejected: torch.Tensor,
+                     z: float = None) -> torch.Tensor:
+    """An upper confidence bound on the per-draft acceptance of requests that accepted
+    `accepted` drafts and met `rejected` rejections: the mean of Beta(accepted + 1,
+    rejected + 1) plus `z` standard deviations, at most 1. Tensor operations only."""
+    z = OFF_CONFIDENCE if z is None else z
+    a, r = accepted + 1.0, rejected + 1.0
+    mean = a / (a + r)
+    spread = torch.sqrt(mean * (1.0 - mean) / (a + r + 1.0))
+    return (mean + z * spread).clamp(max=1.0)
 
 
 def model_round_costs(cap: int, draft_cost: float) -> List[float]:
@@ -179,7 +203,7 @@ class BatchLengthPolicy:
     def admit(self, row: int, alone: bool = False) -> None:
         """Request `row` is a newcomer (continuous refill): its estimates start from the
         averages per round of every request so far (the optimistic prior before any), and its
-        own history from nothing. `alone` (no other request is in the batch): the batch starts
+        history as OFF_AFTER_ROUNDS rounds at those averages (nothing before any). `alone` (no other request is in the batch): the batch starts
         anew, as a padded batch would (optimistic, speculating, the turn-off unsettled); with
         one slot every request is judged on its own rounds. Stream-ordered tensor operations,
         no host sync."""
@@ -192,8 +216,12 @@ class BatchLengthPolicy:
                                              torch.full_like(rounds, float(self.cap)))
         self.rejected_avg[row] = torch.where(seen, self.workload[1] / rounds.clamp(min=1.0),
                                              torch.zeros_like(rounds))
-        self.accepted_total[row] = 0.0
-        self.rejected_total[row] = 0.0
+        # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload: a bound from
+        # no evidence at all would hold a useless drafter on for every newcomer.
+        prior = torch.where(seen, OFF_AFTER_ROUNDS / rounds.clamp(min=1.0),
+                            torch.zeros_like(rounds))
+        self.accepted_total[row] = self.workload[0] * prior
+        self.rejected_total[row] = self.workload[1] * prior
 
     def _choose(self, alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor):
         """`next_length` by the objective; "throughput" reads the makespan once draining."""
@@ -228,7 +256,7 @@ class BatchLengthPolicy:
             return best
         self.accepted_total.add_(accepted)
         self.rejected_total.add_(rejected)
-        overall = acceptance_rate(self.accepted_total + 1.0, self.rejected_total + 1.0)
+        overall = upper_acceptance(self.accepted_total, self.rejected_total)
         _, plain_wins = self._choose(torch.maximum(alpha, overall), remaining, active)
         settled = self.rounds >= OFF_AFTER_ROUNDS - 1
         self.rounds.add_(1)

@@ -15,6 +15,7 @@ be tested without a GPU, and so a capture problem can be told apart from a logic
 """
 from __future__ import annotations
 
+import gc
 from typing import Optional
 
 import torch
@@ -39,10 +40,22 @@ def capture_graph(body, device, pool=None):
             body()
     current.wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    # Captured on the stream the warm-up ran on: cuBLAS keeps a workspace per stream, and the
-    # one made for the side stream above is the one the captured GEMMs then use.
-    with torch.cuda.graph(graph, pool=pool, stream=side):
-        out = body()
+    # Unreachable objects may hold graphs (a decoder built for another batch size, in a
+    # reference cycle). Should the garbage collector free one while this capture runs, the
+    # graph's destruction is an API call that a capture forbids, and the capture fails
+    # ("operation failed due to a previous error during capture"; seen at batch 64 after
+    # decoders for batch 1-16). torch.cuda.graph no longer collects first (it is slow), so the
+    # collector is kept off until the capture has ended; what it would have freed waits.
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        # Captured on the stream the warm-up ran on: cuBLAS keeps a workspace per stream, and
+        # the one made for the side stream above is the one the captured GEMMs then use.
+        with torch.cuda.graph(graph, pool=pool, stream=side):
+            out = body()
+    finally:
+        if was_enabled:
+            gc.enable()
     return graph, out
 
 

@@ -94,3 +94,38 @@ def test_host_data_reaches_the_device_in_stream_order_without_a_wait():
     got = [to_device(v, "cuda") for v in values]   # each from its own page-locked block
     for v, g in zip(values, got):
         assert g.device.type == "cuda" and torch.equal(g.cpu(), v)
+
+
+def test_a_graph_freed_by_the_garbage_collector_during_a_capture_does_not_break_it():
+    """A dead reference cycle holding a captured graph (as a decoder for another batch size can
+    be) must not be collected while another capture runs: destroying a graph is forbidden
+    during a capture. The captured body here drops such a cycle and then allocates enough to
+    start the collector, which is what happens when a decoder is replaced between batch sizes."""
+    import gc
+
+    from specpilot.runtime.cuda_graphs import WARMUP_RUNS, capture_graph
+
+    x = torch.randn(64, device="cuda")
+    held = [capture_graph(lambda: x * 3, "cuda")[0]]
+    calls = []
+
+    class Cycle:
+        pass
+
+    def body():
+        calls.append(1)
+        if len(calls) == WARMUP_RUNS + 1 and held:      # the captured run
+            dead = Cycle()
+            dead.graph, dead.me = held.pop(), dead       # now reachable only from itself
+            del dead
+            junk = []
+            for i in range(5 * gc.get_threshold()[0]):        # starts a collection
+                junk.append([i])
+        return x * 2
+
+    graph, out = capture_graph(body, "cuda")
+    x.copy_(torch.randn(64, device="cuda"))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(out, x * 2)
+    assert gc.isenabled()

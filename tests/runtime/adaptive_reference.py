@@ -1,6 +1,8 @@
 """An independent float64 statement of the adaptive draft-length rule (runtime/adaptive_draft.py)
 for the tests to check the eager and the device-resident versions against, and a drafter that
 is wrong up to a position and right after it."""
+import math
+
 import torch
 
 from mechanism_setup import ContraryDrafter
@@ -36,13 +38,19 @@ def reference_lengths(cap, accepted_fraction, rounds, start=None, cost=DRAFT_COS
     return out
 
 
+def beta_upper(a: float, b: float, z: float = 2.0) -> float:
+    """The mean of Beta(a, b) plus z standard deviations, at most 1."""
+    mean = a / (a + b)
+    return min(1.0, mean + z * math.sqrt(a * b / ((a + b) ** 2 * (a + b + 1.0))))
+
+
 def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, turn_off=True,
                             off_after=4):
     """The batch lengths a padded batch of requests that share one acceptance estimate runs
     (runtime/batch_length.py): after each round the L in 1..cap minimising cost(L) / E(L), with
     cost(L) = 1 + cost L; 0 for good once a plain step (cost 1, one token) beats it, from round
-    `off_after` on, at the larger of the moving-average alpha and the whole-history one
-    ((accepted + 1) / (accepted + rejections + 2) since the batch began). Each round accepts
+    `off_after` on, at the larger of the moving-average alpha and an upper bound on the
+    whole-history one (`beta_upper` of accepted + 1, rejections + 1 since the batch began). Each round accepts
     `accepted_fraction(length)` drafts."""
     a, r, length, off, out = float(cap), 0.0, cap, False, []
     total_a = total_r = 0.0
@@ -56,7 +64,7 @@ def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, tur
         alpha = a / (a + r)
         spans = [(1.0 + cost * n) / expected_tokens(alpha, n) for n in range(cap + 1)]
         best = min(range(1, cap + 1), key=lambda n: (spans[n], n))
-        sure = max(alpha, (total_a + 1.0) / (total_a + total_r + 2.0))
+        sure = max(alpha, beta_upper(total_a + 1.0, total_r + 1.0))
         sure_spans = [(1.0 + cost * n) / expected_tokens(sure, n) for n in range(cap + 1)]
         plain_wins = sure_spans[0] < min(sure_spans[1:])
         off = off or (turn_off and i >= off_after - 1 and plain_wins)

@@ -67,8 +67,11 @@ def test_a_few_bad_rounds_after_good_ones_do_not_turn_speculation_off():
     # accepted, 4 rejections) it is (16 + 1) / (16 + 4 + 2) = 0.77, which keeps it on.
     lengths = _run_policy([4, 4, 4, 4, 0, 0, 0, 0])
     assert 0 not in lengths
-    # A drafter that never agrees is turned off at the fourth round, as before.
-    assert _run_policy([0] * 6)[3:] == [0, 0, 0]
+    # A drafter that never agrees is turned off at the fifth round: after n rejections and
+    # nothing accepted the upper bound on its acceptance is the mean of Beta(1, n + 1) plus two
+    # standard deviations, 0.45 at n = 4 (where E(1) = 1.45 > cost(1) = 1.4 still) and 0.39 at
+    # n = 5 (E(1) = 1.39, E(2) = 1.54, E(3) = 1.60, E(4) = 1.62: below every cost).
+    assert _run_policy([0] * 7)[3:] == [1, 0, 0, 0]
     # And one that only agreed long ago is turned off once the history agrees with the present.
     late = _run_policy([4, 4] + [0] * 30)
     assert late[-1] == 0 and late.index(0) > 6
@@ -109,6 +112,31 @@ def test_a_newcomer_starts_from_the_averages_of_the_requests_before_it():
     policy.admit(1)
     assert policy.accepted_avg[1].item() == pytest.approx(accepted / rounds)
     assert policy.rejected_avg[1].item() == pytest.approx(rejections / rounds)
-    assert policy.accepted_total[1].item() == 0 and policy.rejected_total[1].item() == 0
+    from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS as prior   # its history
+
+    assert policy.accepted_total[1].item() == pytest.approx(prior * accepted / rounds)
+    assert policy.rejected_total[1].item() == pytest.approx(prior * rejections / rounds)
     with pytest.raises(Exception, match="objective"):
         BatchLengthPolicy(2, 4, "cpu", 0.0, objective="fastest")
+
+
+def test_the_upper_bound_on_acceptance_is_the_beta_mean_plus_two_deviations():
+    from specpilot.runtime.batch_length import upper_acceptance
+
+    # Beta(9, 3): mean 3 / 4, variance 9 * 3 / (12 ** 2 * 13); Beta(1, 1): mean 1 / 2, sd
+    # 1 / sqrt(12), so the bound passes 1 and is clamped.
+    got = upper_acceptance(torch.tensor([8.0, 0.0, 0.0]), torch.tensor([2.0, 0.0, 30.0]))
+    want = [0.75 + 2 * (27 / (144 * 13)) ** 0.5, 1.0,
+            1 / 32 + 2 * ((1 / 32) * (31 / 32) / 33) ** 0.5]
+    assert got.tolist() == pytest.approx(want, rel=1e-6)
+
+
+def test_a_slow_start_does_not_turn_off_a_drafter_that_then_agrees():
+    """Four rejections in four rounds (one draft accepted), then full chains: by the mean of
+    the history ((1 + 1) / (1 + 4 + 2) = 0.29, E(L) < cost(L) for every L; the moving average
+    is lower still) plain steps would win at the fourth round, and off is for good. Four rounds are too few to tell: the upper bound
+    keeps the batch speculating, and the full chains that follow bring it to the longest."""
+    lengths = _run_policy([1, 0, 0, 0] + [4] * 8, costs=(1.0, 1.39, 1.79, 1.95, 2.41))
+    assert 0 not in lengths and lengths[-1] == 4
+    alpha = 2 / 7
+    assert all(_expected(alpha, n) < c for n, c in zip(range(1, 5), (1.39, 1.79, 1.95, 2.41)))

@@ -174,13 +174,15 @@ def test_a_drafter_that_is_always_wrong_shortens_the_chain_and_turns_speculation
     r = decoder.generate(s["prompts"], MAX_NEW)
     assert r.tokens == s["reference"].tokens
     # The batch's length after each round, by the rule in float64 (every request accepts
-    # nothing, so they share one estimate): 3, 2, 1, then plain steps for good from the fourth
-    # round on (or 1 draft, where the batch may not turn off). The first two rounds run the
-    # full length (the host reads the length two replays behind).
+    # nothing, so they share one estimate): 3, 2, 1, 1, ..., then plain steps for good from the
+    # tenth round on (or 1 draft, where the batch may not turn off): the upper bound on the
+    # acceptance after n rejected rounds, the mean of Beta(1, n + 1) plus two deviations, first
+    # falls below 0.25 (where E(1) = 1 + alpha < cost(1) = 1.25) at n = 10 (0.237; 0.257 at 9).
+    # The first two rounds run the full length (the host reads the length two replays behind).
     rounds = r.target_forwards - 1
     wanted = reference_batch_lengths(4, lambda n: 0, rounds, turn_off=turn_off)[1:]
     graphs = [4, 4] + wanted[:rounds - 2]
-    assert wanted[:4] == [3, 2, 1, 0 if turn_off else 1] and rounds > 6
+    assert wanted[:10] == [3, 2] + [1] * 7 + [0 if turn_off else 1] and rounds > 12
     assert r.stats == {f"rounds_chain_{n}": graphs.count(n) for n in sorted(set(graphs))}
     assert r.drafter_forwards == 1 + sum(graphs)       # plain steps run no drafter
 
