@@ -203,10 +203,10 @@ class BatchLengthPolicy:
     def admit(self, row: int, alone: bool = False) -> None:
         """Request `row` is a newcomer (continuous refill): its estimates start from the
         averages per round of every request so far (the optimistic prior before any), and its
-        history as OFF_AFTER_ROUNDS rounds at those averages (nothing before any). `alone` (no other request is in the batch): the batch starts
-        anew, as a padded batch would (optimistic, speculating, the turn-off unsettled); with
-        one slot every request is judged on its own rounds. Stream-ordered tensor operations,
-        no host sync."""
+        history as OFF_AFTER_ROUNDS rounds at those averages (nothing before any). `alone` (no
+        other request is in the batch): the batch starts anew, as a padded batch would
+        (optimistic, speculating, the turn-off unsettled); with one slot every request is
+        judged on its own rounds. Stream-ordered tensor operations, no host sync."""
         if alone:
             self._restart()
             return
@@ -237,7 +237,7 @@ class BatchLengthPolicy:
         accepted of `drafted`; then the length that would finish the `active` requests
         (`remaining` tokens each) soonest (or serve them fastest), or 0 for good once plain
         steps would, from the `OFF_AFTER_ROUNDS`-th round of the batch on, by both the recent
-        and the whole-history estimate."""
+        and an upper bound on the whole-history one."""
         ran = ran & (drafted > 0)
         accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
         self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
