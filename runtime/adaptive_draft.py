@@ -78,6 +78,22 @@ def acceptance_rate(accepted_avg, rejected_avg):
     return accepted_avg / (accepted_avg + rejected_avg)
 
 
+# Standard deviations above the mean acceptance at which the length rule judges a turn-off
+# (runtime/batch_length.py, runtime/workload_memory.py).
+OFF_CONFIDENCE = 2.0
+
+
+def upper_acceptance(accepted: torch.Tensor, rejected: torch.Tensor,
+                     z: float = OFF_CONFIDENCE) -> torch.Tensor:
+    """An upper confidence bound on the per-draft acceptance of requests that accepted
+    `accepted` drafts and met `rejected` rejections: the mean of Beta(accepted + 1,
+    rejected + 1) plus `z` standard deviations, at most 1. Tensor operations only."""
+    a, r = accepted + 1.0, rejected + 1.0
+    mean = a / (a + r)
+    spread = torch.sqrt(mean * (1.0 - mean) / (a + r + 1.0))
+    return (mean + z * spread).clamp(max=1.0)
+
+
 def check_draft_cost(draft_cost: float) -> float:
     """`draft_cost` as a float, or a SpecPilotError unless it is finite and >= 0."""
     if not 0.0 <= draft_cost < float("inf"):

@@ -26,7 +26,7 @@ off early (1.02x plain AR, against 1.20x for the fixed chain); with the whole hi
 rule gave 1.19x there, and 0.97-0.98x with a useless drafter, as before
 (bench/results/llama8b-1b-replayed-*-history-rule.json, BENCHMARKS.md).
 
-The whole-history alpha is an upper confidence bound (`upper_acceptance`: the mean of
+The whole-history alpha is an upper confidence bound (adaptive_draft.upper_acceptance: the mean of
 Beta(accepted + 1, rejections + 1) plus `OFF_CONFIDENCE` standard deviations), not the mean.
 After four rounds the mean is noise: on the H200 a 161M pair whose chain(4) gained 1.19x at batch
 4 had a request or two in most batches open with three or four rejections, the batch turned off
@@ -57,26 +57,13 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 from .adaptive_draft import (acceptance_rate, check_draft_cost, expected_tokens,
-                             update_acceptance)
+                             update_acceptance, upper_acceptance)
+from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 4
-# Standard deviations above the mean acceptance at which a turn-off is judged (upper_acceptance).
-OFF_CONFIDENCE = 2.0
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
-
-
-def upper_acceptance(accepted: torch.Tensor, rejected: torch.Tensor,
-                     z: float = None) -> torch.Tensor:
-    """An upper confidence bound on the per-draft acceptance of requests that accepted
-    `accepted` drafts and met `rejected` rejections: the mean of Beta(accepted + 1,
-    rejected + 1) plus `z` standard deviations, at most 1. Tensor operations only."""
-    z = OFF_CONFIDENCE if z is None else z
-    a, r = accepted + 1.0, rejected + 1.0
-    mean = a / (a + r)
-    spread = torch.sqrt(mean * (1.0 - mean) / (a + r + 1.0))
-    return (mean + z * spread).clamp(max=1.0)
 
 
 def model_round_costs(cap: int, draft_cost: float) -> List[float]:
@@ -179,6 +166,8 @@ class BatchLengthPolicy:
         # empty: with no newcomer left, the batch drains and its makespan matters again.
         self.rounds = torch.zeros((), dtype=torch.int64, device=device)
         self.draining = torch.zeros((), dtype=torch.bool, device=device)
+        # Padded batches only: the workload's finished requests, from one batch to the next.
+        self.memory = WorkloadMemory() if objective == "makespan" and turn_off else None
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
@@ -190,6 +179,21 @@ class BatchLengthPolicy:
         self.workload.zero_()
         self.draining.zero_()
         self._restart()
+
+    def remember_batch(self) -> None:
+        """Keep the whole-history counts of the batch that ran last (runtime/workload_memory.py).
+        Reads them on the host: call between batches, before `reset`."""
+        if self.memory is not None:
+            self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist())
+
+    def start(self, requests: int) -> int:
+        """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
+        from the first round, for good) where the remembered workload says plain steps would
+        finish it sooner, else the longest."""
+        if self.memory is None or not self.memory.starts_off(requests, self.round_cost.tolist()):
+            return self.cap
+        self.off.fill_(True)
+        return 0
 
     def _restart(self) -> None:
         self.accepted_avg.fill_(float(self.cap))

@@ -149,6 +149,7 @@ class GraphedChainDecoder:
         self.adaptive, self.length_cap = adaptive, cap
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                         self.length_objective) if adaptive else None
+        self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
@@ -380,8 +381,14 @@ class GraphedChainDecoder:
     def _start(self, prompts, limits: List[int],
                reference: Optional[Sequence[Sequence[int]]] = None) -> None:
         """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
-        both models prefilled with `prompts` and each row's first round set up (`_begin`)."""
+        both models prefilled with `prompts` and each row's first round set up (`_begin`).
+        An adaptive padded decoder first keeps what the last batch told of the workload, and
+        may start this one with speculation off (runtime/workload_memory.py)."""
+        if self.policy is not None:
+            self.policy.remember_batch()                 # before _reset clears its counts
         self._reset()
+        if self.policy is not None and reference is None:
+            self.first_length = self.policy.start(len(prompts))
         if reference is not None:
             table = torch.zeros((self.batch, self.width), dtype=torch.int64)
             for row, ref in enumerate(reference):

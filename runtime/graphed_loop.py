@@ -39,7 +39,8 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
     host, events = decoder.host_status, decoder.events
     replays_max = host.shape[0]
     lengths = sorted(replays)
-    k = lengths[-1]
+    # The longest length, or the one the decoder's policy started the batch with.
+    k = decoder.first_length if decoder.adaptive and not forced else lengths[-1]
     rounds: Dict[int, int] = {}
     for j in range(replays_max):
         if forced:

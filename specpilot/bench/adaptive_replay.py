@@ -21,6 +21,10 @@ drafts up to that length plus one token, and the rule (`BatchLengthPolicy`, the 
 device-state code, here on the CPU) picks the next length from what was accepted. The runtime
 applies a chosen length a few rounds later (the host reads it back between replays); the replay
 applies it at the next round.
+
+A batch may start with speculation off by what the requests before it showed
+(runtime/workload_memory.py); with `warm`, the replay first plays the whole profile once,
+unmeasured, so that even a workload of one batch is timed with that memory, as the bench does.
 """
 from __future__ import annotations
 
@@ -94,9 +98,12 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
 
 
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
-                    unknown_agrees: bool = False) -> ReplayFigure:
+                    unknown_agrees: bool = False, warm: bool = False) -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
-    pessimistic, or with `unknown_agrees` optimistic."""
+    pessimistic, or with `unknown_agrees` optimistic. As in the decoder, each batch may start
+    with speculation off by what the batches before it taught (runtime/workload_memory.py);
+    with `warm` the whole profile is played once first, unmeasured, as `specpilot bench` warms
+    a system up on its whole workload before timing it."""
     batches = cycled_batches(len(profile.accepted_lengths), batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
@@ -104,28 +111,31 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
                                round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off)
     count = len(maps)
-    tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0
-    spec_seconds = 0.0
-    for number, rows in enumerate(batches):
-        start = number * batch
-        decode = [profile.new_tokens[r] - 1 for r in rows]
-        tokens += sum(decode)
-        ar_steps += max(decode)
-        position = [0] * batch
-        remaining = torch.tensor(decode, dtype=torch.int64)
-        policy.reset()
-        agree = [maps[r] for r in rows]
-        counted = [start + i < count for i in range(batch)]  # requests, not their repeats
-        length = k
-        while bool((remaining > 0).any()):
-            spec_seconds += seconds[length]
-            spec_steps += 1
-            remaining, length, rounds, accepted = play_round(policy, agree, counted, position,
-                                                             remaining, length)
-            committed_steps += rounds
-            accepted_total += accepted
+    for measured in ([False] if warm else []) + [True]:
+        tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0
+        spec_seconds = 0.0
+        for number, rows in enumerate(batches):
+            start = number * batch
+            decode = [profile.new_tokens[r] - 1 for r in rows]
+            tokens += sum(decode)
+            ar_steps += max(decode)
+            position = [0] * batch
+            remaining = torch.tensor(decode, dtype=torch.int64)
+            policy.remember_batch()
+            policy.reset()
+            length = policy.start(len(rows))
+            agree = [maps[r] for r in rows]
+            counted = [start + i < count for i in range(batch)]  # requests, not their repeats
+            while bool((remaining > 0).any()):
+                spec_seconds += seconds[length]
+                spec_steps += 1
+                remaining, length, rounds, accepted = play_round(policy, agree, counted,
+                                                                 position, remaining, length)
+                committed_steps += rounds
+                accepted_total += accepted
     if tokens == 0:
         raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
-                        ar_steps * seconds[0], 1 + accepted_total / committed_steps,
+                        ar_steps * seconds[0],
+                        1 + accepted_total / committed_steps if committed_steps else 1.0,
                         step_model=ADAPTIVE_MODEL)

@@ -160,8 +160,9 @@ def load_step_costs(settings: ShapesBenchSettings) -> tuple:
 def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                 adaptive: bool = False, refill: bool = False) -> tuple:
     """(rows for tables/plots, replay figures as JSON), all labelled replayed acceptance; with
-    `adaptive`, two rows of the batch-length rule too, pessimistic and optimistic about the
-    drafts the profile does not show (specpilot/bench/adaptive_replay.py); with `refill`, rows
+    `adaptive`, rows of the batch-length rule too, pessimistic and optimistic about the
+    drafts the profile does not show (specpilot/bench/adaptive_replay.py), and pessimistic
+    after a warm-up pass over the whole profile; with `refill`, rows
     of AR and of the topology with continuous refill (specpilot/bench/refill_replay.py), their
     × AR against the padded AR row; with both, rows of the two combined
     (specpilot/bench/adaptive_refill_replay.py), also against the padded AR row."""
@@ -180,6 +181,13 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                 systems.append((f"spec {profile.topology}, adaptive lengths, {bound}",
                                 rule.tokens_per_s, rule.spec_steps, rule.speedup,
                                 rule.mean_accepted))
+            # Timed after a warm-up on the whole workload, as `specpilot bench` times a system:
+            # a batch may start off by what the decoder remembers (runtime/workload_memory.py).
+            warm = replay_adaptive(profile, costs, b, warm=True)
+            figures.append(dict(warm.to_json(), system="adaptive lengths, warm, pessimistic"))
+            systems.append((f"spec {profile.topology}, adaptive lengths, warm, pessimistic",
+                            warm.tokens_per_s, warm.spec_steps, warm.speedup,
+                            warm.mean_accepted))
         if refill:
             kept = replay_refill(profile, costs, b)
             figures.append(dict(kept.to_json(), system="continuous refill"))

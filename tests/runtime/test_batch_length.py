@@ -121,7 +121,7 @@ def test_a_newcomer_starts_from_the_averages_of_the_requests_before_it():
 
 
 def test_the_upper_bound_on_acceptance_is_the_beta_mean_plus_two_deviations():
-    from specpilot.runtime.batch_length import upper_acceptance
+    from specpilot.runtime.adaptive_draft import upper_acceptance
 
     # Beta(9, 3): mean 3 / 4, variance 9 * 3 / (12 ** 2 * 13); Beta(1, 1): mean 1 / 2, sd
     # 1 / sqrt(12), so the bound passes 1 and is clamped.

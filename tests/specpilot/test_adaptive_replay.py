@@ -93,7 +93,10 @@ def test_the_shapes_bench_adds_a_row_of_the_rule_per_batch_size():
     c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
     rows, figures = replay_rows(profile, c, [1, 4], adaptive=True)
     names = [(r["system"], r["batch_size"]) for r in rows]
-    assert ("spec chain(3), adaptive lengths, pessimistic", 4) in names and len(rows) == 8
+    assert ("spec chain(3), adaptive lengths, pessimistic", 4) in names and len(rows) == 10
+    warm = [f for f in figures if f.get("system") == "adaptive lengths, warm, pessimistic"]
+    assert [f["speedup_vs_ar"] for f in warm] == [
+        replay_adaptive(profile, c, b, warm=True).speedup for b in (1, 4)]
     for bound, unknown_agrees in (("pessimistic", False), ("optimistic", True)):
         rule = [f for f in figures if f.get("system") == f"adaptive lengths, {bound}"]
         assert [f["batch_size"] for f in rule] == [1, 4]
@@ -184,3 +187,26 @@ def test_a_replay_on_stored_step_costs_needs_no_measuring(tmp_path):
     # Costs of other shapes, or a batch size they lack, are refused with what to do.
     assert main(argv[:2] + ["llama-3.2-1b:llama-3.2-1b"] + argv[3:]) == 2
     assert main(argv[:7] + ["1,16"] + argv[8:]) == 2
+
+
+@pytest.mark.parametrize("batch", [4, 8])
+def test_after_a_warm_up_a_batch_that_would_lose_runs_plain_steps_from_its_first_round(batch):
+    """Eight requests (what the decoder must remember before it starts a batch off) of a
+    drafter that is nearly always wrong: played cold, the rule pays the rounds before its
+    turn-off; played after a warm-up pass over the same requests (as the bench times), every
+    batch runs plain steps only: exactly plain AR. A drafter that is nearly always right is
+    never started off."""
+    from specpilot.runtime.workload_memory import START_OFF_AFTER
+
+    assert START_OFF_AFTER == 8
+    rnd = random.Random(30 + batch)
+    dear = costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    bad = profile_from_agreement(4, [[rnd.random() < 0.05 for _ in range(60)]
+                                     for _ in range(8)])
+    cold, warm = replay_adaptive(bad, dear, batch), replay_adaptive(bad, dear, batch, warm=True)
+    assert cold.spec_seconds > cold.ar_seconds
+    assert warm.spec_seconds == pytest.approx(warm.ar_seconds) and warm.mean_accepted == 1.0
+    good = profile_from_agreement(4, [[rnd.random() < 0.97 for _ in range(60)]
+                                      for _ in range(8)])
+    assert replay_adaptive(good, dear, batch, warm=True).speedup == pytest.approx(
+        replay_adaptive(good, dear, batch).speedup)

@@ -1,0 +1,59 @@
+"""What a padded adaptive decoder remembers of its workload from one call to the next.
+
+Within a batch the length rule (runtime/batch_length.py) learns each request's acceptance from
+its own rounds, and turns speculation off once plain steps would finish the batch sooner. That
+learning costs rounds: on an H200, a 161M pair at batch 64 ran 0.93-0.96x strong AR with the
+rule, nearly all of the loss being the speculative rounds before the turn-off took effect (the
+host reads the length two replays of four rounds behind). A decoder that serves many batches of
+one workload need not pay them every time: the requests it has finished tell it how acceptance
+spreads over the workload, and a padded batch lasts as long as its slowest request. So a batch of
+B requests starts with speculation off when, at an upper bound of the acceptance of the workload's
+1/(B + 1)-quantile request (about the least agreeing of B), plain steps beat every length: at
+batch 1 that is the median request, at batch 64 one of the least agreeing.
+
+A batch that starts off learns nothing new, so after `EXPLORE_AFTER` such batches in a row one
+batch speculates again, which refreshes what is remembered if the workload has changed.
+"""
+from __future__ import annotations
+
+from typing import List, Sequence, Tuple
+
+import torch
+
+from .adaptive_draft import expected_tokens, upper_acceptance
+
+# The most recent requests remembered (their whole-history counts), and how many are needed
+# before a batch may start with speculation off.
+REMEMBERED_REQUESTS = 256
+START_OFF_AFTER = 8
+# Batches started off in a row before one speculates again.
+EXPLORE_AFTER = 8
+
+
+class WorkloadMemory:
+    """Accepted drafts and rejections of the most recent finished requests (host floats)."""
+
+    def __init__(self):
+        self.counts: List[Tuple[float, float]] = []
+        self.started_off_in_a_row = 0
+
+    def add(self, accepted: Sequence[float], rejected: Sequence[float]) -> None:
+        """The counts of a finished batch's requests; rows with none (no request, or no
+        speculative round) are skipped."""
+        self.counts += [(a, r) for a, r in zip(accepted, rejected) if a + r > 0]
+        del self.counts[:-REMEMBERED_REQUESTS]
+
+    def starts_off(self, requests: int, round_cost: Sequence[float]) -> bool:
+        """Whether a padded batch of `requests` should run plain steps from its first round,
+        with round_cost[L] the cost of a round of L drafts in plain steps (see the module)."""
+        if len(self.counts) < START_OFF_AFTER or self.started_off_in_a_row >= EXPLORE_AFTER:
+            self.started_off_in_a_row = 0
+            return False
+        counts = torch.tensor(self.counts, dtype=torch.float64)
+        upper = upper_acceptance(counts[:, 0], counts[:, 1])
+        slowest = torch.quantile(upper, 1.0 / (requests + 1))
+        cost = torch.tensor(list(round_cost), dtype=torch.float64)
+        spans = cost / expected_tokens(slowest, len(cost) - 1)
+        off = bool(spans[0] < spans[1:].min())
+        self.started_off_in_a_row = self.started_off_in_a_row + 1 if off else 0
+        return off

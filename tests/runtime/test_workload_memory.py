@@ -1,0 +1,73 @@
+"""What a padded adaptive decoder remembers of its workload (runtime/workload_memory.py): when a
+batch starts with speculation off, against a float64 statement of the rule, and the decoder's
+calls with a useless and a perfect drafter."""
+import math
+import random
+
+import numpy as np
+import pytest
+
+from mechanism_setup import MAX_NEW, ContraryDrafter, pair_setup
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.workload_memory import (EXPLORE_AFTER, START_OFF_AFTER, WorkloadMemory)
+
+COSTS = [1.0, 1.4, 1.8, 2.0, 2.4]
+
+
+def _starts_off(counts, requests, costs=COSTS):
+    """The rule in float64: the Beta(a + 1, r + 1) mean plus two deviations per request, its
+    1 / (requests + 1) quantile (linear interpolation), and whether one plain step per token
+    beats cost(L) / E(L) for every L >= 1."""
+    upper = []
+    for a, r in counts:
+        x, y = a + 1.0, r + 1.0
+        mean = x / (x + y)
+        upper.append(min(1.0, mean + 2 * math.sqrt(x * y / ((x + y) ** 2 * (x + y + 1)))))
+    q = float(np.quantile(upper, 1.0 / (requests + 1)))
+    spans = [c / sum(q ** i for i in range(n + 1)) for n, c in enumerate(costs)]
+    return spans[0] < min(spans[1:])
+
+
+def test_a_batch_starts_off_where_its_slowest_request_would_lose():
+    rnd = random.Random(5)
+    # Most requests agree well; a tenth barely: one batch of 64 holds some of those.
+    counts = [(rnd.uniform(150, 200), rnd.uniform(5, 15)) for _ in range(54)]
+    counts += [(rnd.uniform(0, 5), rnd.uniform(40, 60)) for _ in range(10)]
+    rnd.shuffle(counts)
+    for requests in (1, 4, 64):
+        memory = WorkloadMemory()
+        memory.add([a for a, _ in counts], [r for _, r in counts])
+        assert memory.starts_off(requests, COSTS) == _starts_off(counts, requests)
+    memory = WorkloadMemory()
+    memory.add([a for a, _ in counts], [r for _, r in counts])
+    assert not memory.starts_off(1, COSTS) and memory.starts_off(64, COSTS)
+
+
+def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
+    memory = WorkloadMemory()
+    memory.add([0.0] * (START_OFF_AFTER - 1) + [0.0], [30.0] * (START_OFF_AFTER - 1) + [0.0])
+    assert len(memory.counts) == START_OFF_AFTER - 1          # the row without a round is skipped
+    assert not memory.starts_off(4, COSTS)
+    memory.add([0.0], [30.0])
+    started = [memory.starts_off(4, COSTS) for _ in range(2 * EXPLORE_AFTER + 2)]
+    # off, EXPLORE_AFTER times in a row; then one batch speculates and refreshes the memory
+    assert started[:EXPLORE_AFTER + 1] == [True] * EXPLORE_AFTER + [False]
+    assert started[EXPLORE_AFTER + 1:] == [True] * EXPLORE_AFTER + [False]
+
+
+@pytest.mark.parametrize("useful", [False, True])
+def test_a_decoder_stops_learning_a_useless_drafter_again_and_keeps_a_perfect_one(useful):
+    s = pair_setup(4)
+    drafter = s["target"] if useful else ContraryDrafter(s["target"])
+    decoder = GraphedChainDecoder(s["target"], drafter, 4, 48, 4, s["eos"], capture=False,
+                                  adaptive=True)
+    runs = [decoder.generate(s["prompts"], MAX_NEW) for _ in range(3)]
+    assert all(r.tokens == s["reference"].tokens for r in runs)
+    if useful:
+        assert all(r.stats == {"rounds_chain_4": r.target_forwards - 1} for r in runs)
+    else:
+        # Two batches of four requests teach it the workload (START_OFF_AFTER = 8): the third
+        # runs plain steps from its first round, and its drafter only prefills.
+        assert START_OFF_AFTER == 8
+        assert any(k != "rounds_chain_0" for k in runs[1].stats)
+        assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 1
