@@ -62,7 +62,9 @@ def agreement_maps(profile: AcceptanceProfile, unknown_agrees: bool = False) -> 
     return maps
 
 
-def _streak(agree: List[bool], start: int, cap: int) -> int:
+def streak(agree: List[bool], start: int, cap: int) -> int:
+    """Drafts a chain of at most `cap` from position `start` gets accepted: the agreeing
+    positions in a row there."""
     n = 0
     while n < cap and start + n < len(agree) and agree[start + n]:
         n += 1
@@ -77,7 +79,7 @@ def play_round(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: 
     after it, the length the policy chose next, the rounds and accepted drafts of the
     `counted` slots)."""
     ran = remaining > 0
-    n = torch.tensor([_streak(agree[i], position[i], length) if ran[i] else 0
+    n = torch.tensor([streak(agree[i], position[i], length) if ran[i] else 0
                       for i in range(len(position))], dtype=torch.int64)
     rounds = accepted = 0
     for i in range(len(position)):
