@@ -3,7 +3,8 @@ every draft's fate (specpilot/bench/oracle_replay.py), on stored chain(k) profil
 step costs; with the fixed chain for scale. Runs on the CPU (a replay: nothing is measured
 here but the profiles and costs it reads).
 
-  python3 bench/oracle_lengths.py --step-costs bench/results/llama8b-1b-replayed-run6-adaptive.json \\
+  python3 bench/oracle_lengths.py \\
+      --step-costs bench/results/llama8b-1b-replayed-run6-adaptive.json \\
       --profiles bench/results/mechanisms-run9-refill.acceptance.stock_graphed.json \\
       --out bench/results/oracle-lengths.json
 

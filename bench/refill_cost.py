@@ -19,12 +19,12 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import time
 
 import torch
 
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
+from specpilot.bench.step_costs import time_median
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.kv_cache import KVCache
@@ -32,22 +32,10 @@ from specpilot.runtime.row_prefill import RowPrefill
 from specpilot.runtime.steps import append_step
 
 
-def sync():
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-
-
-def clock(fn, repeats: int) -> float:
-    """Median seconds of `fn()` over `repeats` calls, after one untimed call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        sync()
-        start = time.perf_counter()
-        fn()
-        sync()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+def clock(fn, device: torch.device, repeats: int) -> float:
+    """Median seconds of `fn()` over `repeats` calls after one untimed call, by the host clock
+    between synchronizes (a refill's cost is host work as well as the device's)."""
+    return time_median(fn, device, 1, repeats, host_bound=True)
 
 
 def eager_row_prefill(models, row: int, prompt):
@@ -61,16 +49,18 @@ def eager_row_prefill(models, row: int, prompt):
 
 def prefill_rows(target, drafter, prompts, batch: int, capacity: int, steps: int,
                  graphs: bool, repeats: int) -> dict:
-    caches = [(target, target.new_cache(batch, capacity)), (drafter, drafter.new_cache(batch, capacity))]
+    caches = [(model, model.new_cache(batch, capacity)) for model in (target, drafter)]
     graphed = RowPrefill(caches, capacity, graphs)
     graphed.prepare([len(p) for p in prompts])
     eager_ms, graph_ms = [], []
     for i, prompt in enumerate(prompts):
         row = i % batch
-        eager_ms.append(1e3 * clock(lambda: eager_row_prefill(caches, row, prompt), repeats))
-        graph_ms.append(1e3 * clock(lambda: graphed.run(row, prompt), repeats))
+        eager_ms.append(1e3 * clock(lambda: eager_row_prefill(caches, row, prompt),
+                                    target.device, repeats))
+        graph_ms.append(1e3 * clock(lambda: graphed.run(row, prompt), target.device, repeats))
     plain = GraphedChainDecoder(target, None, batch, capacity, 0, capture=graphs)
-    step_ms = 1e3 * clock(lambda: plain.generate(prompts[:batch], steps), repeats) / steps
+    step_ms = 1e3 * clock(lambda: plain.generate(prompts[:batch], steps), target.device,
+                          repeats) / steps
     return {"batch": batch, "prompts": len(prompts), "eager_ms": statistics.median(eager_ms),
             "graph_ms": statistics.median(graph_ms), "plain_step_ms": step_ms}
 
@@ -92,7 +82,7 @@ def decode_rows(target, prompts, limits, batch: int, capacity: int, graphs: bool
 
     rows = []
     for name, fn in (("padded", run_padded), ("refill", run_refill)):
-        seconds = clock(fn, repeats)
+        seconds = clock(fn, target.device, repeats)
         results = out[name]
         tokens = sum(len(t) for r in results for t in r.tokens)
         rows.append({"batch": batch, "system": f"plain AR, {name}", "seconds": seconds,
@@ -135,14 +125,15 @@ def main(argv=None) -> int:
                                     graphs, args.repeats))
         p = prefill[-1]
         print(f"batch {batch:3d} prefill of one row: eager {p['eager_ms']:.2f} ms, graph "
-              f"{p['graph_ms']:.2f} ms (a padded plain step {p['plain_step_ms']:.2f} ms)", flush=True)
+              f"{p['graph_ms']:.2f} ms (a padded plain step {p['plain_step_ms']:.2f} ms)",
+              flush=True)
         for row in decode_rows(target, prompts, limits, batch, capacity, graphs, args.repeats):
             decode.append(row)
             print(f"batch {batch:3d} {row['system']:18s} {row['tokens_per_s']:10.1f} tok/s "
                   f"{row['x_padded']:5.2f}x padded, {row['target_forwards']} target forwards, "
                   f"{row['refills']} refills", flush=True)
-    doc = {"environment": environment(target.device.type), "settings": vars(args), "prefill": prefill,
-           "decode": decode}
+    doc = {"environment": environment(target.device.type), "settings": vars(args),
+           "prefill": prefill, "decode": decode}
     with open(args.out, "w", encoding="utf-8") as f:
         json.dump(doc, f, indent=1)
     return 0

@@ -136,7 +136,10 @@ class BatchLengthPolicy:
     """The device-resident state of a padded batch's adaptive length: per request moving
     averages of accepted drafts and of rejections, the round cost per length 0..cap (in plain
     steps) and whether the batch has turned speculation off. Every update is tensor operations
-    on the device, so it runs inside a captured round."""
+    on the device, so it runs inside a captured round. With the objective "throughput"
+    (continuous refill) it also keeps what a newcomer starts from (`admit`); with "makespan"
+    and `turn_off`, what the finished batches taught of the workload (`remember_batch`,
+    `start`)."""
 
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
@@ -181,21 +184,34 @@ class BatchLengthPolicy:
         self._restart()
 
     def remember_batch(self) -> None:
-        """Keep the whole-history counts of the batch that ran last (runtime/workload_memory.py).
-        Reads them on the host: call between batches, before `reset`."""
+        """Keep the whole-history counts of the batch that has just run
+        (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
+        anything resets the policy."""
         if self.memory is not None:
             self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist())
 
     def start(self, requests: int) -> int:
         """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
-        from the first round, for good) where the remembered workload says plain steps would
-        finish it sooner, else the longest."""
-        if self.memory is None or not self.memory.starts_off(requests, self.round_cost.tolist()):
+        from the first round, for good) where plain steps would beat every length for the
+        remembered workload's slowest request of such a batch (runtime/workload_memory.py),
+        else the longest. Ask once per batch: the memory counts the batches started off."""
+        if self.memory is None:
             return self.cap
-        self.off.fill_(True)
-        return 0
+        alpha = self.memory.slowest_acceptance(requests)
+        off = False
+        if alpha is not None:             # the batch-length rule, for that one request
+            one = dict(device=self.round_cost.device)
+            spans = times_per_token(torch.full((1,), alpha, dtype=self.round_cost.dtype, **one),
+                                    torch.ones(1, dtype=torch.bool, **one), self.round_cost)
+            off = bool(shortest(spans)[1])
+        self.memory.started(off)
+        if off:
+            self.off.fill_(True)
+        return 0 if off else self.cap
 
     def _restart(self) -> None:
+        """`reset`, but for what outlives a restarted refill batch (the workload's averages,
+        whether the queue is empty)."""
         self.accepted_avg.fill_(float(self.cap))
         self.rejected_avg.zero_()
         self.accepted_total.zero_()
@@ -215,15 +231,14 @@ class BatchLengthPolicy:
             self._restart()
             return
         rounds = self.workload[2]
-        seen = rounds > 0
-        self.accepted_avg[row] = torch.where(seen, self.workload[0] / rounds.clamp(min=1.0),
+        seen, counted = rounds > 0, rounds.clamp(min=1.0)
+        self.accepted_avg[row] = torch.where(seen, self.workload[0] / counted,
                                              torch.full_like(rounds, float(self.cap)))
-        self.rejected_avg[row] = torch.where(seen, self.workload[1] / rounds.clamp(min=1.0),
+        self.rejected_avg[row] = torch.where(seen, self.workload[1] / counted,
                                              torch.zeros_like(rounds))
         # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload: a bound from
         # no evidence at all would hold a useless drafter on for every newcomer.
-        prior = torch.where(seen, OFF_AFTER_ROUNDS / rounds.clamp(min=1.0),
-                            torch.zeros_like(rounds))
+        prior = torch.where(seen, OFF_AFTER_ROUNDS / counted, torch.zeros_like(rounds))
         self.accepted_total[row] = self.workload[0] * prior
         self.rejected_total[row] = self.workload[1] * prior
 

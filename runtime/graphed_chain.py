@@ -382,10 +382,8 @@ class GraphedChainDecoder:
                reference: Optional[Sequence[Sequence[int]]] = None) -> None:
         """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
         both models prefilled with `prompts` and each row's first round set up (`_begin`).
-        An adaptive padded decoder first keeps what the last batch told of the workload, and
-        may start this one with speculation off (runtime/workload_memory.py)."""
-        if self.policy is not None:
-            self.policy.remember_batch()                 # before _reset clears its counts
+        An adaptive padded decoder may start it with speculation off, by what the batches
+        before it told of the workload (runtime/workload_memory.py)."""
         self._reset()
         if self.policy is not None and reference is None:
             self.first_length = self.policy.start(len(prompts))
@@ -435,7 +433,10 @@ class GraphedChainDecoder:
         replays = {k: self._runner(False, k) for k in self._lengths()}
         self._ensure_round_costs()
         self._start(prompts, limits)
-        return read_result(self, limits, replay_until_done(self, replays))
+        by_length = replay_until_done(self, replays)
+        if self.policy is not None:     # now: a capture or a forced run would reset its counts
+            self.policy.remember_batch()
+        return read_result(self, limits, by_length)
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]) -> List[List[int]]:

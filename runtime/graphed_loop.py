@@ -3,7 +3,7 @@ is done, reading back one status row per replay, one replay behind the GPU; then
 results back once."""
 from __future__ import annotations
 
-from typing import Dict, List, Sequence, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from specpilot.ir.errors import SpecPilotError
 
@@ -93,23 +93,27 @@ def ar_stats(stats: dict) -> dict:
     return {"speculation_off": 1, **({"refills": stats["refills"]} if "refills" in stats else {})}
 
 
-def logged_result(tokens: List[List[int]], logged: List[List[int]], target_forwards: int,
-                  drafter_forwards: int, stats: Dict[str, int]) -> SpecResult:
-    """A SpecResult from the round log: `logged` holds, per request, the drafts accepted in each
-    round of the log (-1 where the request did not run that round)."""
+def logged_result(decoder, tokens: List[List[int]], logged: List[List[int]],
+                  by_length: Dict[int, int], prefills: int = 1,
+                  stats: Optional[Dict[str, int]] = None) -> SpecResult:
+    """A SpecResult of `decoder`'s run from the round log: `logged` holds, per request, the
+    drafts accepted in each round of the log (-1 where the request did not run that round).
+    The run made `prefills` prefills and the rounds of `by_length` (per chain length): the
+    target ran once per prefill and per round, the drafter (where there is one) once per
+    prefill and k times per round of k. The stats count the rounds of each length, then hold
+    `stats`."""
     accepted = [[a for a in row if a >= 0] for row in logged]
-    return SpecResult(tokens, target_forwards, drafter_forwards, accepted,
-                      mean_committed(accepted), stats=stats)
+    drafter_forwards = ((prefills if decoder.drafter is not None else 0)
+                        + sum(k * c for k, c in by_length.items()))
+    counts = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
+    return SpecResult(tokens, prefills + sum(by_length.values()), drafter_forwards, accepted,
+                      mean_committed(accepted), stats={**counts, **(stats or {})})
 
 
 def read_result(decoder, limits: List[int], by_length: Dict[int, int]) -> SpecResult:
     """What `generate` returns for its requests (each cut at its limit), given the rounds run
-    per chain length (`replay_until_done`): tokens, forward counts, drafts accepted per round
-    and the rounds of each length (stats)."""
+    per chain length (`replay_until_done`) after one prefill: tokens, forward counts, drafts
+    accepted per round and the rounds of each length (stats)."""
     rounds, n = sum(by_length.values()), len(limits)
     tokens = read_tokens(decoder, n, limits, trim_eos=True)
-    # The drafter's prefill (where there is a drafter), then its steps in each round.
-    drafter_forwards = (decoder.drafter is not None) + sum(k * c for k, c in by_length.items())
-    stats = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
-    return logged_result(tokens, decoder.accepted[:rounds, :n].T.tolist(), 1 + rounds,
-                         drafter_forwards, stats)
+    return logged_result(decoder, tokens, decoder.accepted[:rounds, :n].T.tolist(), by_length)

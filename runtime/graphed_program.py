@@ -134,13 +134,13 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
-    if refill:    # chains of up to k, adaptive or of k; of 0 without a drafter
-        decoder = GraphedRefillDecoder(pair.target, pair.drafter if cap else None, batch,
-                                       capacity, k if cap else 0, pair.eos_ids, capture=capture,
-                                       adaptive=adaptive and cap > 0, length_cap=cap)
-    elif cap == 0:
-        decoder = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids,
-                                      capture=capture)
+    if cap == 0:                # plain greedy steps, drained or refilled
+        plain = GraphedRefillDecoder if refill else GraphedChainDecoder
+        decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
+    elif refill:                # chains only (`rounds_refusal`), adaptive or of length k
+        decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
+                                       pair.eos_ids, capture=capture, adaptive=adaptive,
+                                       length_cap=cap)
     else:
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, adaptive=adaptive, length_cap=cap)

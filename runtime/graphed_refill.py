@@ -210,13 +210,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         results, by_length, refills = self._run(prompts, limits)
         tokens = self._tokens(results, limits, trim_eos=True)
         logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
-        prefills = 1 + refills          # the first wave's batched prefill, then one per refill
-        drafter_forwards = ((prefills if self.drafter is not None else 0) +
-                            sum(k * c for k, c in by_length.items()))
-        stats = {**{f"rounds_chain_{k}": c for k, c in sorted(by_length.items())},
-                 "refills": refills}
-        return logged_result(tokens, logged, prefills + sum(by_length.values()),
-                             drafter_forwards, stats)
+        # The first wave's batched prefill, then one per refill.
+        return logged_result(self, tokens, logged, by_length, prefills=1 + refills,
+                             stats={"refills": refills})
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]

@@ -16,11 +16,11 @@ batch speculates again, which refreshes what is remembered if the workload has c
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .adaptive_draft import expected_tokens, upper_acceptance
+from .adaptive_draft import upper_acceptance
 
 # The most recent requests remembered (their whole-history counts), and how many are needed
 # before a batch may start with speculation off.
@@ -43,17 +43,16 @@ class WorkloadMemory:
         self.counts += [(a, r) for a, r in zip(accepted, rejected) if a + r > 0]
         del self.counts[:-REMEMBERED_REQUESTS]
 
-    def starts_off(self, requests: int, round_cost: Sequence[float]) -> bool:
-        """Whether a padded batch of `requests` should run plain steps from its first round,
-        with round_cost[L] the cost of a round of L drafts in plain steps (see the module)."""
+    def slowest_acceptance(self, requests: int) -> Optional[float]:
+        """The upper bound on the acceptance of the workload's 1/(requests + 1)-quantile request
+        (about the least agreeing of a batch of `requests`; see the module), or None where too
+        few requests are remembered or a batch is due to speculate again."""
         if len(self.counts) < START_OFF_AFTER or self.started_off_in_a_row >= EXPLORE_AFTER:
-            self.started_off_in_a_row = 0
-            return False
+            return None
         counts = torch.tensor(self.counts, dtype=torch.float64)
         upper = upper_acceptance(counts[:, 0], counts[:, 1])
-        slowest = torch.quantile(upper, 1.0 / (requests + 1))
-        cost = torch.tensor(list(round_cost), dtype=torch.float64)
-        spans = cost / expected_tokens(slowest, len(cost) - 1)
-        off = bool(spans[0] < spans[1:].min())
+        return float(torch.quantile(upper, 1.0 / (requests + 1)))
+
+    def started(self, off: bool) -> None:
+        """A batch started with speculation off (or on): counted toward `EXPLORE_AFTER`."""
         self.started_off_in_a_row = self.started_off_in_a_row + 1 if off else 0
-        return off

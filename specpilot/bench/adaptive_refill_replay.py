@@ -20,11 +20,11 @@ from collections import deque
 
 import torch
 
+from specpilot.cost.refill_schedule import refill_steps
 from specpilot.runtime.batch_length import BatchLengthPolicy
 
 from .adaptive_replay import agreement_maps, play_round, round_costs_for
-from .refill_replay import refill_steps
-from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
+from .replay import AcceptanceProfile, ReplayFigure, cycled_queue
 
 ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the batch's tokens per "
                          "second (plain AR step for 0); a finished request's slot takes the next "
@@ -35,11 +35,7 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
                            unknown_agrees: bool = False, turn_off: bool = True) -> ReplayFigure:
     """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
     the module): pessimistic, or with `unknown_agrees` optimistic."""
-    order = [r for rows in cycled_batches(len(profile.accepted_lengths), batch) for r in rows]
-    decode = [profile.new_tokens[r] - 1 for r in order]
-    tokens = sum(decode)
-    if tokens == 0:
-        raise ProfileError(NO_DECODE_STEPS)
+    order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
@@ -80,7 +76,6 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
         accepted_total += accepted
         length = refill(length)
     ar_steps = refill_steps(decode, batch)
-    return ReplayFigure(batch, len(order), tokens, spec_steps, spec_seconds, ar_steps,
-                        ar_steps * seconds[0],
-                        1 + accepted_total / committed_steps if committed_steps else 1.0,
+    return ReplayFigure(batch, len(order), sum(decode), spec_steps, spec_seconds, ar_steps,
+                        ar_steps * seconds[0], 1 + accepted_total / committed_steps,
                         step_model=ADAPTIVE_REFILL_MODEL)

@@ -123,7 +123,6 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
             ar_steps += max(decode)
             position = [0] * batch
             remaining = torch.tensor(decode, dtype=torch.int64)
-            policy.remember_batch()
             policy.reset()
             length = policy.start(len(rows))
             agree = [maps[r] for r in rows]
@@ -135,9 +134,9 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
                                                                  position, remaining, length)
                 committed_steps += rounds
                 accepted_total += accepted
+            policy.remember_batch()                # as the decoder does after each batch
     if tokens == 0:
         raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,
-                        ar_steps * seconds[0],
-                        1 + accepted_total / committed_steps if committed_steps else 1.0,
+                        ar_steps * seconds[0], 1 + accepted_total / committed_steps,
                         step_model=ADAPTIVE_MODEL)

@@ -14,12 +14,12 @@ the other replays; prefills are excluded.
 from __future__ import annotations
 
 from collections import deque
-from typing import List, Sequence
+from typing import Dict, List, Sequence
 
 from specpilot.cost.refill_schedule import refill_steps
 
 from .adaptive_replay import agreement_maps, round_costs_for, streak
-from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
+from .replay import AcceptanceProfile, ReplayFigure, cycled_queue
 
 ORACLE_MODEL = ("graphed rounds at the length with the most progress per cost this round, "
                 "chosen knowing every draft's fate (plain AR step for 0)")
@@ -30,15 +30,19 @@ def _advance(agree: Sequence[bool], position: int, remaining: int, length: int) 
     return min(streak(agree, position, length) + 1, remaining)
 
 
+def _progress(gains: Dict[int, int], remaining: List[int], refill: bool) -> int:
+    """What a round whose live slots commit `gains` (slot: tokens) gets done: with refill the
+    tokens it commits, padded how much it shortens the longest remaining request."""
+    if refill:
+        return sum(gains.values())
+    return max(remaining[s] for s in gains) - max(remaining[s] - g for s, g in gains.items())
+
+
 def replay_oracle(profile: AcceptanceProfile, costs, batch: int,
                   refill: bool = False) -> ReplayFigure:
     """The oracle's tokens/s on `profile` at `batch` (see the module), padded or with refill;
     its AR baseline is AR padded, or AR with refill."""
-    order: List[int] = [r for rows in cycled_batches(len(profile.accepted_lengths), batch)
-                        for r in rows]
-    decode = [profile.new_tokens[r] - 1 for r in order]
-    if sum(decode) == 0:
-        raise ProfileError(NO_DECODE_STEPS)
+    order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile)
     seconds = round_costs_for(costs, batch, profile.topology.k)
     groups = ([list(range(len(order)))] if refill
@@ -47,32 +51,25 @@ def replay_oracle(profile: AcceptanceProfile, costs, batch: int,
     spent = 0.0
     for group in groups:
         queue = deque(group)
-        slots = [-1] * batch
+        held = [-1] * batch                 # per slot, its request's place in `order`
         position = [0] * batch
         remaining = [0] * batch
         while True:
             for s in range(batch):
                 while remaining[s] == 0 and queue:
-                    slots[s] = queue.popleft()
-                    position[s], remaining[s] = 0, decode[slots[s]]
+                    held[s] = queue.popleft()
+                    position[s], remaining[s] = 0, decode[held[s]]
             live = [s for s in range(batch) if remaining[s] > 0]
             if not live:
                 break
-
-            def progress(length: int) -> float:
-                gains = {s: _advance(maps[order[slots[s]]], position[s], remaining[s], length)
-                         for s in live}
-                if refill:
-                    return sum(gains.values()) / seconds[length]
-                longest = max(remaining[s] for s in live)
-                after = max(remaining[s] - gains[s] for s in live)
-                return (longest - after) / seconds[length]
-
-            length = max(range(len(seconds)), key=lambda n: (progress(n), -n))
+            # per length 0..k, the tokens each live slot would commit
+            gains = [{s: _advance(maps[order[held[s]]], position[s], remaining[s], length)
+                      for s in live} for length in range(len(seconds))]
+            length = max(range(len(seconds)),
+                         key=lambda n: (_progress(gains[n], remaining, refill) / seconds[n], -n))
             spent += seconds[length]
             steps += 1
-            for s in live:
-                got = _advance(maps[order[slots[s]]], position[s], remaining[s], length)
+            for s, got in gains[length].items():
                 position[s] += got
                 remaining[s] -= got
                 committed += 1

@@ -14,12 +14,10 @@ ones.
 """
 from __future__ import annotations
 
-from typing import List
-
 from specpilot.cost.refill_schedule import refill_steps
 
-from .replay import (GRAPHED_ROUND_MODEL, NO_DECODE_STEPS, AcceptanceProfile, ProfileError,
-                     ReplayFigure, cycled_batches, spec_step_cost)
+from .replay import (GRAPHED_ROUND_MODEL, AcceptanceProfile, ReplayFigure, cycled_queue,
+                     spec_step_cost)
 
 REFILL_MODEL = "continuous refill: a finished request's slot takes the next one at the next step"
 
@@ -27,18 +25,13 @@ REFILL_MODEL = "continuous refill: a finished request's slot takes the next one 
 def replay_refill(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     """Replay `profile` at batch size `batch` with continuous refill, for speculation and for
     plain AR alike (see the module)."""
-    order: List[int] = [r for rows in cycled_batches(len(profile.accepted_lengths), batch)
-                        for r in rows]
-    decode = [profile.new_tokens[r] - 1 for r in order]
-    tokens = sum(decode)
-    if tokens == 0:
-        raise ProfileError(NO_DECODE_STEPS)
+    order, decode = cycled_queue(profile, batch)
     spec_steps = refill_steps([len(profile.accepted_lengths[r]) for r in order], batch)
     ar_steps = refill_steps(decode, batch)
     # A modelled step is priced at the widest catch-up the topology allows (see the module).
     step_seconds, graphed = spec_step_cost(costs, batch, profile.topology)
     round_seconds = step_seconds(profile.topology.depth + 1)
     model = GRAPHED_ROUND_MODEL if graphed else "sum of step costs, widest catch-up"
-    return ReplayFigure(batch, len(order), tokens, spec_steps, spec_steps * round_seconds,
+    return ReplayFigure(batch, len(order), sum(decode), spec_steps, spec_steps * round_seconds,
                         ar_steps, ar_steps * costs.target(batch, 1), profile.mean_accepted,
                         step_model=f"{model}; {REFILL_MODEL}")

@@ -199,6 +199,17 @@ def cycled_batches(count: int, batch: int) -> List[List[int]]:
     return [order[start:start + batch] for start in range(0, padded, batch)]
 
 
+def cycled_queue(profile: AcceptanceProfile, batch: int) -> Tuple[List[int], List[int]]:
+    """(the profile's requests cycled to whole batches of `batch` as `cycled_batches` fills
+    them, in one queue; each one's decode tokens, new_tokens - 1), for the replays that fill
+    slots from a queue; ProfileError where no request decodes a token."""
+    order = [r for rows in cycled_batches(len(profile.accepted_lengths), batch) for r in rows]
+    decode = [profile.new_tokens[r] - 1 for r in order]
+    if sum(decode) == 0:
+        raise ProfileError(NO_DECODE_STEPS)
+    return order, decode
+
+
 def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
     """Replay `profile` at batch size `batch` with `costs` (a StepCosts or anything with
     target/drafter/verify/accept(batch, ...) -> seconds)."""

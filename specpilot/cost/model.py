@@ -216,15 +216,16 @@ class CostModel:
                                 prompt_lengths: Sequence[int],
                                 new_tokens: Sequence[int]) -> WorkloadPrediction:
         """Seconds of decoding every prompt with `program` in batches of its max batch size
-        (prefills included), with per-request accepted lengths from `acceptance` (which must
-        give them: a measured rank profile). A Program that does not speculate is costed as
-        greedy AR steps of its target (no drafter prefill or forward, one token per step)."""
+        that drain, or on that many slots it refills (`_predict_refill_run`), prefills included,
+        with per-request accepted lengths from `acceptance` (which must give them: a measured
+        rank profile). A Program that does not speculate is costed as greedy AR steps of its
+        target (no drafter prefill or forward, one token per step)."""
         lengths = program_accepted_lengths(program, acceptance)
         if lengths is None:
             raise ValueError("a workload prediction needs per-request accepted lengths")
-        batch = program.batch.max_batch_size
         if program.batch.refill == "continuous":
             return self._predict_refill_run(program, lengths, prompt_lengths, new_tokens)
+        batch = program.batch.max_batch_size
         roof = over = 0.0
         for start in range(0, len(prompt_lengths), batch):
             rows = list(range(start, min(start + batch, len(prompt_lengths))))
@@ -250,7 +251,7 @@ class CostModel:
         """(roofline, overhead) seconds of `count` steps of `rows` rows at `context`, accepting
         the mean of the accepted lengths `lengths` (per request, per step)."""
         flat = [a for s in lengths for a in s]
-        if count == 0 or not flat:
+        if not flat:                                    # no request takes a step: count is 0
             return 0.0, 0.0
         nodes = step_nodes(program, self.gpu, rows, context, sum(flat) / len(flat))
         return (count * sum(n.roofline_s(self.gpu) for n in nodes),

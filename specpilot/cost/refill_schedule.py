@@ -1,6 +1,6 @@
 """How many batched steps continuous refill needs: each request holds a slot for as many steps
-as it runs, and takes the first slot that frees (the lowest on a tie), in queue order. Shared by
-the cost model's workload prediction and the bench's refill replays."""
+as it runs, and takes the first slot that frees, in queue order. Shared by the cost model's
+workload prediction and the bench's refill replays."""
 from __future__ import annotations
 
 import heapq
@@ -9,11 +9,11 @@ from typing import Sequence
 
 def refill_steps(lengths: Sequence[int], slots: int) -> int:
     """Steps until `lengths` (steps each request needs, in queue order) are all done on `slots`
-    slots, each request starting at the first step a slot is free (the lowest slot on a tie)."""
-    free = [(0, slot) for slot in range(slots)]
+    slots, each request starting at the first step a slot is free."""
+    free = [0] * slots                  # the step each slot frees at (which slot does not count)
     end = 0
     for steps in lengths:
-        start, slot = heapq.heappop(free)
+        start = free[0]
+        heapq.heapreplace(free, start + steps)
         end = max(end, start + steps)
-        heapq.heappush(free, (start + steps, slot))
     return end

@@ -23,12 +23,13 @@ def baseline_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> 
     if best.batch.refill != "continuous":
         return note
     refill = (f"It refills finished slots, which {ar_label}'s padded batches do not: part of its "
-              f"ratio is refill's gain (`specpilot bench` times plain decoding with refill as "
-              f"strong_ar_refill).")
+              "ratio is refill's gain (`specpilot bench` times plain decoding with refill as "
+              "strong_ar_refill).")
     return refill if note is None else f"{note} {refill}"
 
 
 def _path_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Optional[str]:
+    """`baseline_note` before refill: what speculation off or another fast path make of it."""
     path = best.kernels.fast_path
     other_path = ar_fast_path is not None and path != ar_fast_path
     if not best.draft.speculates:

@@ -50,8 +50,8 @@ def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, tur
     (runtime/batch_length.py): after each round the L in 1..cap minimising cost(L) / E(L), with
     cost(L) = 1 + cost L; 0 for good once a plain step (cost 1, one token) beats it, from round
     `off_after` on, at the larger of the moving-average alpha and an upper bound on the
-    whole-history one (`beta_upper` of accepted + 1, rejections + 1 since the batch began). Each round accepts
-    `accepted_fraction(length)` drafts."""
+    whole-history one (`beta_upper` of accepted + 1, rejections + 1 since the batch began).
+    Each round accepts `accepted_fraction(length)` drafts."""
     a, r, length, off, out = float(cap), 0.0, cap, False, []
     total_a = total_r = 0.0
     for i in range(rounds):

@@ -134,8 +134,9 @@ def test_the_upper_bound_on_acceptance_is_the_beta_mean_plus_two_deviations():
 def test_a_slow_start_does_not_turn_off_a_drafter_that_then_agrees():
     """Four rejections in four rounds (one draft accepted), then full chains: by the mean of
     the history ((1 + 1) / (1 + 4 + 2) = 0.29, E(L) < cost(L) for every L; the moving average
-    is lower still) plain steps would win at the fourth round, and off is for good. Four rounds are too few to tell: the upper bound
-    keeps the batch speculating, and the full chains that follow bring it to the longest."""
+    is lower still) plain steps would win at the fourth round, and off is for good. Four
+    rounds are too few to tell: the upper bound keeps the batch speculating, and the full
+    chains that follow bring it to the longest."""
     lengths = _run_policy([1, 0, 0, 0] + [4] * 8, costs=(1.0, 1.39, 1.79, 1.95, 2.41))
     assert 0 not in lengths and lengths[-1] == 4
     alpha = 2 / 7

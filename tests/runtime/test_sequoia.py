@@ -109,8 +109,9 @@ def test_replay_predicts_every_step_of_a_real_decode(seed):
         assert 1.0 < mean_accepted_in_tree(topology, trace) < 1.0 + depth
 
 
+@pytest.mark.parametrize("batch", [3, 4])      # batches of 3 and 1 requests; one batch of 4
 @pytest.mark.parametrize("seed", SEEDS)
-def test_shaped_tree_is_exact_and_forcing_clean(seed):
+def test_shaped_tree_is_exact_and_forcing_clean(seed, batch):
     s = pair_setup(seed)
     profile = profile_from_trace(measure_rank_trace(s["drafter"], s["prompts"], s["reference"]),
                                  4, 3)
@@ -118,8 +119,8 @@ def test_shaped_tree_is_exact_and_forcing_clean(seed):
     topology, tokens, cost = shape_tree(profile, linear_step_cost(1.0, 0.01, 0.5), 12)
     assert tokens == pytest.approx(1.0 + expected_accepted(profile, tree_paths(topology)))
     for shaped in (topology, IRREGULAR):
-        assert decode(s, StaticProposer(shaped), 3).tokens == s["reference"].tokens
-        assert_clean(force(s, StaticProposer(shaped), 3, layout="ragged"), s["reference"])
+        assert decode(s, StaticProposer(shaped), batch).tokens == s["reference"].tokens
+        assert_clean(force(s, StaticProposer(shaped), batch, layout="ragged"), s["reference"])
 
 
 def test_proposal_is_a_legal_transformation():

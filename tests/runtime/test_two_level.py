@@ -85,13 +85,15 @@ def test_surviving_nodes_by_hand():
     assert tree.subtree([0, 2]) == RowTree((5, 7), (-1, 0), (1, 2), (0, 0))
 
 
+@pytest.mark.parametrize("batch", [3, 4])      # batches of 3 and 1 requests; one batch of 4
 @pytest.mark.parametrize("prune", PRUNES, ids=str)
 @pytest.mark.parametrize("seed", SEEDS)
-def test_matches_ar(seed, prune):
+def test_matches_ar(seed, prune, batch):
     s = pair_setup(seed)
     for proposer, layout in ((StaticProposer(Tree((2, 2))), "padded"),
                              (DynamicProposer(DynamicTree(6, 3, 3)), "ragged")):
-        result = decode(s, proposer, 3, layout=layout, pruner_factory=pruner(s["target"], prune))
+        result = decode(s, proposer, batch, layout=layout,
+                        pruner_factory=pruner(s["target"], prune))
         assert result.tokens == s["reference"].tokens
         assert result.stats["cheap_forwards"] == result.target_forwards
         assert result.stats["verified_nodes"] < result.stats["drafted_nodes"]

@@ -9,7 +9,8 @@ import pytest
 
 from mechanism_setup import MAX_NEW, ContraryDrafter, pair_setup
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
-from specpilot.runtime.workload_memory import (EXPLORE_AFTER, START_OFF_AFTER, WorkloadMemory)
+from specpilot.runtime.batch_length import BatchLengthPolicy
+from specpilot.runtime.workload_memory import EXPLORE_AFTER, START_OFF_AFTER
 
 COSTS = [1.0, 1.4, 1.8, 2.0, 2.4]
 
@@ -28,6 +29,14 @@ def _starts_off(counts, requests, costs=COSTS):
     return spans[0] < min(spans[1:])
 
 
+def _policy(counts):
+    """A padded batch's length policy (turn-off on) that remembers requests with `counts`."""
+    policy = BatchLengthPolicy(4, 4, "cpu", 0.0, round_costs=COSTS)
+    policy.memory.add([a for a, _ in counts], [r for _, r in counts])
+    policy.reset()
+    return policy
+
+
 def test_a_batch_starts_off_where_its_slowest_request_would_lose():
     rnd = random.Random(5)
     # Most requests agree well; a tenth barely: one batch of 64 holds some of those.
@@ -35,21 +44,23 @@ def test_a_batch_starts_off_where_its_slowest_request_would_lose():
     counts += [(rnd.uniform(0, 5), rnd.uniform(40, 60)) for _ in range(10)]
     rnd.shuffle(counts)
     for requests in (1, 4, 64):
-        memory = WorkloadMemory()
-        memory.add([a for a, _ in counts], [r for _, r in counts])
-        assert memory.starts_off(requests, COSTS) == _starts_off(counts, requests)
-    memory = WorkloadMemory()
-    memory.add([a for a, _ in counts], [r for _, r in counts])
-    assert not memory.starts_off(1, COSTS) and memory.starts_off(64, COSTS)
+        policy = _policy(counts)
+        first = policy.start(requests)
+        assert (first == 0) == _starts_off(counts, requests) == bool(policy.off)
+        assert first in (0, 4)
+    assert _policy(counts).start(1) == 4 and _policy(counts).start(64) == 0
 
 
 def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
-    memory = WorkloadMemory()
-    memory.add([0.0] * (START_OFF_AFTER - 1) + [0.0], [30.0] * (START_OFF_AFTER - 1) + [0.0])
-    assert len(memory.counts) == START_OFF_AFTER - 1          # the row without a round is skipped
-    assert not memory.starts_off(4, COSTS)
-    memory.add([0.0], [30.0])
-    started = [memory.starts_off(4, COSTS) for _ in range(2 * EXPLORE_AFTER + 2)]
+    useless = [(0.0, 30.0)] * (START_OFF_AFTER - 1)
+    policy = _policy(useless + [(0.0, 0.0)])
+    assert len(policy.memory.counts) == START_OFF_AFTER - 1     # a row without a round: skipped
+    assert policy.start(4) == 4
+    policy.memory.add([0.0], [30.0])
+    started = []
+    for _ in range(2 * EXPLORE_AFTER + 2):
+        policy.reset()
+        started.append(policy.start(4) == 0)
     # off, EXPLORE_AFTER times in a row; then one batch speculates and refreshes the memory
     assert started[:EXPLORE_AFTER + 1] == [True] * EXPLORE_AFTER + [False]
     assert started[EXPLORE_AFTER + 1:] == [True] * EXPLORE_AFTER + [False]

@@ -7,8 +7,9 @@ import random
 import pytest
 
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
-from specpilot.bench.refill_replay import refill_steps, replay_refill
+from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.shapes_bench import replay_rows
+from specpilot.cost.refill_schedule import refill_steps
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 

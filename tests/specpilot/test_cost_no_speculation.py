@@ -6,7 +6,7 @@ import pytest
 from specpilot.cost import AssumedAcceptance, CostModel, RankProfile
 from specpilot.cost.acceptance import program_accepted_lengths, program_mean_accepted
 from specpilot.cost.roofline import ACCEPT_OPS, HEAD_OPS, step_nodes
-from specpilot.ir import SetDrafter, SetMaxBatchSize, SetTopology, Tree, apply
+from specpilot.ir import SetDrafter, SetMaxBatchSize, SetRefill, SetTopology, Tree, apply
 
 from test_cost_model import H, L, V, no_launch, program, target_params  # noqa: F401 (fixture)
 
@@ -82,8 +82,6 @@ def test_report_and_ceiling_weigh_greedy_ar(program):
 
 
 def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
-    from specpilot.ir import SetRefill
-
     gpu = no_launch()
     model = CostModel(gpu)
     ranks = [[0, 2, 0], [1] * 6, [0]]                  # 4, 7 and 2 new tokens

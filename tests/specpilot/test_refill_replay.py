@@ -1,12 +1,14 @@
-"""Continuous refill replayed (specpilot/bench/refill_replay.py) against a hand-checked schedule,
-a step-by-step simulation of the slots, and the padded replay it must never be slower than."""
+"""Continuous refill replayed (specpilot/bench/refill_replay.py) and its slot schedule
+(specpilot/cost/refill_schedule.py) against a hand-checked schedule, a step-by-step simulation
+of the slots, and the padded replay it must never be slower than."""
 import random
 
 import pytest
 
-from specpilot.bench.refill_replay import refill_steps, replay_refill
+from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import AcceptanceProfile, cycled_batches, replay
 from specpilot.bench.step_costs import StepCosts
+from specpilot.cost.refill_schedule import refill_steps
 from specpilot.ir.topology import Chain
 
 
