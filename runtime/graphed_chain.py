@@ -150,6 +150,7 @@ class GraphedChainDecoder:
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                         self.length_objective) if adaptive else None
         self.first_length = cap                          # a batch's first rounds (set by _start)
+        self.drafter_prefilled = drafter is not None     # this batch's (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
@@ -356,17 +357,19 @@ class GraphedChainDecoder:
         if self.policy is not None:
             self.policy.reset()
 
-    def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
-        """Prefill both models with every prompt (rows past the prompts repeat the first one and
-        stay inactive); returns the target's first argmax per row."""
+    def _prefill(self, prompts, limits: List[int], drafter: bool = True) -> torch.Tensor:
+        """Prefill the target, and the drafter unless `drafter` is False, with every prompt
+        (rows past the prompts repeat the first one and stay inactive); returns the target's
+        first argmax per row."""
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
+        drafter = drafter and self.drafter is not None
         if self._prefiller is not None:
-            logits = self._prefiller.run(rows)
+            logits = self._prefiller.run(rows, first_only=not drafter)
         else:
             zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
             logits = append_step(self.target, self.tcache, zeros, rows)
-            if self.drafter is not None:
+            if drafter:
                 append_step(self.drafter, self.dcache, zeros, rows)
         g0 = torch.argmax(logits, dim=-1)
         if self.record_margins:
@@ -387,12 +390,15 @@ class GraphedChainDecoder:
         self._reset()
         if self.policy is not None and reference is None:
             self.first_length = self.policy.start(len(prompts))
+        # A batch started off stays off (the drafter's cache is never read): no drafter prefill.
+        self.drafter_prefilled = (self.drafter is not None
+                                  and (reference is not None or self.first_length != 0))
         if reference is not None:
             table = torch.zeros((self.batch, self.width), dtype=torch.int64)
             for row, ref in enumerate(reference):
                 table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
             self.ref.copy_(table.to(self.device))
-        g0 = self._prefill(prompts, limits)
+        g0 = self._prefill(prompts, limits, drafter=self.drafter_prefilled)
         self._begin(slice(None), g0, forced=reference is not None)
 
     def _begin(self, rows, g0: torch.Tensor, forced: bool) -> None:
@@ -409,9 +415,14 @@ class GraphedChainDecoder:
         self.active[rows] = active
 
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
-        """Capture the prefill graphs these prompts will need now (e.g. before timing)."""
+        """Capture the prefill graphs these prompts will need now (e.g. before timing): with
+        the drafter, and for a decoder whose batches may start off (a workload memory), also
+        without it."""
         if self._prefiller is not None:
-            self._prefiller.prepare([len(p) for p in prompts])
+            lengths = [len(p) for p in prompts]
+            self._prefiller.prepare(lengths)
+            if self.policy is not None and self.policy.memory is not None:
+                self._prefiller.prepare(lengths, first_only=True)
 
     def _check(self, prompts, max_new_tokens: int) -> None:
         if not prompts or len(prompts) > self.batch:

@@ -6,6 +6,10 @@ one memory pool: their graphs never run at the same time). Padding is what the e
 does anyway (runtime/steps.append_step): pad tokens write K/V past each prompt's end, where
 nothing reads them before the decode overwrites them. Run eagerly (capture=False) the same
 static buffers serve, so the padding logic is tested without a GPU.
+
+`run(rows, first_only=True)` prefills the first model alone (its own graphs, in the same pool): a
+padded adaptive batch that starts with speculation off for good never runs its drafter, so its
+drafter's prefill would be wasted work (as large as the target's with a target-sized drafter).
 """
 from __future__ import annotations
 
@@ -19,29 +23,31 @@ BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted pos
 
 
 class StaticPrefill:
-    """Prefill of up to `batch` prompts into each (model, cache) of `models`; `run` returns
-    the first model's float32 logits at each row's last prompt token, [batch, V]. `after`, if
-    given, runs after the forwards with the bucket's width, inside the bucket's graph."""
+    """Prefill of up to `batch` prompts into each (model, cache) of `models` (or the first
+    alone); `run` returns the first model's float32 logits at each row's last prompt token,
+    [batch, V]. `after`, if given, runs after the forwards with the bucket's width, inside the
+    bucket's graph."""
 
     def __init__(self, models: Sequence[Tuple[object, object]], batch: int, capacity: int,
                  capture: bool, after: Optional[Callable[[int], None]] = None):
         self.models, self.batch, self.capacity, self.capture = list(models), batch, capacity, capture
         self.after = after
         self.device = self.models[0][0].device
-        self._buckets: Dict[int, dict] = {}
+        self._buckets: Dict[Tuple[int, bool], dict] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
 
     def width_for(self, longest: int) -> int:
         return min(-(-longest // BUCKET) * BUCKET, self.capacity)
 
-    def prepare(self, lengths: Sequence[int]) -> None:
+    def prepare(self, lengths: Sequence[int], first_only: bool = False) -> None:
         """Build (capture) the buckets of these prompt lengths now, e.g. before timing."""
         for width in sorted({self.width_for(n) for n in lengths}):
-            self._bucket(width)
+            self._bucket(width, first_only)
 
-    def _bucket(self, width: int) -> dict:
-        if width in self._buckets:
-            return self._buckets[width]
+    def _bucket(self, width: int, first_only: bool) -> dict:
+        key = (width, first_only)
+        if key in self._buckets:
+            return self._buckets[key]
         dev, b = self.device, self.batch
         pos = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(b, width).clone()
         static = {"tokens": torch.zeros((b, width), dtype=torch.int64, device=dev),
@@ -51,7 +57,7 @@ class StaticPrefill:
 
         def body():
             out = None
-            for model, cache in self.models:
+            for model, cache in self.models[:1] if first_only else self.models:
                 logits = model.forward(static["tokens"], static["positions"], static["positions"],
                                        static["mask"], cache, static["last"])
                 out = logits if out is None else out
@@ -62,13 +68,14 @@ class StaticPrefill:
         static["body"] = body
         if self.capture:
             static["graph"], static["logits"] = capture_graph(body, dev, self._pool)
-        self._buckets[width] = static
+        self._buckets[key] = static
         return static
 
-    def run(self, rows: List[List[int]]) -> torch.Tensor:
-        """Prefill `rows` (exactly `batch` prompts); logits at each row's last token."""
+    def run(self, rows: List[List[int]], first_only: bool = False) -> torch.Tensor:
+        """Prefill `rows` (exactly `batch` prompts) into every model's cache, or with
+        `first_only` the first model's alone; logits at each row's last token."""
         width = self.width_for(max(len(r) for r in rows))
-        static = self._bucket(width)
+        static = self._bucket(width, first_only)
         table = torch.zeros((self.batch, width), dtype=torch.int64)
         for i, r in enumerate(rows):
             table[i, :len(r)] = torch.tensor(r, dtype=torch.int64)

@@ -7,9 +7,13 @@ rule, nearly all of the loss being the speculative rounds before the turn-off to
 host reads the length two replays of four rounds behind). A decoder that serves many batches of
 one workload need not pay them every time: the requests it has finished tell it how acceptance
 spreads over the workload, and a padded batch lasts as long as its slowest request. So a batch of
-B requests starts with speculation off when, at an upper bound of the acceptance of the workload's
-1/(B + 1)-quantile request (about the least agreeing of B), plain steps beat every length: at
-batch 1 that is the median request, at batch 64 one of the least agreeing.
+B requests starts with speculation off when, at an upper bound of its acceptance, the least
+agreeing of B requests drawn from the workload would make plain steps beat every length, in at
+least half of such batches: the workload's q-quantile request with (1 - q)^B = 1/2. At batch 1
+that is the median request, at batch 64 about the least agreeing of 92. The quantile is a
+remembered request's, not interpolated between two: on that pair one request in 64 barely agreed
+and turned every batch of 64 off after seven rounds, and an interpolated 1/65-quantile (the
+rule's first form) sat next to the second-worst request and kept starting batches on.
 
 A batch that starts off learns nothing new, so after `EXPLORE_AFTER` such batches in a row one
 batch speculates again, which refreshes what is remembered if the workload has changed.
@@ -44,14 +48,15 @@ class WorkloadMemory:
         del self.counts[:-REMEMBERED_REQUESTS]
 
     def slowest_acceptance(self, requests: int) -> Optional[float]:
-        """The upper bound on the acceptance of the workload's 1/(requests + 1)-quantile request
-        (about the least agreeing of a batch of `requests`; see the module), or None where too
-        few requests are remembered or a batch is due to speculate again."""
+        """The upper bound on the acceptance of the least agreeing of `requests` requests
+        drawn from the workload, at the median of such batches (see the module), or None where
+        too few requests are remembered or a batch is due to speculate again."""
         if len(self.counts) < START_OFF_AFTER or self.started_off_in_a_row >= EXPLORE_AFTER:
             return None
         counts = torch.tensor(self.counts, dtype=torch.float64)
         upper = upper_acceptance(counts[:, 0], counts[:, 1])
-        return float(torch.quantile(upper, 1.0 / (requests + 1)))
+        q = 1.0 - 0.5 ** (1.0 / requests)
+        return float(torch.quantile(upper, q, interpolation="lower"))
 
     def started(self, off: bool) -> None:
         """A batch started with speculation off (or on): counted toward `EXPLORE_AFTER`."""

@@ -34,3 +34,25 @@ def test_bucketed_prefill_gives_the_eager_prefills_logits_and_cache():
     again = prefill.run([row[:2] for row in rows])
     want = append_step(target, target.new_cache(4, 96), zeros, [row[:2] for row in rows])
     torch.testing.assert_close(again, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_first_model_only_prefill_fills_the_target_and_leaves_the_drafter_cache_alone():
+    s = pair_setup(12)
+    target, drafter = s["target"], s["drafter"]
+    rows = [list(p) for p in s["prompts"]]
+    tcache, dcache = target.new_cache(4, 96), drafter.new_cache(4, 96)
+    for t in dcache.k + dcache.v:
+        t.copy_(torch.randn_like(t))
+    noise = [t.clone() for t in dcache.k + dcache.v]
+    prefill = StaticPrefill([(target, tcache), (drafter, dcache)], 4, 96, capture=False)
+    got = prefill.run(rows, first_only=True)
+    eager = target.new_cache(4, 96)
+    want = append_step(target, eager, torch.zeros(4, dtype=torch.int64), rows)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    for r, row in enumerate(rows):
+        torch.testing.assert_close(tcache.k[0][r, :len(row)], eager.k[0][r, :len(row)],
+                                   rtol=1e-5, atol=1e-5)
+    assert all(torch.equal(a, b) for a, b in zip(noise, dcache.k + dcache.v))
+    # Both models again, from the same bucket width: the drafter's cache is written now.
+    prefill.run(rows)
+    assert not torch.equal(noise[0], dcache.k[0])
