@@ -164,6 +164,8 @@ class BatchLengthPolicy:
         # over every request the batch has held ([accepted, rejections, request rounds]).
         self.accepted_total = torch.zeros(batch, **f32)
         self.rejected_total = torch.zeros(batch, **f32)
+        # Per request, the acceptance the batch's first turn-off decision judged it by (-1: none).
+        self.first_judged = torch.full((batch,), -1.0, **f32)
         self.workload = torch.zeros(3, **f32)
         # Speculative rounds since the batch (re)started, and (refill) whether the queue is
         # empty: with no newcomer left, the batch drains and its makespan matters again.
@@ -184,26 +186,28 @@ class BatchLengthPolicy:
         self._restart()
 
     def remember_batch(self) -> None:
-        """Keep the whole-history counts of the batch that has just run
-        (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
-        anything resets the policy."""
+        """Keep the whole-history counts of the batch that has just run, and what its first
+        turn-off decision judged each request by (runtime/workload_memory.py). Reads them on
+        the host: call once a batch is done, before anything resets the policy."""
         if self.memory is not None:
-            self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist())
+            self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist(),
+                            self.first_judged.tolist())
 
     def start(self, requests: int) -> int:
         """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
         from the first round, for good) where plain steps would beat every length for the
-        remembered workload's slowest request of such a batch (runtime/workload_memory.py),
-        else the longest. Ask once per batch: the memory counts the batches started off."""
+        remembered workload's slowest request of such a batch, by its whole history or as the
+        batch's first turn-off decision would judge it (runtime/workload_memory.py), else the
+        longest. Ask once per batch: the memory counts the batches started off."""
         if self.memory is None:
             return self.cap
-        alpha = self.memory.slowest_acceptance(requests)
         off = False
-        if alpha is not None:             # the batch-length rule, for that one request
-            one = dict(device=self.round_cost.device)
+        one = dict(device=self.round_cost.device)
+        for alpha in self.memory.slowest_acceptances(requests):
+            # the batch-length rule, for that one request
             spans = times_per_token(torch.full((1,), alpha, dtype=self.round_cost.dtype, **one),
                                     torch.ones(1, dtype=torch.bool, **one), self.round_cost)
-            off = bool(shortest(spans)[1])
+            off = off or bool(shortest(spans)[1])
         self.memory.started(off)
         if off:
             self.off.fill_(True)
@@ -216,6 +220,7 @@ class BatchLengthPolicy:
         self.rejected_avg.zero_()
         self.accepted_total.zero_()
         self.rejected_total.zero_()
+        self.first_judged.fill_(-1.0)
         self.off.zero_()
         self.chosen.fill_(self.cap)
         self.rounds.zero_()
@@ -276,8 +281,12 @@ class BatchLengthPolicy:
         self.accepted_total.add_(accepted)
         self.rejected_total.add_(rejected)
         overall = upper_acceptance(self.accepted_total, self.rejected_total)
-        _, plain_wins = self._choose(torch.maximum(alpha, overall), remaining, active)
+        judged = torch.maximum(alpha, overall)
+        _, plain_wins = self._choose(judged, remaining, active)
         settled = self.rounds >= OFF_AFTER_ROUNDS - 1
+        # What the first turn-off decision judged each active request by (for the memory).
+        first = active & (self.rounds == OFF_AFTER_ROUNDS - 1)
+        self.first_judged.copy_(torch.where(first, judged, self.first_judged))
         self.rounds.add_(1)
         self.off.logical_or_(plain_wins & settled & active.any())
         return torch.where(self.off, torch.zeros_like(best), best)

@@ -15,12 +15,20 @@ remembered request's, not interpolated between two: on that pair one request in 
 and turned every batch of 64 off after seven rounds, and an interpolated 1/65-quantile (the
 rule's first form) sat next to the second-worst request and kept starting batches on.
 
+The batch's own rule can also turn it off at its first chance, on some request's unlucky start
+that its whole history no longer shows: on the H200 a newly trained pair's batches of 64 each
+turned off after four rounds (and the host ran four more before it read the choice), while the
+whole histories said speculation would pay, so every batch paid those eight speculative rounds
+again (0.96x strong AR). So the memory also keeps, per request, the acceptance that first
+decision judged it by, and a batch starts off where the same quantile of those would have turned
+it off there: it would only have paid the rounds before.
+
 A batch that starts off learns nothing new, so after `EXPLORE_AFTER` such batches in a row one
 batch speculates again, which refreshes what is remembered if the workload has changed.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -39,25 +47,40 @@ class WorkloadMemory:
 
     def __init__(self):
         self.counts: List[Tuple[float, float]] = []
+        self.first_judged: List[float] = []
         self.started_off_in_a_row = 0
 
-    def add(self, accepted: Sequence[float], rejected: Sequence[float]) -> None:
-        """The counts of a finished batch's requests; rows with none (no request, or no
-        speculative round) are skipped."""
+    def add(self, accepted: Sequence[float], rejected: Sequence[float],
+            first_judged: Sequence[float] = ()) -> None:
+        """The counts of a finished batch's requests, and the acceptance its first turn-off
+        decision judged each by; rows with none (no request, no speculative round, no such
+        decision: a value below 0) are skipped."""
         self.counts += [(a, r) for a, r in zip(accepted, rejected) if a + r > 0]
-        del self.counts[:-REMEMBERED_REQUESTS]
+        self.first_judged += [a for a in first_judged if a >= 0.0]
+        del self.counts[:-REMEMBERED_REQUESTS], self.first_judged[:-REMEMBERED_REQUESTS]
 
-    def slowest_acceptance(self, requests: int) -> Optional[float]:
-        """The upper bound on the acceptance of the least agreeing of `requests` requests
-        drawn from the workload, at the median of such batches (see the module), or None where
-        too few requests are remembered or a batch is due to speculate again."""
-        if len(self.counts) < START_OFF_AFTER or self.started_off_in_a_row >= EXPLORE_AFTER:
-            return None
-        counts = torch.tensor(self.counts, dtype=torch.float64)
-        upper = upper_acceptance(counts[:, 0], counts[:, 1])
+    def slowest_acceptances(self, requests: int) -> List[float]:
+        """For the least agreeing of `requests` requests drawn from the workload, at the median
+        of such batches (see the module): the upper bound on its whole-history acceptance, and
+        the acceptance the first turn-off decision would judge it by, each where at least
+        `START_OFF_AFTER` requests are remembered; none while a batch is due to speculate
+        again."""
+        if self.started_off_in_a_row >= EXPLORE_AFTER:
+            return []
         q = 1.0 - 0.5 ** (1.0 / requests)
-        return float(torch.quantile(upper, q, interpolation="lower"))
+        found = []
+        if len(self.counts) >= START_OFF_AFTER:
+            counts = torch.tensor(self.counts, dtype=torch.float64)
+            found.append(_quantile(upper_acceptance(counts[:, 0], counts[:, 1]), q))
+        if len(self.first_judged) >= START_OFF_AFTER:
+            found.append(_quantile(torch.tensor(self.first_judged, dtype=torch.float64), q))
+        return found
 
     def started(self, off: bool) -> None:
         """A batch started with speculation off (or on): counted toward `EXPLORE_AFTER`."""
         self.started_off_in_a_row = self.started_off_in_a_row + 1 if off else 0
+
+
+def _quantile(values: torch.Tensor, q: float) -> float:
+    """A remembered value at quantile q (the lower one: never interpolated toward a better)."""
+    return float(torch.quantile(values, q, interpolation="lower"))
