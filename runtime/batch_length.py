@@ -15,7 +15,14 @@ one token). The batch takes the longest of its active requests; the next round r
 L >= 1, speculation has stopped paying for this batch: the decoder turns it off and keeps it off
 until the batch is done (the drafter's cache is no longer kept up, so it cannot come back; the
 next batch starts speculating again). It only does so after `OFF_AFTER_ROUNDS` rounds, once the
-estimates have left their optimistic prior.
+estimates have left their optimistic prior. Eight, not four: a request's first rounds are its
+worst. On the H200 pair's HumanEval chain(4) profiles (runs 9-12) rounds 1-4 accepted 1.40-1.56
+drafts and 76-83 % of them met a rejection, rounds 17-64 2.35-3.10 and 31-57 %
+(bench/results/acceptance-by-round.json); judged at the fourth round, the rule turned off
+batches of 16 that the fixed chain sped up 1.12x (run 11, four prompts). Replayed on five such
+profiles, eight rounds lift batch 4 by up to 0.13x and batch 1 by up to 0.03x, and cost a first
+batch of 64 up to 0.015x (a remembered workload starts later ones off:
+runtime/workload_memory.py; bench/results/turn-off-sweep.json).
 
 Because off is for good, it needs more than the recent rounds: it is decided on the larger of
 the moving-average alpha and the request's whole-history alpha (accepted drafts and rejections
@@ -61,7 +68,7 @@ from .adaptive_draft import (acceptance_rate, check_draft_cost, expected_tokens,
 from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
-OFF_AFTER_ROUNDS = 4
+OFF_AFTER_ROUNDS = 8
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
 

@@ -2,6 +2,7 @@
 import pytest
 import torch
 
+from specpilot.runtime.adaptive_draft import acceptance_rate
 from specpilot.runtime.batch_length import makespans, model_round_costs, next_length
 
 
@@ -45,8 +46,9 @@ def test_finished_requests_do_not_count():
     assert bool(plain_with_slow) and not bool(plain) and int(best) == 4
 
 
-def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4)):
-    """One request's lengths under BatchLengthPolicy, each round accepting rounds[i](length)."""
+def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4), keep=False):
+    """One request's lengths under BatchLengthPolicy, each round accepting rounds[i](length)
+    (and the policy, with `keep`)."""
     from specpilot.runtime.batch_length import BatchLengthPolicy
 
     policy = BatchLengthPolicy(1, cap, "cpu", 0.0, round_costs=list(costs))
@@ -57,24 +59,27 @@ def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4)):
         length = int(policy.next(n, torch.tensor([length]), torch.tensor([True]),
                                  torch.tensor([200]), torch.tensor([True])))
         out.append(length)
-    return out
+    return (out, policy) if keep else out
 
 
 def test_a_few_bad_rounds_after_good_ones_do_not_turn_speculation_off():
-    # Four full chains, then four rounds that accept nothing: the moving average alone (weight
-    # 1/2 on the newest round) has alpha = (4 / 16) / (4 / 16 + 15 / 16) = 0.21 by then, where
-    # plain steps win (E(1) = 1.21 < cost(1) = 1.4); over the whole history (16 drafts
-    # accepted, 4 rejections) it is (16 + 1) / (16 + 4 + 2) = 0.77, which keeps it on.
-    lengths = _run_policy([4, 4, 4, 4, 0, 0, 0, 0])
+    # Eight full chains, then four rounds that accept nothing: the moving average alone (weight
+    # 1/2 on the newest round) has fallen to where plain steps win (E(1) < cost(1) = 1.4); over
+    # the whole history (32 drafts accepted, 4 rejections) the bound keeps it on.
+    lengths, policy = _run_policy([4] * 8 + [0] * 4, keep=True)
     assert 0 not in lengths
-    # A drafter that never agrees is turned off at the fifth round: after n rejections and
-    # nothing accepted the upper bound on its acceptance is the mean of Beta(1, n + 1) plus two
-    # standard deviations, 0.45 at n = 4 (where E(1) = 1.45 > cost(1) = 1.4 still) and 0.39 at
-    # n = 5 (E(1) = 1.39, E(2) = 1.54, E(3) = 1.60, E(4) = 1.62: below every cost).
-    assert _run_policy([0] * 7)[3:] == [1, 0, 0, 0]
+    recent = float(acceptance_rate(policy.accepted_avg, policy.rejected_avg)[0])
+    assert 1.0 + recent < 1.4
+    # A drafter that never agrees is turned off at the eighth round, the first where it may
+    # (OFF_AFTER_ROUNDS): after n rejections and nothing accepted the upper bound on its
+    # acceptance is the mean of Beta(1, n + 1) plus two standard deviations, 0.28 at n = 8
+    # (E(1) = 1.28, E(2) = 1.36, E(3) = 1.38, E(4) = 1.38: below every cost).
+    from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
+    assert OFF_AFTER_ROUNDS == 8
+    assert _run_policy([0] * 10)[6:] == [1, 0, 0, 0]
     # And one that only agreed long ago is turned off once the history agrees with the present.
-    late = _run_policy([4, 4] + [0] * 30)
-    assert late[-1] == 0 and late.index(0) > 6
+    late = _run_policy([4, 4] + [0] * 40)
+    assert late[-1] == 0 and late.index(0) > 8
 
 
 def test_throughput_is_the_time_per_token_of_all_active_requests():

@@ -10,7 +10,7 @@ import torch
 
 from mechanism_setup import MAX_NEW, ContraryDrafter, pair_setup
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
-from specpilot.runtime.batch_length import BatchLengthPolicy
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 from specpilot.runtime.workload_memory import EXPLORE_AFTER, START_OFF_AFTER
 
 COSTS = [1.0, 1.4, 1.8, 2.0, 2.4]
@@ -71,22 +71,22 @@ def test_one_barely_agreeing_request_in_a_workload_of_64_starts_a_batch_of_64_of
         assert policy.start(1) == 4       # the median request speculates
 
 
-def _run_batch(policy, accepted_per_round, remaining=200):
+def _run_rounds(policy, accepted_per_round, remaining=200):
     """Rounds of chain(4) on `policy`: accepted_per_round[t][i] drafts of request i accepted
-    in round t, every request active; then the batch is remembered."""
+    in round t, every request active."""
     b = len(accepted_per_round[0])
     for row in accepted_per_round:
         n = torch.tensor(row, dtype=torch.int64)
         policy.next(n, torch.full_like(n, 4), torch.ones(b, dtype=torch.bool),
                     torch.full_like(n, remaining), torch.ones(b, dtype=torch.bool))
-    policy.remember_batch()
 
 
 @pytest.mark.parametrize("seed", [0, 1])
 def test_a_batch_that_would_turn_off_at_its_first_chance_starts_off(seed):
-    """Eight requests agree well, but one opens with four rejected rounds: the batch turns off
-    at its fourth round, and the rounds the host runs before it reads that (here four, all of
-    them full chains for that request) leave its whole history looking good. The next batch of
+    """Eight requests agree well, but one opens with eight rejected rounds: the batch turns off
+    at its eighth round (OFF_AFTER_ROUNDS), and the rounds the host runs before it reads that
+    (here four, all of them full chains for that request) leave its whole history looking
+    good. The next batch of
     eight starts off, as its first decision would again have turned it off; by whole histories
     alone (the float64 rule) it would have speculated. A batch of one is judged on the median
     request's first decision, and speculates."""
@@ -96,10 +96,15 @@ def test_a_batch_that_would_turn_off_at_its_first_chance_starts_off(seed):
     policy.reset()
     assert policy.start(8) == 4
     slow = rnd.randrange(8)
-    rounds = [[0 if (i == slow and t < 4) else rnd.choice([3, 4, 4]) for i in range(8)]
-              for t in range(8)]
-    _run_batch(policy, rounds)
-    assert bool(policy.off)                         # turned off at the fourth round
+    first = OFF_AFTER_ROUNDS
+    rounds = [[0 if (i == slow and t < first) else rnd.choice([3, 4, 4]) for i in range(8)]
+              for t in range(first + 4)]
+    _run_rounds(policy, rounds[:first - 1])
+    assert not bool(policy.off)
+    _run_rounds(policy, rounds[first - 1:first])
+    assert bool(policy.off)                         # turned off at its first chance
+    _run_rounds(policy, rounds[first:])
+    policy.remember_batch()
     counts = list(zip(policy.accepted_total.tolist(), policy.rejected_total.tolist()))
     assert not _starts_off(counts, 8, costs)        # whole histories alone: speculate
     policy.reset()

@@ -1,0 +1,118 @@
+"""How many rounds the batch-length rule should see before it may turn speculation off
+(runtime/batch_length.OFF_AFTER_ROUNDS): the adaptive replays (padded cold, padded warm, with
+refill) of stored chain(k) profiles for each candidate, on stored step costs or on a two-number
+model of a speculative round. Runs on the CPU (a replay: nothing is measured here but the
+profiles and costs it reads).
+
+  python3 bench/turn_off_sweep.py --off-after 4,8,12 \\
+      --step-costs bench/results/llama8b-1b-replayed-run6-adaptive.json \\
+      --round-model 1.8,0.135 \\
+      --profiles bench/results/mechanisms-run9-refill.acceptance.stock_graphed.json \\
+      --out bench/results/turn-off-sweep.json
+
+Every figure is x padded AR of the same replay (pessimistic), as `specpilot bench --shapes
+--adaptive --refill` reports it.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+
+import specpilot.runtime.batch_length as batch_length
+from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
+from specpilot.bench.adaptive_replay import replay_adaptive
+from specpilot.bench.environment import environment
+from specpilot.bench.replay import AcceptanceProfile
+from specpilot.bench.step_costs import StepCosts
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
+
+
+def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCosts:
+    """Step costs in plain steps: a plain step 1, a chain(L) round base + per_draft * L at
+    every batch size (the shape of the 161M pair's graphed rounds on the H200)."""
+    costs = StepCosts(context=0, graphed=True)
+    for b in batch_sizes:
+        costs.target_costs[b] = {1: 1.0}
+        for n in range(1, k + 1):
+            costs.round_costs.setdefault(str(Chain(n)), {})[b] = base + per_draft * n
+    return costs
+
+
+def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after) -> list:
+    """x padded AR of the rule (cold, warm, with refill) at `batch`, for each OFF_AFTER_ROUNDS
+    in `off_after`; the module's own value is restored afterwards."""
+    kept, rows = batch_length.OFF_AFTER_ROUNDS, []
+    try:
+        for n in off_after:
+            batch_length.OFF_AFTER_ROUNDS = n
+            rows.append({"off_after": n,
+                         "cold": replay_adaptive(profile, costs, batch).speedup,
+                         "warm": replay_adaptive(profile, costs, batch, warm=True).speedup,
+                         "refill": replay_adaptive_refill(profile, costs, batch).speedup})
+    finally:
+        batch_length.OFF_AFTER_ROUNDS = kept
+    return rows
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--off-after", default="4,8,12", help="candidate rounds, comma-separated")
+    p.add_argument("--step-costs", help="a `specpilot bench --shapes` result with step costs")
+    p.add_argument("--round-model", metavar="BASE,PER_DRAFT",
+                   help="also a modelled round of BASE + PER_DRAFT * L plain steps")
+    p.add_argument("--profiles", nargs="+", required=True, help="chain(k) acceptance profiles")
+    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    try:
+        off_after = [int(x) for x in args.off_after.split(",")]
+        batches = [int(x) for x in args.batch_sizes.split(",")]
+        if min(off_after) < 1 or min(batches) < 1:
+            raise ValueError("values must be >= 1")
+    except ValueError as exc:
+        p.error(f"--off-after and --batch-sizes take positive integers: {exc}")
+    if not args.step_costs and not args.round_model:
+        p.error("give --step-costs, --round-model or both")
+    try:
+        profiles = {path: AcceptanceProfile.load(path) for path in args.profiles}
+        cost_sets = {}
+        if args.step_costs:
+            with open(args.step_costs) as f:
+                cost_sets[args.step_costs] = StepCosts.from_json(json.load(f)["step_costs"])
+        if args.round_model:
+            base, per_draft = (float(x) for x in args.round_model.split(","))
+            k = max(getattr(pr.topology, "k", 1) for pr in profiles.values())
+            cost_sets[f"model {base} + {per_draft} L"] = modelled_costs(base, per_draft,
+                                                                        batches, k)
+    except (OSError, KeyError, ValueError, SpecPilotError) as exc:
+        print(f"error: cannot read the profiles or costs: {exc}", file=sys.stderr)
+        return 2
+    rows = []
+    for cost_name, costs in cost_sets.items():
+        for path, profile in profiles.items():
+            for b in batches:
+                try:
+                    found = sweep_rows(profile, costs, b, off_after)
+                except SpecPilotError as exc:
+                    print(f"error: {path} at batch {b}: {exc}", file=sys.stderr)
+                    return 2
+                for row in found:
+                    rows.append({"costs": cost_name, "profile": path, "batch": b, **row})
+                print(f"{os.path.basename(path)} batch {b} ({cost_name}): " + ", ".join(
+                    f"{r['off_after']}: {r['cold']:.3f} / {r['warm']:.3f} / {r['refill']:.3f}"
+                    for r in found), flush=True)
+    doc = {"environment": environment("cpu"), "settings": vars(args),
+           "current_off_after": batch_length.OFF_AFTER_ROUNDS, "rows": rows}
+    tmp = args.out + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(doc, f, indent=1)
+    os.replace(tmp, args.out)
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
