@@ -11,14 +11,15 @@ matters. Runs on the CPU from the profiles alone.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+from pathlib import Path
 from typing import List, Sequence
 
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.ir.errors import SpecPilotError
+from specpilot.search.run_folder import write_json_atomic
 
 # Rounds [start, end) of a request, counted from 0.
 SPANS = ((0, 4), (4, 8), (8, 16), (16, 32), (32, 64), (64, None))
@@ -58,10 +59,7 @@ def main(argv=None) -> int:
             f"{r['rounds']} {r['mean_accepted']:.2f} ({r['rejected_share']:.0%})"
             for r in rows[path] if r["count"]))
     doc = {"environment": environment("cpu"), "settings": vars(args), "spans": rows}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json_atomic(Path(args.out), doc)
     print(args.out)
     return 0
 

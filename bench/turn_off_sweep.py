@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import sys
+from pathlib import Path
 
 import specpilot.runtime.batch_length as batch_length
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
@@ -27,6 +28,7 @@ from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts
 from specpilot.ir.errors import SpecPilotError
+from specpilot.search.run_folder import write_json_atomic
 from specpilot.ir.topology import Chain
 
 
@@ -43,7 +45,8 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
 
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after) -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each OFF_AFTER_ROUNDS
-    in `off_after`; the module's own value is restored afterwards."""
+    in `off_after`; the module's own value is restored afterwards. Replays only: a captured
+    round keeps the value it was captured with."""
     kept, rows = batch_length.OFF_AFTER_ROUNDS, []
     try:
         for n in off_after:
@@ -106,10 +109,7 @@ def main(argv=None) -> int:
                     for r in found), flush=True)
     doc = {"environment": environment("cpu"), "settings": vars(args),
            "current_off_after": batch_length.OFF_AFTER_ROUNDS, "rows": rows}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json_atomic(Path(args.out), doc)
     print(args.out)
     return 0
 

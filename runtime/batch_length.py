@@ -15,14 +15,16 @@ one token). The batch takes the longest of its active requests; the next round r
 L >= 1, speculation has stopped paying for this batch: the decoder turns it off and keeps it off
 until the batch is done (the drafter's cache is no longer kept up, so it cannot come back; the
 next batch starts speculating again). It only does so after `OFF_AFTER_ROUNDS` rounds, once the
-estimates have left their optimistic prior. Eight, not four: a request's first rounds are its
-worst. On the H200 pair's HumanEval chain(4) profiles (runs 9-12) rounds 1-4 accepted 1.40-1.56
-drafts and 76-83 % of them met a rejection, rounds 17-64 2.35-3.10 and 31-57 %
-(bench/results/acceptance-by-round.json); judged at the fourth round, the rule turned off
-batches of 16 that the fixed chain sped up 1.12x (run 11, four prompts). Replayed on five such
-profiles, eight rounds lift batch 4 by up to 0.13x and batch 1 by up to 0.03x, and cost a first
-batch of 64 up to 0.015x (a remembered workload starts later ones off:
-runtime/workload_memory.py; bench/results/turn-off-sweep.json).
+estimates have left their optimistic prior. Eight, not four: a request's first rounds are among
+its worst. On the H200 pair's HumanEval chain(4) profiles (runs 9-12) rounds 1-4 accepted
+1.40-1.56 drafts and 76-83 % of them met a rejection, rounds 17-64 2.35-3.09 and 31-57 % (rounds
+past 64, which only the least agreeing requests reach, are as poor as the first;
+bench/results/acceptance-by-round.json). Judged at the fourth round, the rule turned off batches
+of 16 that the fixed chain sped up 1.12x (run 11, four prompts). Replayed on five such profiles
+(bench/results/turn-off-sweep.json), eight rounds lift batch 4 by up to 0.13x and batch 1 by up
+to 0.03x; they cost a first batch of 64 up to 0.015x (a remembered workload starts later ones
+off: runtime/workload_memory.py), batch 16 up to 0.02x (0.03x with refill), a useless drafter
+0.01x, and one-slot refill with a useless drafter 0.04x.
 
 Because off is for good, it needs more than the recent rounds: it is decided on the larger of
 the moving-average alpha and the request's whole-history alpha (accepted drafts and rejections
@@ -38,10 +40,11 @@ Beta(accepted + 1, rejections + 1) plus `OFF_CONFIDENCE` standard deviations), n
 After four rounds the mean is noise: on the H200 a 161M pair whose chain(4) gained 1.19x at batch
 4 had a request or two in most batches open with three or four rejections, the batch turned off
 at its fourth round and the rule gave 1.03x; with refill one such turn-off held for the whole
-queue (1.17x against 1.51x for the fixed chain). The bound lets a drafter that truly never
-agrees off after five rounds where rounds are dear, about ten where they are cheap. Replayed on
-that pair's profiles (8B-shape costs, and the pair's own), it lifts the rule at batch 1-16 (up to
-1.00x -> 1.42x with refill at batch 4) and costs at most 0.01x with a useless drafter.
+queue (1.17x against 1.51x for the fixed chain). The bound alone would let a drafter that truly
+never agrees off after five rounds where rounds are dear, about ten where they are cheap (the
+first eight are never judged now, above). Replayed on that pair's profiles (8B-shape costs, and
+the pair's own), it lifted the rule at batch 1-16 (up to 1.00x -> 1.42x with refill at batch 4)
+and cost at most 0.01x with a useless drafter when the turn-off was judged from the fourth round.
 
 With continuous refill (runtime/graphed_refill.py, objective "throughput") a finished slot takes
 the next request at once, so no request's tail decides anything: the length is the one with the
@@ -248,8 +251,9 @@ class BatchLengthPolicy:
                                              torch.full_like(rounds, float(self.cap)))
         self.rejected_avg[row] = torch.where(seen, self.workload[1] / counted,
                                              torch.zeros_like(rounds))
-        # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload: a bound from
-        # no evidence at all would hold a useless drafter on for every newcomer.
+        # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload (the span a
+        # padded batch waits before it judges): a bound from no evidence at all would hold a
+        # useless drafter on for every newcomer, and its own first rounds are its poorest.
         prior = torch.where(seen, OFF_AFTER_ROUNDS / counted, torch.zeros_like(rounds))
         self.accepted_total[row] = self.workload[0] * prior
         self.rejected_total[row] = self.workload[1] * prior
@@ -291,8 +295,9 @@ class BatchLengthPolicy:
         judged = torch.maximum(alpha, overall)
         _, plain_wins = self._choose(judged, remaining, active)
         settled = self.rounds >= OFF_AFTER_ROUNDS - 1
-        # What the first turn-off decision judged each active request by (for the memory).
-        first = active & (self.rounds == OFF_AFTER_ROUNDS - 1)
+        # What the first turn-off decision judged each active request by (for the memory); a
+        # batch already off (started off by the memory) makes no such decision.
+        first = active & ~self.off & (self.rounds == OFF_AFTER_ROUNDS - 1)
         self.first_judged.copy_(torch.where(first, judged, self.first_judged))
         self.rounds.add_(1)
         self.off.logical_or_(plain_wins & settled & active.any())

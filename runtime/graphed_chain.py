@@ -363,13 +363,15 @@ class GraphedChainDecoder:
         first argmax per row."""
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
-        drafter = drafter and self.drafter is not None
+        # Only a decoder with a drafter has a target-only prefill to choose (its one model's
+        # prefill already is, and that is the graph `prepare_prefill` built).
+        skip = self.drafter is not None and not drafter
         if self._prefiller is not None:
-            logits = self._prefiller.run(rows, first_only=not drafter)
+            logits = self._prefiller.run(rows, first_only=skip)
         else:
             zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
             logits = append_step(self.target, self.tcache, zeros, rows)
-            if drafter:
+            if self.drafter is not None and not skip:
                 append_step(self.drafter, self.dcache, zeros, rows)
         g0 = torch.argmax(logits, dim=-1)
         if self.record_margins:
@@ -386,7 +388,8 @@ class GraphedChainDecoder:
         """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
         both models prefilled with `prompts` and each row's first round set up (`_begin`).
         An adaptive padded decoder may start it with speculation off, by what the batches
-        before it told of the workload (runtime/workload_memory.py)."""
+        before it told of the workload (runtime/workload_memory.py); such a batch never runs
+        its drafter, so only the target is prefilled."""
         self._reset()
         if self.policy is not None and reference is None:
             self.first_length = self.policy.start(len(prompts))

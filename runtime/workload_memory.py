@@ -34,8 +34,10 @@ import torch
 
 from .adaptive_draft import upper_acceptance
 
-# The most recent requests remembered (their whole-history counts), and how many are needed
-# before a batch may start with speculation off.
+# The most recent requests remembered (their whole-history counts, and separately their first
+# turn-off judgements: a request too short to be judged has counts but no judgement, so the two
+# lists need not hold the same requests), and how many are needed before a batch may start
+# with speculation off.
 REMEMBERED_REQUESTS = 256
 START_OFF_AFTER = 8
 # Batches started off in a row before one speculates again.
@@ -43,7 +45,8 @@ EXPLORE_AFTER = 8
 
 
 class WorkloadMemory:
-    """Accepted drafts and rejections of the most recent finished requests (host floats)."""
+    """Accepted drafts and rejections of the most recent finished requests, and the acceptance
+    their batch's first turn-off decision judged them by (host floats)."""
 
     def __init__(self):
         self.counts: List[Tuple[float, float]] = []

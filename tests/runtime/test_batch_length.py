@@ -137,12 +137,16 @@ def test_the_upper_bound_on_acceptance_is_the_beta_mean_plus_two_deviations():
 
 
 def test_a_slow_start_does_not_turn_off_a_drafter_that_then_agrees():
-    """Four rejections in four rounds (one draft accepted), then full chains: by the mean of
-    the history ((1 + 1) / (1 + 4 + 2) = 0.29, E(L) < cost(L) for every L; the moving average
-    is lower still) plain steps would win at the fourth round, and off is for good. Four
-    rounds are too few to tell: the upper bound keeps the batch speculating, and the full
-    chains that follow bring it to the longest."""
-    lengths = _run_policy([1, 0, 0, 0] + [4] * 8, costs=(1.0, 1.39, 1.79, 1.95, 2.41))
+    """Eight rejections in eight rounds (one draft accepted), then full chains: by the mean of
+    the history ((1 + 1) / (1 + 8 + 2) = 0.18, E(L) < cost(L) for every L; the moving average
+    is lower still) plain steps would win at the eighth round, the first where the batch may
+    turn off, and off is for good. Eight rounds of a poor start are still too few to tell: the
+    upper bound (0.40) keeps the batch speculating, and the full chains that follow bring it to
+    the longest."""
+    from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
+    assert OFF_AFTER_ROUNDS == 8
+    costs = (1.0, 1.39, 1.79, 1.95, 2.41)
+    lengths = _run_policy([1] + [0] * 7 + [4] * 10, costs=costs)
     assert 0 not in lengths and lengths[-1] == 4
-    alpha = 2 / 7
-    assert all(_expected(alpha, n) < c for n, c in zip(range(1, 5), (1.39, 1.79, 1.95, 2.41)))
+    alpha = 2 / 11
+    assert all(_expected(alpha, n) < c for n, c in zip(range(1, 5), costs[1:]))

@@ -56,3 +56,20 @@ def test_a_first_model_only_prefill_fills_the_target_and_leaves_the_drafter_cach
     # Both models again, from the same bucket width: the drafter's cache is written now.
     prefill.run(rows)
     assert not torch.equal(noise[0], dcache.k[0])
+
+
+def test_a_decoder_without_a_drafter_prefills_with_the_graph_it_prepared():
+    """A plain decoder's prefill already is target-only: `generate` must use the bucket that
+    `prepare_prefill` built (captured outside timed runs), not build a second one."""
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+
+    s = pair_setup(13)
+    target = s["target"]
+    decoder = GraphedChainDecoder(target, None, 4, 48, 0, s["eos"], capture=False)
+    decoder._prefiller = StaticPrefill([(target, decoder.tcache)], 4, 48, capture=False)
+    decoder.prepare_prefill(s["prompts"])
+    prepared = set(decoder._prefiller._buckets)
+    out = decoder.generate(s["prompts"], 6)
+    assert set(decoder._prefiller._buckets) == prepared
+    assert out.drafter_forwards == 0
+    assert out.tokens == [t[:6] for t in s["reference"].tokens]

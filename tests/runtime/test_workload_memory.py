@@ -115,6 +115,22 @@ def test_a_batch_that_would_turn_off_at_its_first_chance_starts_off(seed):
     assert one.start(1) == 4
 
 
+def test_a_batch_started_off_records_no_first_judgement():
+    """Started off by the memory, a batch makes no turn-off decision, so it leaves no judgement
+    to remember (a replay still runs the policy on its plain rounds)."""
+    policy = BatchLengthPolicy(4, 4, "cpu", 0.0, round_costs=COSTS)
+    policy.memory.add([0.0] * 8, [30.0] * 8)
+    policy.reset()
+    assert policy.start(4) == 0
+    zero = torch.zeros(4, dtype=torch.int64)
+    for _ in range(2 * OFF_AFTER_ROUNDS):
+        policy.next(zero, zero, torch.ones(4, dtype=torch.bool), torch.full((4,), 100),
+                    torch.ones(4, dtype=torch.bool))
+    assert policy.first_judged.tolist() == [-1.0] * 4
+    policy.remember_batch()
+    assert policy.memory.first_judged == []
+
+
 def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
     useless = [(0.0, 30.0)] * (START_OFF_AFTER - 1)
     policy = _policy(useless + [(0.0, 0.0)])
