@@ -20,6 +20,7 @@ import json
 import os
 import sys
 from pathlib import Path
+from typing import Optional, Tuple
 
 import specpilot.runtime.batch_length as batch_length
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
@@ -43,17 +44,22 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
     return costs
 
 
-def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after) -> list:
+def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
+               host_lag: Optional[Tuple[int, int]] = None) -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each OFF_AFTER_ROUNDS
     in `off_after`; the module's own value is restored afterwards. Replays only: a captured
-    round keeps the value it was captured with."""
+    round keeps the value it was captured with. `host_lag`: the padded replays apply a chosen
+    length as the graphed host loop does (adaptive_replay.replay_adaptive); refill's replay
+    has no such model and applies it at the next round."""
     kept, rows = batch_length.OFF_AFTER_ROUNDS, []
     try:
         for n in off_after:
             batch_length.OFF_AFTER_ROUNDS = n
             rows.append({"off_after": n,
-                         "cold": replay_adaptive(profile, costs, batch).speedup,
-                         "warm": replay_adaptive(profile, costs, batch, warm=True).speedup,
+                         "cold": replay_adaptive(profile, costs, batch,
+                                                 host_lag=host_lag).speedup,
+                         "warm": replay_adaptive(profile, costs, batch, warm=True,
+                                                 host_lag=host_lag).speedup,
                          "refill": replay_adaptive_refill(profile, costs, batch).speedup})
     finally:
         batch_length.OFF_AFTER_ROUNDS = kept
@@ -68,15 +74,18 @@ def main(argv=None) -> int:
                    help="also a modelled round of BASE + PER_DRAFT * L plain steps")
     p.add_argument("--profiles", nargs="+", required=True, help="chain(k) acceptance profiles")
     p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--host-lag", metavar="ROUNDS,REPLAYS",
+                   help="padded replays apply a length as the graphed loop does (4,2 there)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
         off_after = [int(x) for x in args.off_after.split(",")]
         batches = [int(x) for x in args.batch_sizes.split(",")]
-        if min(off_after) < 1 or min(batches) < 1:
-            raise ValueError("values must be >= 1")
+        lag = tuple(int(x) for x in args.host_lag.split(",")) if args.host_lag else None
+        if min(off_after) < 1 or min(batches) < 1 or (lag and (len(lag) != 2 or min(lag) < 1)):
+            raise ValueError("values must be >= 1, and --host-lag two of them")
     except ValueError as exc:
-        p.error(f"--off-after and --batch-sizes take positive integers: {exc}")
+        p.error(f"--off-after, --batch-sizes and --host-lag take positive integers: {exc}")
     if not args.step_costs and not args.round_model:
         p.error("give --step-costs, --round-model or both")
     try:
@@ -98,7 +107,7 @@ def main(argv=None) -> int:
         for path, profile in profiles.items():
             for b in batches:
                 try:
-                    found = sweep_rows(profile, costs, b, off_after)
+                    found = sweep_rows(profile, costs, b, off_after, lag)
                 except SpecPilotError as exc:
                     print(f"error: {path} at batch {b}: {exc}", file=sys.stderr)
                     return 2

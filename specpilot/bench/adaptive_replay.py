@@ -28,7 +28,7 @@ unmeasured, so that even a workload of one batch is timed with that memory, as t
 """
 from __future__ import annotations
 
-from typing import List, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -100,12 +100,21 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
 
 
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
-                    unknown_agrees: bool = False, warm: bool = False) -> ReplayFigure:
+                    unknown_agrees: bool = False, warm: bool = False,
+                    host_lag: Optional[Tuple[int, int]] = None) -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
     pessimistic, or with `unknown_agrees` optimistic. As in the decoder, each batch may start
     with speculation off by what the batches before it taught (runtime/workload_memory.py);
     with `warm` the whole profile is played once first, unmeasured, as `specpilot bench` warms
-    a system up on its whole workload before timing it."""
+    a system up on its whole workload before timing it.
+
+    A chosen length applies from the next round; with `host_lag` = (rounds per replay, replays
+    behind) it applies as the graphed host loop applies it (runtime/graphed_loop.py, (4, 2)):
+    each replay of that many rounds runs the length chosen at the end of the replay that many
+    replays back, the batch's first length before that."""
+    if host_lag is not None and (host_lag[0] < 1 or host_lag[1] < 1):
+        raise ProfileError(f"host lag needs at least one round per replay and one replay "
+                           f"behind, got {host_lag}")
     batches = cycled_batches(len(profile.accepted_lengths), batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
@@ -127,11 +136,22 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
             length = policy.start(len(rows))
             agree = [maps[r] for r in rows]
             counted = [start + i < count for i in range(batch)]  # requests, not their repeats
+            chosen_at_replay_end: List[int] = []
+            batch_rounds = 0
             while bool((remaining > 0).any()):
+                if host_lag is not None and batch_rounds % host_lag[0] == 0:
+                    replay_index = batch_rounds // host_lag[0]
+                    if replay_index >= host_lag[1]:
+                        length = chosen_at_replay_end[replay_index - host_lag[1]]
                 spec_seconds += seconds[length]
                 spec_steps += 1
-                remaining, length, rounds, accepted = play_round(policy, agree, counted,
+                remaining, chosen, rounds, accepted = play_round(policy, agree, counted,
                                                                  position, remaining, length)
+                batch_rounds += 1
+                if host_lag is None:
+                    length = chosen
+                elif batch_rounds % host_lag[0] == 0:
+                    chosen_at_replay_end.append(chosen)
                 committed_steps += rounds
                 accepted_total += accepted
             policy.remember_batch()                # as the decoder does after each batch

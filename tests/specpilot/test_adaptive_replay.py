@@ -213,3 +213,26 @@ def test_after_a_warm_up_a_batch_that_would_lose_runs_plain_steps_from_its_first
     assert speculating.speedup > 1.3
     assert replay_adaptive(good, cheap, batch, warm=True).speedup == pytest.approx(
         speculating.speedup)
+
+
+def test_the_host_lag_applies_a_length_two_replays_later_as_the_graphed_loop_does():
+    """A drafter that never agrees, one request of 60 decode tokens: applied at the next round,
+    the rule runs one chain of 4, seven of 1 (the moving average), then turns off at round 8
+    (OFF_AFTER_ROUNDS) and runs plain steps. With the graphed loop's lag (replays of 4 rounds,
+    the length chosen two replays back) the first two replays run the first length, 4; the
+    third the length chosen after round 4, which is 1; from the fourth, the 0 chosen at round
+    8: hand-counted costs. A lag of one one-round replay is the next-round rule itself."""
+    from specpilot.bench.adaptive_replay import round_costs_for
+
+    assert OFF_AFTER_ROUNDS == 8
+    profile = profile_from_agreement(4, [[False] * 60])
+    c = costs([1], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    sec = round_costs_for(c, 1, 4)
+    now = replay_adaptive(profile, c, 1)
+    lagged = replay_adaptive(profile, c, 1, host_lag=(4, 2))
+    assert now.spec_steps == lagged.spec_steps == 60      # one token per round either way
+    assert now.spec_seconds == pytest.approx(sec[4] + 7 * sec[1] + 52 * sec[0])
+    assert lagged.spec_seconds == pytest.approx(8 * sec[4] + 4 * sec[1] + 48 * sec[0])
+    assert replay_adaptive(profile, c, 1, host_lag=(1, 1)).spec_seconds == now.spec_seconds
+    with pytest.raises(ProfileError):
+        replay_adaptive(profile, c, 1, host_lag=(0, 2))

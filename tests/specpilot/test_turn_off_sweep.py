@@ -53,6 +53,18 @@ def test_the_sweep_replays_each_candidate_and_restores_the_rule(tmp_path):
     early, late = rows[0], rows[1]
     assert (early["batch"], early["off_after"], late["off_after"]) == (1, 2, 9)
     assert late["cold"] > early["cold"]
+    # With the graphed loop's lag, the padded figures are the lagged replay's.
+    lagged = tmp_path / "lagged.json"
+    assert module.main(argv[:-1] + [str(lagged), "--host-lag", "4,2"]) == 0
+    row = json.loads(lagged.read_text())["rows"][1]
+    batch_length.OFF_AFTER_ROUNDS = row["off_after"]
+    try:
+        assert row["cold"] == pytest.approx(
+            replay_adaptive(profile, c, row["batch"], host_lag=(4, 2)).speedup)
+    finally:
+        batch_length.OFF_AFTER_ROUNDS = kept
+    with pytest.raises(SystemExit):
+        module.main(argv + ["--host-lag", "4"])
     with pytest.raises(SystemExit):
         module.main(["--off-after", "0", "--round-model", "1,1", "--profiles", str(path),
                      "--out", str(out)])
