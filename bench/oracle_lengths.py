@@ -14,9 +14,9 @@ Every figure is x padded AR of the same replay (the refill rows too, as in `spec
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
+from pathlib import Path
 
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.adaptive_replay import replay_adaptive
@@ -24,8 +24,9 @@ from specpilot.bench.environment import environment
 from specpilot.bench.oracle_replay import replay_oracle
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import AcceptanceProfile, replay
-from specpilot.bench.step_costs import StepCosts
+from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.ir.errors import SpecPilotError
+from specpilot.search.run_folder import write_json_atomic
 
 
 def rows_for(profile: AcceptanceProfile, costs: StepCosts, batch: int) -> dict:
@@ -50,9 +51,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
-        with open(args.step_costs, encoding="utf-8") as f:
-            source = json.load(f)
-        costs = StepCosts.from_json(source["step_costs"])
+        costs, source = read_step_costs(args.step_costs)
         batches = [int(b) for b in args.batch_sizes.split(",")]
         profiles = {path: AcceptanceProfile.load(path) for path in args.profiles}
     except (OSError, KeyError, ValueError, SpecPilotError) as exc:
@@ -69,10 +68,7 @@ def main(argv=None) -> int:
            "step_costs_from": args.step_costs,
            "step_costs_measured_on": source.get("environment", {}),
            "model": "x padded AR; pessimistic agreement maps", "rows": results}
-    tmp = args.out + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
-    os.replace(tmp, args.out)
+    write_json_atomic(Path(args.out), doc)
     print(args.out)
     return 0
 

@@ -16,18 +16,17 @@ Every figure is x padded AR of the same replay (pessimistic), as `specpilot benc
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
-from typing import Optional, Tuple
+from typing import Tuple
 
 import specpilot.runtime.batch_length as batch_length
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.adaptive_replay import replay_adaptive
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
-from specpilot.bench.step_costs import StepCosts
+from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.ir.errors import SpecPilotError
 from specpilot.search.run_folder import write_json_atomic
 from specpilot.ir.topology import Chain
@@ -45,12 +44,12 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
 
 
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
-               host_lag: Optional[Tuple[int, int]] = None) -> list:
+               host_lag: Tuple[int, int] = (1, 1)) -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each OFF_AFTER_ROUNDS
     in `off_after`; the module's own value is restored afterwards. Replays only: a captured
-    round keeps the value it was captured with. `host_lag`: the padded replays apply a chosen
-    length as the graphed host loop does (adaptive_replay.replay_adaptive); refill's replay
-    has no such model and applies it at the next round."""
+    round keeps the value it was captured with. `host_lag`: when the padded replays apply a
+    chosen length (adaptive_replay.replay_adaptive: (4, 2) as the graphed host loop does);
+    refill's replay has no such model and applies it at the next round."""
     kept, rows = batch_length.OFF_AFTER_ROUNDS, []
     try:
         for n in off_after:
@@ -81,8 +80,8 @@ def main(argv=None) -> int:
     try:
         off_after = [int(x) for x in args.off_after.split(",")]
         batches = [int(x) for x in args.batch_sizes.split(",")]
-        lag = tuple(int(x) for x in args.host_lag.split(",")) if args.host_lag else None
-        if min(off_after) < 1 or min(batches) < 1 or (lag and (len(lag) != 2 or min(lag) < 1)):
+        lag = tuple(int(x) for x in args.host_lag.split(",")) if args.host_lag else (1, 1)
+        if min(off_after) < 1 or min(batches) < 1 or len(lag) != 2 or min(lag) < 1:
             raise ValueError("values must be >= 1, and --host-lag two of them")
     except ValueError as exc:
         p.error(f"--off-after, --batch-sizes and --host-lag take positive integers: {exc}")
@@ -92,8 +91,7 @@ def main(argv=None) -> int:
         profiles = {path: AcceptanceProfile.load(path) for path in args.profiles}
         cost_sets = {}
         if args.step_costs:
-            with open(args.step_costs) as f:
-                cost_sets[args.step_costs] = StepCosts.from_json(json.load(f)["step_costs"])
+            cost_sets[args.step_costs] = read_step_costs(args.step_costs)[0]
         if args.round_model:
             base, per_draft = (float(x) for x in args.round_model.split(","))
             k = max(getattr(pr.topology, "k", 1) for pr in profiles.values())

@@ -211,13 +211,13 @@ class BatchLengthPolicy:
         longest. Ask once per batch: the memory counts the batches started off."""
         if self.memory is None:
             return self.cap
+        alpha = self.memory.slowest_acceptance(requests)
         off = False
-        one = dict(device=self.round_cost.device)
-        for alpha in self.memory.slowest_acceptances(requests):
-            # the batch-length rule, for that one request
+        if alpha is not None:             # the batch-length rule, for that one request
+            one = dict(device=self.round_cost.device)
             spans = times_per_token(torch.full((1,), alpha, dtype=self.round_cost.dtype, **one),
                                     torch.ones(1, dtype=torch.bool, **one), self.round_cost)
-            off = off or bool(shortest(spans)[1])
+            off = bool(shortest(spans)[1])
         self.memory.started(off)
         if off:
             self.off.fill_(True)

@@ -357,21 +357,18 @@ class GraphedChainDecoder:
         if self.policy is not None:
             self.policy.reset()
 
-    def _prefill(self, prompts, limits: List[int], drafter: bool = True) -> torch.Tensor:
-        """Prefill the target, and the drafter unless `drafter` is False, with every prompt
-        (rows past the prompts repeat the first one and stay inactive); returns the target's
-        first argmax per row."""
+    def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
+        """Prefill the target, and the drafter where this batch runs it (`drafter_prefilled`),
+        with every prompt (rows past the prompts repeat the first one and stay inactive);
+        returns the target's first argmax per row."""
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)
-        # Only a decoder with a drafter has a target-only prefill to choose (its one model's
-        # prefill already is, and that is the graph `prepare_prefill` built).
-        skip = self.drafter is not None and not drafter
         if self._prefiller is not None:
-            logits = self._prefiller.run(rows, first_only=skip)
+            logits = self._prefiller.run(rows, first_only=not self.drafter_prefilled)
         else:
             zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
             logits = append_step(self.target, self.tcache, zeros, rows)
-            if self.drafter is not None and not skip:
+            if self.drafter_prefilled:
                 append_step(self.drafter, self.dcache, zeros, rows)
         g0 = torch.argmax(logits, dim=-1)
         if self.record_margins:
@@ -401,7 +398,7 @@ class GraphedChainDecoder:
             for row, ref in enumerate(reference):
                 table[row, :len(ref)] = torch.tensor(list(ref), dtype=torch.int64)
             self.ref.copy_(table.to(self.device))
-        g0 = self._prefill(prompts, limits, drafter=self.drafter_prefilled)
+        g0 = self._prefill(prompts, limits)
         self._begin(slice(None), g0, forced=reference is not None)
 
     def _begin(self, rows, g0: torch.Tensor, forced: bool) -> None:

@@ -45,7 +45,8 @@ class StaticPrefill:
             self._bucket(width, first_only)
 
     def _bucket(self, width: int, first_only: bool) -> dict:
-        key = (width, first_only)
+        # With one model the first alone is all of them: one graph serves both requests.
+        key = (width, first_only and len(self.models) > 1)
         if key in self._buckets:
             return self._buckets[key]
         dev, b = self.device, self.batch
@@ -57,7 +58,7 @@ class StaticPrefill:
 
         def body():
             out = None
-            for model, cache in self.models[:1] if first_only else self.models:
+            for model, cache in self.models[:1] if key[1] else self.models:
                 logits = model.forward(static["tokens"], static["positions"], static["positions"],
                                        static["mask"], cache, static["last"])
                 out = logits if out is None else out

@@ -28,7 +28,7 @@ batch speculates again, which refreshes what is remembered if the workload has c
 """
 from __future__ import annotations
 
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -62,14 +62,15 @@ class WorkloadMemory:
         self.first_judged += [a for a in first_judged if a >= 0.0]
         del self.counts[:-REMEMBERED_REQUESTS], self.first_judged[:-REMEMBERED_REQUESTS]
 
-    def slowest_acceptances(self, requests: int) -> List[float]:
+    def slowest_acceptance(self, requests: int) -> Optional[float]:
         """For the least agreeing of `requests` requests drawn from the workload, at the median
-        of such batches (see the module): the upper bound on its whole-history acceptance, and
-        the acceptance the first turn-off decision would judge it by, each where at least
-        `START_OFF_AFTER` requests are remembered; none while a batch is due to speculate
-        again."""
+        of such batches (see the module): the lower of the upper bound on its whole-history
+        acceptance and the acceptance the first turn-off decision would judge it by, each
+        counted where at least `START_OFF_AFTER` requests are remembered (plain steps win for
+        one request at either exactly when they win at the lower, as E(L) grows with alpha);
+        None where neither is, or while a batch is due to speculate again."""
         if self.started_off_in_a_row >= EXPLORE_AFTER:
-            return []
+            return None
         q = 1.0 - 0.5 ** (1.0 / requests)
         found = []
         if len(self.counts) >= START_OFF_AFTER:
@@ -77,7 +78,7 @@ class WorkloadMemory:
             found.append(_quantile(upper_acceptance(counts[:, 0], counts[:, 1]), q))
         if len(self.first_judged) >= START_OFF_AFTER:
             found.append(_quantile(torch.tensor(self.first_judged, dtype=torch.float64), q))
-        return found
+        return min(found, default=None)
 
     def started(self, off: bool) -> None:
         """A batch started with speculation off (or on): counted toward `EXPLORE_AFTER`."""

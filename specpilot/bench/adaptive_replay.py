@@ -28,7 +28,7 @@ unmeasured, so that even a workload of one batch is timed with that memory, as t
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
@@ -99,20 +99,48 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
     return [costs.target(batch, 1)] + [costs.round(batch, Chain(n)) for n in range(1, k + 1)]
 
 
+def play_batch(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: Sequence[bool],
+               decode: List[int], seconds: List[float], host_lag: Tuple[int, int]) -> tuple:
+    """One padded batch under `policy` (reset here): its requests decode `decode` tokens each,
+    and each round costs `seconds[length]`. A replay of host_lag[0] rounds runs the length
+    chosen at the end of the replay host_lag[1] replays back (the batch's first length before
+    that). Returns (seconds, rounds, rounds and accepted drafts of the `counted` slots); the
+    policy remembers the batch, as the decoder's does."""
+    per, behind = host_lag
+    position = [0] * len(decode)
+    remaining = torch.tensor(decode, dtype=torch.int64)
+    policy.reset()
+    length = policy.start(len(decode))
+    chosen_at_replay_end: List[int] = []
+    spent, rounds, committed, accepted = 0.0, 0, 0, 0
+    while bool((remaining > 0).any()):
+        if rounds % per == 0 and rounds // per >= behind:
+            length = chosen_at_replay_end[rounds // per - behind]
+        spent += seconds[length]
+        remaining, chosen, ran, got = play_round(policy, agree, counted, position, remaining,
+                                                 length)
+        rounds += 1
+        if rounds % per == 0:
+            chosen_at_replay_end.append(chosen)
+        committed += ran
+        accepted += got
+    policy.remember_batch()
+    return spent, rounds, committed, accepted
+
+
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
                     unknown_agrees: bool = False, warm: bool = False,
-                    host_lag: Optional[Tuple[int, int]] = None) -> ReplayFigure:
+                    host_lag: Tuple[int, int] = (1, 1)) -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
     pessimistic, or with `unknown_agrees` optimistic. As in the decoder, each batch may start
     with speculation off by what the batches before it taught (runtime/workload_memory.py);
     with `warm` the whole profile is played once first, unmeasured, as `specpilot bench` warms
     a system up on its whole workload before timing it.
 
-    A chosen length applies from the next round; with `host_lag` = (rounds per replay, replays
-    behind) it applies as the graphed host loop applies it (runtime/graphed_loop.py, (4, 2)):
-    each replay of that many rounds runs the length chosen at the end of the replay that many
-    replays back, the batch's first length before that."""
-    if host_lag is not None and (host_lag[0] < 1 or host_lag[1] < 1):
+    `host_lag` = (rounds per replay, replays behind): by default a chosen length applies from
+    the next round; (4, 2) applies it as the graphed host loop does (runtime/graphed_loop.py):
+    each replay of four rounds runs the length chosen at the end of the replay two back."""
+    if host_lag[0] < 1 or host_lag[1] < 1:
         raise ProfileError(f"host lag needs at least one round per replay and one replay "
                            f"behind, got {host_lag}")
     batches = cycled_batches(len(profile.accepted_lengths), batch)
@@ -126,35 +154,16 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
         tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0
         spec_seconds = 0.0
         for number, rows in enumerate(batches):
-            start = number * batch
             decode = [profile.new_tokens[r] - 1 for r in rows]
             tokens += sum(decode)
             ar_steps += max(decode)
-            position = [0] * batch
-            remaining = torch.tensor(decode, dtype=torch.int64)
-            policy.reset()
-            length = policy.start(len(rows))
-            agree = [maps[r] for r in rows]
-            counted = [start + i < count for i in range(batch)]  # requests, not their repeats
-            chosen_at_replay_end: List[int] = []
-            batch_rounds = 0
-            while bool((remaining > 0).any()):
-                if host_lag is not None and batch_rounds % host_lag[0] == 0:
-                    replay_index = batch_rounds // host_lag[0]
-                    if replay_index >= host_lag[1]:
-                        length = chosen_at_replay_end[replay_index - host_lag[1]]
-                spec_seconds += seconds[length]
-                spec_steps += 1
-                remaining, chosen, rounds, accepted = play_round(policy, agree, counted,
-                                                                 position, remaining, length)
-                batch_rounds += 1
-                if host_lag is None:
-                    length = chosen
-                elif batch_rounds % host_lag[0] == 0:
-                    chosen_at_replay_end.append(chosen)
-                committed_steps += rounds
-                accepted_total += accepted
-            policy.remember_batch()                # as the decoder does after each batch
+            counted = [number * batch + i < count for i in range(batch)]  # not the repeats
+            spent, rounds, committed, accepted = play_batch(
+                policy, [maps[r] for r in rows], counted, decode, seconds, host_lag)
+            spec_seconds += spent
+            spec_steps += rounds
+            committed_steps += committed
+            accepted_total += accepted
     if tokens == 0:
         raise ProfileError(NO_DECODE_STEPS)
     return ReplayFigure(batch, len(batches) * batch, tokens, spec_steps, spec_seconds, ar_steps,

@@ -9,7 +9,6 @@ one result document, every figure labelled "replayed acceptance".
 from __future__ import annotations
 
 import gc
-import json
 from dataclasses import dataclass, replace
 from typing import Callable, Optional, Sequence
 
@@ -25,7 +24,7 @@ from .refill_replay import replay_refill
 from .replay import REPLAYED, AcceptanceProfile, replay
 from .shapes import build_preset, parse_shapes
 from .step_costs import (StepCosts, measure_accept, measure_forwards, measure_round,
-                         measure_tree_verify)
+                         measure_tree_verify, not_a_result, read_step_costs)
 
 DTYPES = {"bfloat16": torch.bfloat16, "float32": torch.float32}
 REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = drafter catch-up "
@@ -136,18 +135,13 @@ def load_step_costs(settings: ShapesBenchSettings) -> tuple:
     of an earlier `specpilot bench --shapes` result (its JSON), for replaying another profile or
     rule on them without a GPU; refused when its shapes differ."""
     path = settings.step_costs
+    costs, doc = read_step_costs(path)
     try:
-        with open(path) as f:
-            doc = json.load(f)
         measured_shapes = doc["settings"]["shapes"]
         source = {key: doc["settings"][key] for key in ("device", "dtype", "scale", "context")}
         source["environment"] = doc["environment"]
-        costs = StepCosts.from_json(doc["step_costs"])
-    except OSError as exc:
-        raise SpecPilotError(f"cannot read step costs from {path}: {exc.strerror}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise SpecPilotError(f"{path} is not a `specpilot bench --shapes` result with step "
-                             f"costs ({type(exc).__name__}: {exc})") from None
+    except (KeyError, TypeError) as exc:
+        raise not_a_result(path, exc) from None
     if measured_shapes != settings.shapes:
         raise SpecPilotError(f"{path} holds step costs of {measured_shapes}, not "
                              f"{settings.shapes}: pass the same --shapes")

@@ -16,13 +16,15 @@ clock elsewhere. All new tokens sit after `context` committed positions.
 """
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Dict, Iterable, Optional
+from typing import Callable, Dict, Iterable, Optional, Tuple
 
 import torch
 
+from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, Topology
 from specpilot.runtime.acceptance import greedy_accept
 from specpilot.runtime.cuda_graphs import GraphedStep
@@ -95,6 +97,25 @@ class StepCosts:
         return cls(int(obj["context"]), bool(obj["graphed"]), by_batch(obj["target"]),
                    by_batch(obj["drafter"]), by_topology(obj["verify_trees"]),
                    by_topology(obj["accept"]), rounds)
+
+
+def read_step_costs(path: str) -> Tuple[StepCosts, dict]:
+    """(the step costs, the whole document) of a `specpilot bench --shapes` result's JSON at
+    `path`; a SpecPilotError where it cannot be read or holds no step costs."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            doc = json.load(f)
+        return StepCosts.from_json(doc["step_costs"]), doc
+    except OSError as exc:
+        raise SpecPilotError(f"cannot read step costs from {path}: {exc.strerror}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise not_a_result(path, exc) from None
+
+
+def not_a_result(path: str, exc: Exception) -> SpecPilotError:
+    """The error for a file that is not a `specpilot bench --shapes` result with step costs."""
+    return SpecPilotError(f"{path} is not a `specpilot bench --shapes` result with step costs "
+                          f"({type(exc).__name__}: {exc})")
 
 
 def time_median(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,

@@ -143,3 +143,24 @@ def test_zoo_shape_presets_have_the_zoo_pairs_dimensions():
                                                dims.heads, dims.kv_heads, dims.head_dim,
                                                zoo.vocab_size)
         assert get_shape(shape_name).hf_config()["rope_parameters"]["rope_type"] == "default"
+
+
+def test_step_costs_read_back_from_a_result_file_and_bad_files_are_named(tmp_path):
+    import json
+
+    from specpilot.bench.step_costs import StepCosts, read_step_costs
+    from specpilot.ir.errors import SpecPilotError
+
+    costs = StepCosts(context=64, graphed=True)
+    costs.target_costs[4] = {1: 1.5e-3, 5: 2.25e-3}
+    costs.round_costs[str(Chain(2))] = {4: 3.5e-3}
+    path = tmp_path / "result.json"
+    path.write_text(json.dumps({"step_costs": costs.to_json(), "settings": {"shapes": "x"}}))
+    got, doc = read_step_costs(str(path))
+    assert got.target(4, 5) == 2.25e-3 and got.round(4, Chain(2)) == 3.5e-3
+    assert doc["settings"] == {"shapes": "x"}
+    with pytest.raises(SpecPilotError, match="cannot read step costs"):
+        read_step_costs(str(tmp_path / "missing.json"))
+    (tmp_path / "other.json").write_text(json.dumps({"rows": []}))
+    with pytest.raises(SpecPilotError, match="is not a `specpilot bench --shapes` result"):
+        read_step_costs(str(tmp_path / "other.json"))
