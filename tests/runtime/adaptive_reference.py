@@ -45,7 +45,7 @@ def beta_upper(a: float, b: float, z: float = 2.0) -> float:
 
 
 def reference_batch_lengths(cap, accepted_fraction, rounds, cost=DRAFT_COST, turn_off=True,
-                            off_after=4):
+                            off_after=8):
     """The batch lengths a padded batch of requests that share one acceptance estimate runs
     (runtime/batch_length.py): after each round the L in 1..cap minimising cost(L) / E(L), with
     cost(L) = 1 + cost L; 0 for good once a plain step (cost 1, one token) beats it, from round
