@@ -147,9 +147,9 @@ class BatchLengthPolicy:
     averages of accepted drafts and of rejections, the round cost per length 0..cap (in plain
     steps) and whether the batch has turned speculation off. Every update is tensor operations
     on the device, so it runs inside a captured round. With the objective "throughput"
-    (continuous refill) it also keeps what a newcomer starts from (`admit`); with "makespan"
-    and `turn_off`, what the finished batches taught of the workload (`remember_batch`,
-    `start`)."""
+    (continuous refill) it also keeps what a newcomer starts from (`admit`); with `turn_off`,
+    what the finished batches that drained from their start taught of the workload
+    (`remember_batch`, `start`)."""
 
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
@@ -181,8 +181,10 @@ class BatchLengthPolicy:
         # empty: with no newcomer left, the batch drains and its makespan matters again.
         self.rounds = torch.zeros((), dtype=torch.int64, device=device)
         self.draining = torch.zeros((), dtype=torch.bool, device=device)
-        # Padded batches only: the workload's finished requests, from one batch to the next.
-        self.memory = WorkloadMemory() if objective == "makespan" and turn_off else None
+        # The workload's finished requests, from one batch to the next: read for batches that
+        # drain from their start (padded ones, and refill calls with no queue), whose makespan
+        # the slowest request decides.
+        self.memory = WorkloadMemory() if turn_off else None
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""

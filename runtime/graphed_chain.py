@@ -381,15 +381,17 @@ class GraphedChainDecoder:
         return g0
 
     def _start(self, prompts, limits: List[int],
-               reference: Optional[Sequence[Sequence[int]]] = None) -> None:
+               reference: Optional[Sequence[Sequence[int]]] = None,
+               queued: bool = False) -> None:
         """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
         both models prefilled with `prompts` and each row's first round set up (`_begin`).
-        An adaptive padded decoder may start it with speculation off, by what the batches
-        before it told of the workload (runtime/workload_memory.py); such a batch never runs
-        its drafter, so only the target is prefilled."""
+        An adaptive decoder may start a batch that drains from its start (no requests
+        `queued` behind it) with speculation off, by what the batches before it told of the
+        workload (runtime/workload_memory.py); such a batch never runs its drafter, so only
+        the target is prefilled."""
         self._reset()
         if self.policy is not None and reference is None:
-            self.first_length = self.policy.start(len(prompts))
+            self.first_length = self.length_cap if queued else self.policy.start(len(prompts))
         # A batch started off stays off (the drafter's cache is never read): no drafter prefill.
         self.drafter_prefilled = (self.drafter is not None
                                   and (reference is not None or self.first_length != 0))

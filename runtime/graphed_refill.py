@@ -26,7 +26,10 @@ newcomer's estimates start from the averages of the requests before it, and spec
 off for the rest of the call once plain steps would serve the batch faster by every estimate
 (runtime/batch_length.py): the drafter's cache is not kept up after that. Once the queue is
 empty the batch drains like a padded one (by its makespan again), and a newcomer alone in the
-batch starts it anew (speculating again, the host back at the longest chain).
+batch starts it anew (speculating again, the host back at the longest chain). A call with no
+queue (no more requests than slots) is one padded batch from its start, so it remembers the
+workload and may start with speculation off as a padded decoder's batch does
+(runtime/workload_memory.py); calls with a queue neither read nor teach that memory.
 """
 from __future__ import annotations
 
@@ -131,14 +134,17 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self._ensure_round_costs()
         first = list(range(min(n, b)))
         self._start([prompts[i] for i in first], [limits[i] for i in first],
-                    None if references is None else [references[i] for i in first])
+                    None if references is None else [references[i] for i in first],
+                    queued=n > b)
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
-        k, replayed, refills = lengths[-1], 0, 0
+        # The longest length, or (no queue: a padded batch) the one the policy started with.
+        k = self.first_length if self.adaptive and not forced else lengths[-1]
+        replayed, refills = 0, 0
         restarted = 0                   # lengths read back from before this replay are stale
         draining = self.policy is None  # the policy is told once, when the queue is empty
         while True:
@@ -208,11 +214,19 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         for start in range(0, n, self.batch):
             self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
         results, by_length, refills = self._run(prompts, limits)
+        if self.policy is not None and n <= self.batch:
+            # A call with no queue ran as one padded batch (one request per row): the workload
+            # memory learns from it as from a padded decoder's batch. A refilled row's counts
+            # mix requests, so calls with a queue teach it nothing.
+            self.policy.remember_batch()
         tokens = self._tokens(results, limits, trim_eos=True)
         logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
-        # The first wave's batched prefill, then one per refill.
+        # The first wave's batched prefill (the drafter's unless that batch started off), then
+        # one per refill.
         return logged_result(self, tokens, logged, by_length, prefills=1 + refills,
-                             stats={"refills": refills})
+                             stats={"refills": refills},
+                             drafter_prefills=(int(self.drafter_prefilled) + refills
+                                               if self.drafter is not None else 0))
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]

@@ -191,6 +191,35 @@ def test_with_no_queue_the_batch_drains_as_a_padded_batch():
     assert r.accepted_lengths == accepted and r.stats["refills"] == 0
 
 
+def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
+    # A useless drafter. Calls with no queue are padded batches: the refill decoder learns the
+    # workload from them and starts the third off, round for round as the padded decoder does.
+    # A call with a queue neither reads that memory nor adds to it.
+    s, prompts, reference = _setup(4)
+    useless = ContraryDrafter(s["target"])
+    refill = GraphedRefillDecoder(s["target"], useless, 4, 48, 4, s["eos"], capture=False,
+                                  adaptive=True)
+    padded = GraphedChainDecoder(s["target"], useless, 4, 48, 4, s["eos"], capture=False,
+                                 adaptive=True)
+    for call in range(3):
+        r = refill.generate(prompts[:4], MAX_NEW)
+        p = padded.generate(prompts[:4], MAX_NEW)
+        assert r.tokens == p.tokens == reference.tokens[:4]
+        assert r.accepted_lengths == p.accepted_lengths
+        assert {k: c for k, c in r.stats.items() if k != "refills"} == p.stats
+        assert r.drafter_forwards == p.drafter_forwards
+    assert list(p.stats) == ["rounds_chain_0"] and r.drafter_forwards == 0
+    remembered = list(refill.policy.memory.counts)
+    queued = refill.generate(prompts, MAX_NEW)
+    assert queued.tokens == reference.tokens and queued.stats["refills"] == len(prompts) - 4
+    assert any(k.startswith("rounds_chain_") and k != "rounds_chain_0" for k in queued.stats)
+    # the first wave's drafter prefill and one per refill
+    speculative = sum(int(k.rsplit("_", 1)[1]) * c for k, c in queued.stats.items()
+                      if k.startswith("rounds_chain_"))
+    assert queued.drafter_forwards == 1 + queued.stats["refills"] + speculative
+    assert refill.policy.memory.counts == remembered
+
+
 class _Admissions(GraphedRefillDecoder):
     """A refill decoder that records, per newcomer, whether it was admitted alone."""
 
