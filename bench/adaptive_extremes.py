@@ -11,6 +11,8 @@ drafters bracket every real pair:
 Models are random-weight shape presets (no trained pair needed); prompts are random token ids;
 no request stops early. Rows: tokens/s (median of --repeats after one warm-up), x plain AR,
 the rounds run at each chain length (0: plain steps, after the batch turned speculation off).
+"adaptive+refill" is the continuous-refill decoder given one batch of prompts (no queue): it
+must run as the padded adaptive decoder does, started off by its workload memory alike.
 
   python3 bench/adaptive_extremes.py --out bench/results/adaptive-extremes.json
 Off a GPU it runs the same loops uncaptured in float32 (to check the script, with --scale).
@@ -18,22 +20,28 @@ Off a GPU it runs the same loops uncaptured in float32 (to check the script, wit
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import time
+from pathlib import Path
 
 import torch
 
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+from specpilot.search.run_folder import write_json_atomic
 
-SYSTEMS = ("plain AR", "chain", "adaptive")
+SYSTEMS = ("plain AR", "chain", "adaptive", "adaptive+refill")
+DRAFTERS = ("useless", "perfect")
 
 
 def decoder(system: str, target, drafter, batch: int, capacity: int, k: int, graphs: bool):
     if system == "plain AR":
         return GraphedChainDecoder(target, None, batch, capacity, 0, capture=graphs)
+    if system == "adaptive+refill":
+        return GraphedRefillDecoder(target, drafter, batch, capacity, k, capture=graphs,
+                                    adaptive=True)
     return GraphedChainDecoder(target, drafter, batch, capacity, k, capture=graphs,
                                adaptive=system == "adaptive")
 
@@ -62,11 +70,20 @@ def main(argv=None) -> int:
     ap.add_argument("--new-tokens", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--systems", default=",".join(SYSTEMS[1:]),
+                    help="speculative systems, comma-separated (plain AR always runs): "
+                         + ", ".join(SYSTEMS[1:]))
+    ap.add_argument("--drafters", default=",".join(DRAFTERS), help=", ".join(DRAFTERS))
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    systems, names = args.systems.split(","), args.drafters.split(",")
+    for given, known, what in ((systems, SYSTEMS[1:], "system"), (names, DRAFTERS, "drafter")):
+        unknown = [x for x in given if x not in known]
+        if unknown:
+            ap.error(f"unknown {what} {', '.join(unknown)}: choose from {', '.join(known)}")
 
     target, useless, graphs = random_pair(args.shapes, args.scale)
-    drafters = {"useless": useless, "perfect": target}
+    drafters = {name: {"useless": useless, "perfect": target}[name] for name in names}
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
     capacity = args.prompt_len + args.new_tokens + 2 * args.k + 2
@@ -75,7 +92,7 @@ def main(argv=None) -> int:
         prompts = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).tolist()
         # One plain AR row per batch size, then each speculative system with each drafter.
         runs = [("plain AR", "-", None)] + [(system, name, drafter) for name, drafter in
-                                            drafters.items() for system in SYSTEMS[1:]]
+                                            drafters.items() for system in systems]
         plain = None
         for system, name, drafter in runs:
             dec = decoder(system, target, drafter, batch, capacity, args.k, graphs)
@@ -85,12 +102,11 @@ def main(argv=None) -> int:
                    "x_plain_ar": rate / plain, "rounds": dict(result.stats),
                    "target_forwards": result.target_forwards}
             rows.append(row)
-            print(f"batch {batch:3d} {name:8s} {system:9s} {rate:10.1f} tok/s "
+            print(f"batch {batch:3d} {name:8s} {system:15s} {rate:10.1f} tok/s "
                   f"{rate / plain:5.2f}x plain AR  rounds {row['rounds']}", flush=True)
             del dec
     doc = {"environment": environment(target.device.type), "settings": vars(args), "rows": rows}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
+    write_json_atomic(Path(args.out), doc)
     return 0
 
 

@@ -32,7 +32,8 @@
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
-# SYSTEMS (the bench phases' --systems; all by default), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
+# SYSTEMS (the bench phases' --systems; all by default), EXTREMES_ARGS (more options of
+# bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
 # /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
@@ -105,7 +106,7 @@ phase() {
             --shapes llama-3.1-8b:llama-3.2-1b --batch-sizes 1,16 --fast-ops ops,layers \
             --out "$RESULTS/profile-8b.json" ;;
     extremes)
-        step extremes timeout 300 python3 bench/adaptive_extremes.py \
+        step extremes timeout 300 python3 bench/adaptive_extremes.py ${EXTREMES_ARGS:-} \
             --out "$RESULTS/adaptive-extremes.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \

@@ -87,10 +87,13 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     # ---- one row: results out, a newcomer in -----------------------------------------------
 
-    def _take_row(self, row: int) -> dict:
-        """Device clones of what the request in `row` produced (stream-ordered, no sync)."""
-        return {"out": self.out[row].clone(), "count": self.count[row].clone(),
-                "accepted": self.accepted[:, row].clone()}
+    def _take_row(self, row: int, refilled: bool) -> dict:
+        """What the request in `row` produced: device clones (stream-ordered, no sync) where a
+        newcomer takes the row now, else views. A row left empty is not written again in this
+        call, so with no queue (or once it is empty) finishing costs no kernel at all."""
+        taken = {"out": self.out[row], "count": self.count[row],
+                 "accepted": self.accepted[:, row]}
+        return {key: t.clone() for key, t in taken.items()} if refilled else taken
 
     def _admit(self, row: int, prompt: Sequence[int], limit: int,
                reference: Optional[Sequence[int]] = None, alone: bool = False) -> None:
@@ -172,8 +175,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             active = self.host_active[(j - 1) % 3].tolist()
             done = [row for row in range(b) if held[row] is not None and not active[row]
                     and j - 1 >= trusted_from[row]]
-            for row in done:
-                results[held[row]] = self._take_row(row)
+            for at, row in enumerate(done):     # the first len(queue) rows are refilled below
+                results[held[row]] = self._take_row(row, refilled=at < len(queue))
                 held[row] = None
             # Every finished row is emptied before any is refilled: a newcomer is alone when no
             # row holds a request still running (as of this read-back), whatever its row.

@@ -1,0 +1,47 @@
+"""bench/adaptive_extremes.py end to end off a GPU, at a small scale: the refill decoder given one
+batch of prompts runs round for round as the padded adaptive decoder, a perfect drafter keeps
+the longest chain, and unknown systems or drafters are refused by name."""
+import importlib.util
+import json
+import os
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+def _script():
+    path = os.path.join(ROOT, "bench", "adaptive_extremes.py")
+    spec = importlib.util.spec_from_file_location("adaptive_extremes", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_refill_with_one_batch_runs_as_the_padded_adaptive_decoder(tmp_path):
+    out = tmp_path / "extremes.json"
+    assert _script().main(["--scale", "0.0625", "--batch-sizes", "2", "--prompt-len", "6",
+                           "--new-tokens", "30", "--repeats", "1",
+                           "--systems", "adaptive,adaptive+refill", "--out", str(out)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    by = {(r["drafter"], r["system"]): r for r in rows}
+    assert set(by) == {("-", "plain AR"), ("useless", "adaptive"),
+                       ("useless", "adaptive+refill"), ("perfect", "adaptive"),
+                       ("perfect", "adaptive+refill")}
+    assert by[("-", "plain AR")]["rounds"] == {"rounds_chain_0": 30}
+    for name in ("useless", "perfect"):
+        padded, refill = by[(name, "adaptive")], by[(name, "adaptive+refill")]
+        assert refill["rounds"] == {**padded["rounds"], "refills": 0}
+        assert refill["target_forwards"] == padded["target_forwards"]
+    # The target as its own drafter: every round the longest chain (29 tokens after the
+    # prefill's in 6 rounds of 5, and one more that the host queued before it read "done").
+    assert by[("perfect", "adaptive")]["rounds"] == {"rounds_chain_4": 7}
+    assert by[("useless", "adaptive")]["rounds"].get("rounds_chain_0", 0) > 0
+
+
+@pytest.mark.parametrize("flag,value", [("--systems", "adaptive,tree"), ("--drafters", "half")])
+def test_unknown_systems_and_drafters_are_refused(tmp_path, flag, value, capsys):
+    with pytest.raises(SystemExit):
+        _script().main([flag, value, "--out", str(tmp_path / "x.json")])
+    assert value.split(",")[-1] in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
