@@ -74,11 +74,13 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 
     def _log_round(self, accepted: torch.Tensor) -> None:
-        ran = accepted >= 0
+        # A row's log entry at its own round counter is still -1 (set by `_reset` or `_admit`;
+        # a request runs fewer rounds than it has tokens, so the clamp never reaches a kept
+        # entry): a row that did not run (-1) may write there unchanged. Two kernels fewer in
+        # every round than keeping the old entry, which a plain step of 64 rows notices.
         at = self.row_round.clamp(max=self.width - 1)[None, :]
-        self.accepted.scatter_(0, at, torch.where(ran, accepted,
-                                                  self.accepted.gather(0, at)[0])[None, :])
-        self.row_round.add_(ran.to(torch.int64))
+        self.accepted.scatter_(0, at, accepted[None, :])
+        self.row_round.add_(accepted >= 0)
         self._log_status(self.round_index.clamp(max=self.width - 1))
 
     def _reset(self) -> None:
