@@ -41,10 +41,10 @@ from .speculative import SpecResult
 
 # Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
 # attention reads all `capacity` slots of every row, so the rounding is paid at each step, most
-# at large batches. On the H200 pair (161M target, 64 HumanEval prompts of 256 new tokens) the
-# cache of a batch of 64 weighs more than the weights, and a step of 64 rounded capacity up to
-# a multiple of 64 was 1-2 % slower than strong AR's exact capacity, with no drafter run: so
-# 8, which wastes at most 7 slots.
+# at large batches: for the H200 pair (161M target) at batch 64 a slot costs 0.79 MB a step,
+# and 256 new tokens' slots 200 MB against 323 MB of weights. Rounded up to 64, batches of 64
+# started off (no drafter run) ran 0.98-0.99x strong AR, whose capacity is exact; rounded up to
+# 8 (at most 7 slots wasted), 1.00x (runs 13 and 14, BENCHMARKS.md).
 CAPACITY_STEP = 8
 KEPT_DECODERS = 4        # decoders (each with its own KV caches) kept alive at once
 
