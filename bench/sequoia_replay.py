@@ -1,0 +1,358 @@
+"""Sequoia-shaped static trees against chain(k) at a stored shape pair, replayed acceptance: for
+each batch size of a `specpilot bench --shapes` result, the tree of each node budget shaped from
+a measured rank profile (runtime/sequoia.py), and chain(k), both replayed on that same profile
+(RankProfile.to_profile) and priced round by round from the stored per-width step costs.
+
+  python3 bench/sequoia_replay.py \\
+      --ranks bench/results/compile-gpu-small-run8-b64/acceptance.json \\
+      --step-costs bench/results/llama8b-1b-replayed-run6-adaptive.json \\
+      --sizes 8,16 --out /tmp/sequoia-replay.json
+
+Every figure is an ESTIMATE from stored per-width costs, not a measured captured round. Each
+round, chain and tree alike, is priced as bench/replay.py's summed step: drafter catch-up
+(width = the widest row's accepted + 1 of the previous round) + one drafter forward per tree
+level but the last (at the level's width) + target verification (+ accept/commit, see
+--accept). A measured graphed round is never used for a row, so tree/chain is like for like.
+Components the stores lack are priced from what is stored, and each row lists them under
+"priced_from":
+  - a tree's verification of N nodes: the target's causal forward of N + 1 tokens (a chain
+    verifies with exactly that forward); used even where a tree-mask verification is stored;
+  - a forward width that was not measured: padded to the next measured width or, past the
+    widest, split into forwards of the widest plus the rest (achievable, so an upper bound;
+    nothing is extrapolated);
+  - accept/commit: the graphed runtime does it on the device inside its round and the stores
+    hold only the eager host loop's (of chain(k)), so by default no system counts it;
+    `--accept chain` adds the stored chain(k) cost to every system instead.
+"round_check" lists, for every static topology whose graphed round the file stores, that
+measured round beside the round this pricing gives it: how far the pricing is off, per shape.
+Tree choice (Sequoia): for every depth limit and size up to the budget, the best tree under the
+rank profile's per-depth, per-rank acceptance (`optimal_trees`, which assumes independent
+depths), scored by expected tokens per round over its priced round at this batch size (catch-up
+at its full depth + 1); the figures reported are the replay's, not the model's. The tree is
+shaped on the profile it is replayed on (in-sample); `--holdout` shapes on the even-numbered
+requests and replays every system on the odd-numbered ones.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from specpilot.bench.environment import environment
+from specpilot.bench.replay import REPLAYED, replay
+from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
+from specpilot.runtime.sequoia import RankTrace, optimal_trees, profile_from_trace
+from specpilot.runtime.tree_plan import TreePlan
+from specpilot.search.run_folder import write_json_atomic
+
+LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
+ACCEPT_MODES = ("none", "chain")
+PRICING = ("one round = drafter(B, catch-up width) + drafter(B, width) per tree level but the last "
+           "+ target verification (+ accept/commit with --accept chain); chain and trees alike, "
+           "never a measured graphed round; a tree of N nodes verifies at the causal "
+           "target(B, N + 1); an unmeasured width is padded to the next measured one or split "
+           "into measured ones (an upper bound); cost per round in plain steps = seconds per "
+           "round / target(B, 1); x plain AR = the lock-step batch replay's AR seconds / "
+           "speculative seconds (bench/replay.py)")
+
+
+def load_rank_profile(path: str) -> RankProfile:
+    """The rank profile at `path`; SpecPilotError naming the file otherwise."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except FileNotFoundError:
+        raise SpecPilotError(f"rank profile {path} does not exist") from None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecPilotError(f"cannot read rank profile {path}: {exc}") from None
+    if not isinstance(obj, dict) or obj.get("format") != RANK_PROFILE_FORMAT:
+        raise SpecPilotError(f"{path} is not a rank profile (expected \"format\": "
+                             f"\"{RANK_PROFILE_FORMAT}\", e.g. a compile run's acceptance.json)")
+    return RankProfile.from_json(obj, path)
+
+
+class PricedCosts:
+    """The stored step costs, with every missing piece priced from stored per-width costs and
+    logged (`take_log`); never a measured graphed round (`has_round` is always False)."""
+
+    def __init__(self, costs: StepCosts, chain: Chain, accept: str):
+        self.costs, self.chain, self.accept_mode = costs, chain, accept
+        self.log: Dict[str, str] = {}
+
+    def take_log(self) -> Dict[str, str]:
+        log, self.log = self.log, {}
+        return log
+
+    def _forward(self, table: Dict[int, Dict[int, float]], who: str, batch: int,
+                 width: int) -> float:
+        row = table.get(batch)
+        if not row:
+            raise SpecPilotError(f"no stored {who} costs at batch {batch}")
+        if width in row:
+            return row[width]
+        wider = [w for w in sorted(row) if w >= width]
+        if wider:
+            self.log[f"{who}({batch}, {width})"] = (f"not stored: padded to {who}({batch}, "
+                                                    f"{wider[0]})")
+            return row[wider[0]]
+        widest = max(row)
+        whole, rest = divmod(width, widest)
+        parts = [widest] * whole
+        seconds = whole * row[widest]
+        if rest:
+            pad = min(w for w in row if w >= rest)
+            parts.append(pad)
+            seconds += row[pad]
+        self.log[f"{who}({batch}, {width})"] = (
+            f"not stored (widest stored {widest}): split into "
+            + " + ".join(f"{who}({batch}, {w})" for w in parts))
+        return seconds
+
+    def target(self, batch: int, width: int) -> float:
+        return self._forward(self.costs.target_costs, "target", batch, width)
+
+    def drafter(self, batch: int, width: int) -> float:
+        return self._forward(self.costs.drafter_costs, "drafter", batch, width)
+
+    def verify(self, batch: int, topology) -> float:
+        """A chain's causal target forward of k + 1; a tree's priced as the same forward of
+        N + 1 tokens, even where a tree-mask verification is stored (like for like)."""
+        if isinstance(topology, Chain):
+            return self.target(batch, topology.k + 1)
+        n = topology.num_nodes
+        self.log[f"verify({batch}, {n}-node tree)"] = (
+            f"tree-mask verification not measured: priced as the causal target({batch}, {n + 1})")
+        return self.target(batch, n + 1)
+
+    def accept(self, batch: int, topology) -> float:
+        if self.accept_mode == "none":
+            self.log["accept/commit"] = ("not counted (on the device in the graphed round; only "
+                                         "the eager host loop's is stored)")
+            return 0.0
+        seconds = self.costs.accept(batch, self.chain)
+        if topology != self.chain:
+            self.log["accept/commit"] = (f"stored eager {self.chain} accept/commit at batch "
+                                         f"{batch} (none stored for {topology})")
+        return seconds
+
+    def has_round(self, batch: int, topology) -> bool:
+        return False
+
+    def round_seconds(self, batch: int, plan: TreePlan, catch_up: int, topology) -> float:
+        """One round of `topology` with this catch-up width, as bench/replay.py sums it."""
+        return (self.drafter(batch, catch_up)
+                + sum(self.drafter(batch, len(level)) for level in plan.levels[:-1])
+                + self.verify(batch, topology) + self.accept(batch, topology))
+
+
+def candidate_trees(profile, budget: int, max_depth: int) -> List[Tuple[float, SparseTree]]:
+    """(expected accepted drafts, tree) of the best tree of each size 1..budget at each depth
+    limit 1..max_depth, by the Sequoia recurrence; duplicates dropped."""
+    seen, out = set(), []
+    for depth in range(1, max_depth + 1):
+        for value, paths in optimal_trees(profile, budget, depth)[1:]:
+            if paths and paths not in seen:
+                seen.add(paths)
+                out.append((value, SparseTree(paths)))
+    return out
+
+
+def pick_tree(candidates, priced: PricedCosts, batch: int):
+    """(topology, model tokens/round, priced seconds/round) of the candidate with the most
+    expected tokens per priced second at `batch`; None when no candidate accepts anything."""
+    best = None
+    for value, tree in candidates:
+        topology = tree.regular() or tree
+        plan = TreePlan.build(topology)
+        seconds = priced.round_seconds(batch, plan, plan.shape.max_depth + 1, topology)
+        score = (1.0 + value) / seconds
+        if best is None or score > best[0] + 1e-12:
+            best = (score, topology, 1.0 + value, seconds)
+    priced.take_log()  # selection pricing is not a row's
+    return None if best is None else best[1:]
+
+
+def replay_row(system: str, topology, ranks: RankProfile, priced: PricedCosts,
+               batch: int) -> dict:
+    fig = replay(ranks.to_profile(topology), priced, batch)
+    priced_from = priced.take_log()
+    plain = priced.costs.target(batch, 1)
+    plan = TreePlan.build(topology)
+    per_round = fig.spec_seconds / fig.spec_steps
+    return {"system": system, "batch_size": batch, "topology": str(topology),
+            "nodes": topology.num_nodes, "depth": plan.shape.max_depth,
+            "level_widths": [len(level) for level in plan.levels],
+            "tokens_per_round": fig.mean_accepted,
+            "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
+            "plain_step_ms": plain * 1e3, "speedup_vs_ar": fig.speedup,
+            "rounds": fig.spec_steps, "ar_steps": fig.ar_steps, "tokens": fig.tokens,
+            "requests": fig.requests, "label": LABEL, "priced_from": priced_from}
+
+
+def run(args) -> dict:
+    ranks = load_rank_profile(args.ranks)
+    costs, doc = read_step_costs(args.step_costs)
+    chain = Chain(args.chain)
+    stored_batches = sorted(costs.target_costs)
+    batches = args.batch_sizes or stored_batches
+    missing = [b for b in batches if b not in costs.target_costs or b not in costs.drafter_costs]
+    if missing:
+        raise SpecPilotError(f"{args.step_costs} has no target/drafter costs at batch "
+                             f"{missing} (stored: {stored_batches})")
+    if args.accept == "chain" and any(b not in costs.accept_costs.get(str(chain), {})
+                                      for b in batches):
+        raise SpecPilotError(f"{args.step_costs} stores no {chain} accept/commit cost at every "
+                             f"batch: use --accept none")
+    shape_on, replay_on = ranks, ranks
+    if args.holdout:
+        if len(ranks.ranks) < 2:
+            raise SpecPilotError(f"{args.ranks}: --holdout needs at least 2 requests")
+        pick = lambda parity: RankProfile(ranks.ranks[parity::2], ranks.new_tokens[parity::2],
+                                          ranks.source)
+        shape_on, replay_on = pick(0), pick(1)
+    max_depth = min(args.max_depth or max(args.sizes), MAX_DRAFT_LENGTH)
+    profile = profile_from_trace(RankTrace(tuple(tuple(r) for r in shape_on.ranks)),
+                                 max_depth, MAX_RANK)
+    candidates = {size: candidate_trees(profile, size, max_depth) for size in args.sizes}
+    priced = PricedCosts(costs, chain, args.accept)
+    rows = []
+    for b in batches:
+        chain_row = replay_row(str(chain), chain, replay_on, priced, b)
+        rows.append(chain_row)
+        for size in args.sizes:
+            system = f"sequoia-{size}"
+            chosen = pick_tree(candidates[size], priced, b)
+            if chosen is None:
+                rows.append({"system": system, "batch_size": b, "status": "no tree",
+                             "why": "the profile accepts no draft at any depth: no tree beats "
+                                    "plain decoding", "label": LABEL})
+                continue
+            topology, model_tokens, _ = chosen
+            row = replay_row(system, topology, replay_on, priced, b)
+            row["budget"] = size
+            row["model_tokens_per_round"] = model_tokens
+            row["tokens_per_round_vs_chain"] = row["tokens_per_round"] / chain_row[
+                "tokens_per_round"]
+            row["speedup_vs_chain"] = row["speedup_vs_ar"] / chain_row["speedup_vs_ar"]
+            rows.append(row)
+    checks = round_checks(costs, replay_on, priced, batches)
+    settings = doc.get("settings", {}) if isinstance(doc, dict) else {}
+    return {"label": LABEL, "kind": "sequoia-replay",
+            "environment": environment("cpu", [sys.argv[0], *args.argv]),
+            "settings": {"ranks": args.ranks, "step_costs": args.step_costs,
+                         "sizes": list(args.sizes), "chain": args.chain,
+                         "batch_sizes": list(batches), "max_depth": max_depth,
+                         "accept": args.accept, "holdout": args.holdout},
+            "step_costs_measured_on": {k: settings.get(k) for k in
+                                       ("shapes", "device", "dtype", "scale", "context")},
+            "step_costs_gpu": (doc.get("environment") or {}).get("gpu"),
+            "profile": {"requests_shaped_on": len(shape_on.ranks),
+                        "requests_replayed": len(replay_on.ranks),
+                        "source": ranks.source,
+                        "p_top1_by_depth": [row[0] for row in profile.p]},
+            "pricing": PRICING, "rows": rows, "round_check": checks}
+
+
+def stored_topology(name: str):
+    """The static topology a step-costs key names (str(topology)); None for a dynamic tree."""
+    m = re.fullmatch(r"chain\((\d+)\)", name)
+    if m:
+        return Chain(int(m.group(1)))
+    m = re.fullmatch(r"tree\((\[.*\])\)", name)
+    if m:
+        return Tree(tuple(json.loads(m.group(1))))
+    m = re.fullmatch(r"sparse_tree\((\[.*\])\)", name)
+    if m:
+        return SparseTree(tuple(tuple(q) for q in json.loads(m.group(1))))
+    return None
+
+
+def round_checks(costs: StepCosts, ranks: RankProfile, priced: PricedCosts,
+                 batches: Sequence[int]) -> List[dict]:
+    """For every static topology with a measured graphed round stored: that round beside the
+    round this script's pricing gives it on these ranks (how far the pricing is off, per
+    topology), and for a tree its stored tree-mask verification beside the causal forward."""
+    out = []
+    for name, by_batch in sorted(costs.round_costs.items()):
+        topology = stored_topology(name)
+        if topology is None:
+            continue
+        for b in batches:
+            if b not in by_batch:
+                continue
+            fig = replay(ranks.to_profile(topology), priced, b)
+            priced.take_log()
+            check = {"topology": name, "batch_size": b,
+                     "measured_graphed_round_ms": by_batch[b] * 1e3,
+                     "priced_round_ms": fig.spec_seconds / fig.spec_steps * 1e3}
+            check["measured_over_priced"] = (check["measured_graphed_round_ms"]
+                                             / check["priced_round_ms"])
+            if b in costs.tree_costs.get(name, {}):
+                check["stored_tree_verify_ms"] = costs.tree_costs[name][b] * 1e3
+                check["priced_verify_ms"] = priced.verify(b, topology) * 1e3
+                priced.take_log()
+            out.append(check)
+    return out
+
+
+def _sizes(text: str) -> List[int]:
+    try:
+        sizes = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--sizes takes node budgets like 8,16, got {text!r}")
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"node budgets must be >= 1, got {text!r}")
+    return sizes
+
+
+def _table(rows: Sequence[dict]) -> str:
+    lines = [f"{'batch':>5} {'system':<12} {'tree':<10} {'tok/round':>9} {'cost/round':>10} "
+             f"{'x AR':>6}"]
+    for r in rows:
+        if r.get("status") == "no tree":
+            lines.append(f"{r['batch_size']:>5} {r['system']:<12} no tree")
+            continue
+        tree = f"{r['nodes']}n/d{r['depth']}"
+        lines.append(f"{r['batch_size']:>5} {r['system']:<12} {tree:<10} "
+                     f"{r['tokens_per_round']:>9.3f} {r['cost_per_round_steps']:>10.3f} "
+                     f"{r['speedup_vs_ar']:>6.3f}")
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--ranks", required=True, help="rank profile JSON (specpilot-rank-profile)")
+    p.add_argument("--step-costs", required=True, help="a `specpilot bench --shapes` result JSON")
+    p.add_argument("--sizes", type=_sizes, default=[8, 16], help="tree node budgets, e.g. 8,16")
+    p.add_argument("--chain", type=int, default=4, help="the chain to compare with (default 4)")
+    p.add_argument("--batch-sizes", type=_sizes, default=None,
+                   help="default: every batch size the step costs hold")
+    p.add_argument("--max-depth", type=int, default=None,
+                   help="deepest tree considered (default: the largest budget)")
+    p.add_argument("--accept", choices=ACCEPT_MODES, default="none",
+                   help="accept/commit: counted for no system, or the stored chain's for all")
+    p.add_argument("--holdout", action="store_true",
+                   help="shape on even-numbered requests, replay on odd-numbered ones")
+    p.add_argument("--out", required=True)
+    args = p.parse_args(argv)
+    args.argv = argv
+    try:
+        doc = run(args)
+    except SpecPilotError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    write_json_atomic(Path(args.out), doc)
+    print(_table(doc["rows"]))
+    print(args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
