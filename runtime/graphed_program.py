@@ -42,9 +42,10 @@ from .speculative import SpecResult
 # Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
 # attention reads all `capacity` slots of every row, so the rounding is paid at each step, most
 # at large batches: for the H200 pair (161M target) at batch 64 a slot costs 0.79 MB a step,
-# and 256 new tokens' slots 200 MB against 323 MB of weights. Rounded up to 64, batches of 64
-# started off (no drafter run) ran 0.98-0.99x strong AR, whose capacity is exact; rounded up to
-# 8 (at most 7 slots wasted), 1.00x (runs 13 and 14, BENCHMARKS.md).
+# and 256 new tokens' slots 200 MB against 323 MB of weights. So 8, which wastes at most 7
+# slots (strong AR's capacity is exact). Rounded up to 64, batches of 64 started off (no
+# drafter run) ran 0.98-0.99x strong AR; rounded up to 8, 1.00x, on another trained pair
+# (runs 13 and 14, BENCHMARKS.md): not an A/B of the step alone.
 CAPACITY_STEP = 8
 KEPT_DECODERS = 4        # decoders (each with its own KV caches) kept alive at once
 
@@ -116,10 +117,11 @@ def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_id
 
 
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
-                max_new_tokens: int, capture: bool = True):
+                max_new_tokens: int, capture: bool = True, any_larger: bool = False):
     """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
     drafter and chains of 0, i.e. plain greedy steps, where the Program does not speculate or
-    the budget leaves no room for drafts)."""
+    the budget leaves no room for drafts). `any_larger`: a kept decoder of the Program with a
+    larger cache serves too (the smallest such), rather than one built for this capacity."""
     topology, batch = program.draft.topology, program.batch.max_batch_size
     cap = length_cap(program)
     k = round_span(topology) if program.draft.speculates else 0
@@ -131,6 +133,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     refill = refills(program)
     key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
            tuple(pair.eos_ids), capture, refill)
+    if any_larger and key not in _decoders:
+        same = [kept for kept in _decoders if kept[:6] == key[:6] and kept[7:] == key[7:]
+                and kept[6] > capacity]
+        key = min(same, key=lambda kept: kept[6], default=key)
     if key in _decoders:
         _decoders.move_to_end(key)
         _decoders[key].prepare_prefill(prompts)
@@ -197,9 +203,11 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
 
 def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], reference: ARResult,
                   tolerance: Optional[float] = None, capture: bool = True) -> ForcingReport:
-    """Token-force the graphed decoder of `program` against `reference`."""
+    """Token-force the graphed decoder of `program` against `reference`: the one its timed runs
+    used where it is kept (references that all stopped early need a smaller cache, and with
+    capacities rounded to 8 slots would otherwise capture a decoder of their own)."""
     longest = max(len(t) for t in reference.tokens)
-    decoder = decoder_for(program, pair, prompts, longest, capture)
+    decoder = decoder_for(program, pair, prompts, longest, capture, any_larger=True)
     proposals: List[List[int]] = []
     pairs = list(zip(prompts, reference.tokens))
     for chunk in _batches(decoder, pairs):

@@ -11,7 +11,7 @@ already runs along inactive); only the host loop and the state of one row change
   - after each replay the host copies the rows' active flags back (one replay behind, as the
     status row); a row that turned inactive is done;
   - its results (output row, count, per-round acceptance) are cloned on the device, in stream
-    order, before the row is reused;
+    order, before a newcomer reuses the row (a row no newcomer takes is read in place at the end);
   - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
     a graph per bucket width, the row a device index), and the row's state is set as a batch
     prefill would set it. A snapshot taken before the refill is not trusted for that row.
@@ -76,8 +76,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     def _log_round(self, accepted: torch.Tensor) -> None:
         # A row's log entry at its own round counter is still -1 (set by `_reset` or `_admit`;
         # a request runs fewer rounds than it has tokens, so the clamp never reaches a kept
-        # entry): a row that did not run (-1) may write there unchanged. Two kernels fewer in
-        # every round than keeping the old entry, which a plain step of 64 rows notices.
+        # entry): a row that did not run (-1) may write there unchanged. Three kernels fewer in
+        # every round than keeping the old entry (a gather, a select, a cast).
         at = self.row_round.clamp(max=self.width - 1)[None, :]
         self.accepted.scatter_(0, at, accepted[None, :])
         self.row_round.add_(accepted >= 0)
@@ -91,8 +91,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     def _take_row(self, row: int, refilled: bool) -> dict:
         """What the request in `row` produced: device clones (stream-ordered, no sync) where a
-        newcomer takes the row now, else views. A row left empty is not written again in this
-        call, so with no queue (or once it is empty) finishing costs no kernel at all."""
+        newcomer takes the row now, else views. Later rounds of this call leave a row no
+        newcomer takes as it is (inactive rows write back what they hold; `_log_round`), so
+        with no queue (or once it is empty) finishing costs no kernel at all."""
         taken = {"out": self.out[row], "count": self.count[row],
                  "accepted": self.accepted[:, row]}
         return {key: t.clone() for key, t in taken.items()} if refilled else taken
@@ -130,8 +131,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         """Decode every prompt (each up to its limit; forced when `references` are given),
         refilling slots as requests finish; returns (per request: its row's results, the rounds
         run per chain length, the refills made). An adaptive decoder replays the length its
-        policy chose two replays back (the longest for the two replays after a newcomer alone
-        starts the batch anew); forced runs cycle through every length."""
+        policy chose two replays back: its first two replays run the length the call started
+        with (the longest, or 0 where the workload memory started a call with no queue off),
+        and the two after a newcomer alone starts the batch anew the longest; forced runs cycle
+        through every length."""
         n, b, per = len(prompts), self.batch, self.rounds_per_replay
         forced = references is not None
         lengths = self._lengths()

@@ -1,4 +1,5 @@
-"""What a padded adaptive decoder remembers of its workload from one call to the next.
+"""What an adaptive decoder remembers of its workload from one padded batch to the next (a
+padded decoder's batches, and a refill decoder's calls with no queue, which are padded batches).
 
 Within a batch the length rule (runtime/batch_length.py) learns each request's acceptance from
 its own rounds, and turns speculation off once plain steps would finish the batch sooner. That

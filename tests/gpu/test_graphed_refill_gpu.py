@@ -1,10 +1,12 @@
 """Continuous refill on the graphed runtime with its rounds captured as CUDA graphs: the same
 output and acceptance as the rounds run eagerly (float32), and forcing clean, for plain steps
-and for a chain, with more requests than slots. Skipped without CUDA."""
+and for a chain, with more requests than slots; a call with no queue started off by the
+workload memory as the eager rounds start it. Skipped without CUDA."""
 import pytest
 import torch
 
 from hf_factory import make_checkpoint, random_prompts
+from mechanism_setup import ContraryDrafter
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
@@ -64,3 +66,25 @@ def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, d
         assert got.tokens == want.tokens
         assert got.accepted_lengths == want.accepted_lengths
         assert got.stats == want.stats
+
+
+def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_path, monkeypatch):
+    # A call with no more prompts than slots is one padded batch: after two calls the workload
+    # memory starts the third off (the target-only prefill graph, plain steps, no drafter run),
+    # and finished rows are read in place; the captured rounds must match the eager ones.
+    monkeypatch.setenv("SPECPILOT_FAST_OPS", "ops")
+    folder = make_checkpoint(tmp_path, "llama3", seed=96)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = ContraryDrafter(target)                 # never drafts the target's next token
+    prompts = random_prompts((4, 11, 1, 7), seed=97)
+    reference = generate_ar(target, prompts, 24)
+    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9, 2.2], rounds_per_replay=4)
+    eager = GraphedRefillDecoder(target, drafter, 4, 64, 4, capture=False, **options)
+    graphed = GraphedRefillDecoder(target, drafter, 4, 64, 4, capture=True, **options)
+    for _ in range(3):
+        want, got = eager.generate(prompts, 24), graphed.generate(prompts, 24)
+        assert got.tokens == want.tokens == reference.tokens
+        assert got.accepted_lengths == want.accepted_lengths
+        assert got.stats == want.stats and got.drafter_forwards == want.drafter_forwards
+    assert got.stats == {"rounds_chain_0": got.target_forwards - 1, "refills": 0}
+    assert got.drafter_forwards == 0

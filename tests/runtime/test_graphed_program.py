@@ -85,3 +85,26 @@ def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder(
     assert r.stats["refills"] == len(s["prompts"]) - 2
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
+
+
+def test_forcing_checks_the_decoder_the_timed_runs_used_when_references_stop_early():
+    from specpilot.runtime import graphed_program
+    from specpilot.runtime.ar import ARResult
+
+    s = pair_setup(11)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(stock, CaptureGraphs(True))
+    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    timed = dict(graphed_program._decoders)
+    # Every reference cut to 4 tokens: they need 12 slots fewer, a smaller capacity bucket.
+    ref = s["reference"]
+    short = ARResult([t[:4] for t in ref.tokens], [m[:4] for m in ref.margins])
+    smaller = decoder_for(program, pair, s["prompts"], 4, capture=False)
+    assert smaller.capacity < next(iter(timed.values())).capacity
+    release_decoders()
+    graphed_program._decoders.update(timed)
+    assert_clean(force_graphed(program, pair, s["prompts"], short, capture=False), short)
+    assert graphed_program._decoders == timed          # no decoder of its own was built

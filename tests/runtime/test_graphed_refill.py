@@ -209,7 +209,8 @@ def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
         assert {k: c for k, c in r.stats.items() if k != "refills"} == p.stats
         assert r.drafter_forwards == p.drafter_forwards
     assert list(p.stats) == ["rounds_chain_0"] and r.drafter_forwards == 0
-    remembered = list(refill.policy.memory.counts)
+    memory = refill.policy.memory
+    remembered = (list(memory.counts), list(memory.first_judged), memory.started_off_in_a_row)
     queued = refill.generate(prompts, MAX_NEW)
     assert queued.tokens == reference.tokens and queued.stats["refills"] == len(prompts) - 4
     assert any(k.startswith("rounds_chain_") and k != "rounds_chain_0" for k in queued.stats)
@@ -217,7 +218,7 @@ def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
     speculative = sum(int(k.rsplit("_", 1)[1]) * c for k, c in queued.stats.items()
                       if k.startswith("rounds_chain_"))
     assert queued.drafter_forwards == 1 + queued.stats["refills"] + speculative
-    assert refill.policy.memory.counts == remembered
+    assert (memory.counts, memory.first_judged, memory.started_off_in_a_row) == remembered
 
 
 class _Admissions(GraphedRefillDecoder):
