@@ -44,7 +44,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import REPLAYED, replay
 from specpilot.bench.step_costs import StepCosts, read_step_costs
-from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile
+from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile, load_acceptance
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from specpilot.runtime.sequoia import RankTrace, optimal_trees, profile_from_trace
@@ -63,18 +63,18 @@ PRICING = ("one round = drafter(B, catch-up width) + drafter(B, width) per tree 
 
 
 def load_rank_profile(path: str) -> RankProfile:
-    """The rank profile at `path`; SpecPilotError naming the file otherwise."""
+    """The rank profile at `path` (cost/acceptance.load_acceptance); SpecPilotError naming the
+    file for anything else, a chain profile included."""
     try:
-        with open(path, encoding="utf-8") as f:
-            obj = json.load(f)
-    except FileNotFoundError:
-        raise SpecPilotError(f"rank profile {path} does not exist") from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise SpecPilotError(f"cannot read rank profile {path}: {exc}") from None
-    if not isinstance(obj, dict) or obj.get("format") != RANK_PROFILE_FORMAT:
+        profile = load_acceptance(path)
+    except SpecPilotError:
+        raise
+    except Exception as exc:        # a JSON of neither kind: the chain profile's parser says why
+        raise SpecPilotError(f"{path} is not a rank profile: {exc}") from None
+    if not isinstance(profile, RankProfile):
         raise SpecPilotError(f"{path} is not a rank profile (expected \"format\": "
                              f"\"{RANK_PROFILE_FORMAT}\", e.g. a compile run's acceptance.json)")
-    return RankProfile.from_json(obj, path)
+    return profile
 
 
 class PricedCosts:
@@ -127,7 +127,8 @@ class PricedCosts:
             return self.target(batch, topology.k + 1)
         n = topology.num_nodes
         self.log[f"verify({batch}, {n}-node tree)"] = (
-            f"tree-mask verification not measured: priced as the causal target({batch}, {n + 1})")
+            f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
+            "tree-mask verification, where there is one, is not used)")
         return self.target(batch, n + 1)
 
     def accept(self, batch: int, topology) -> float:
@@ -342,6 +343,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                    help="shape on even-numbered requests, replay on odd-numbered ones")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    if args.max_depth is not None and args.max_depth < 1:
+        p.error(f"--max-depth must be at least 1, got {args.max_depth}")
     args.argv = argv
     try:
         doc = run(args)
