@@ -270,18 +270,19 @@ class GraphedChainDecoder:
         self._write(g, torch.full_like(self.count, k))
         self._commit_forced(k)
 
-    def _commit_forced(self, k: int) -> None:
-        """Forced mode: every active row commits the next k + 1 reference tokens."""
+    def _commit_forced(self, k: Union[int, torch.Tensor]) -> None:
+        """Forced mode: every active row commits the next k + 1 reference tokens (`k` one count,
+        or one per row: a dynamic tree's depth differs by row)."""
         before = self.active.clone()
-        step = torch.where(before, torch.full_like(self.count, k + 1),
-                           torch.zeros_like(self.count))
+        k = k if torch.is_tensor(k) else torch.full_like(self.count, k)
+        step = torch.where(before, k + 1, torch.zeros_like(self.count))
         self.length.add_(step)
         self.count.add_(step)
         # Clamped: capture warms up on a reset state (count 0), where nothing is active.
         self.last.copy_(self.ref.gather(1, (self.count - 1).clamp(min=0)[:, None])[:, 0])
         self.prev.copy_(self.ref.gather(1, (self.count - 2).clamp(min=0)[:, None])[:, 0])
         self.active.copy_(before & (self.count < self.limit))
-        self._log_round(torch.where(before, torch.full_like(step, k), torch.full_like(step, -1)))
+        self._log_round(torch.where(before, k, torch.full_like(step, -1)))
 
     def _log_round(self, accepted: torch.Tensor) -> None:
         r = self.round_index.clamp(max=self.width - 1)

@@ -13,9 +13,13 @@ the target, whose tree mask is laid from a per-row ancestor pattern (graphed_tre
 The walk, the commit and the compaction are the static tree's, with per-row parents; the drafter
 compacts from its scratch slots. One captured graph serves every tree of the budget.
 
-Forced mode verifies a fixed tree of the same size and depth (a path of `depth` nodes, the rest
-as siblings on the first level) with the reference on the path: the same tree-masked forward of
-root + budget tokens and the same compaction are checked.
+Forced mode grows the tree as a round does, from the drafter, and puts the reference on the path
+from the root to the row's first deepest chosen node (the other nodes keep their drafts): so
+forcing checks the target's tree-masked forward under the trees the drafter chooses, with their
+per-row parents, positions and depths, and the compaction of paths of each row's depth. Each row
+commits its own depth + 1 reference tokens. The drafter's cache then holds its drafts' K/V where
+they differ from the reference (no extra drafter forward is run), so forced trees grow from a
+perturbed context: trees the drafter chooses, not always the ones it would choose unforced.
 """
 from __future__ import annotations
 
@@ -27,6 +31,7 @@ import torch.nn.functional as F
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import TreeShape
 
+from .steps import top2_margin
 from .graphed_tree import GraphedTreeDecoder, placed_mask
 
 
@@ -55,7 +60,8 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         if topology.budget > topology.depth * topology.width:
             raise SpecPilotError(f"{topology}: the budget exceeds depth * width kept nodes")
         self.topology = topology
-        # A tree of `budget` nodes is at most that deep: forced runs use a comb that deep.
+        # A tree of `budget` nodes is at most that deep: the static tree's walk, path slots and
+        # chain length are sized by a comb that deep (every round grows its own tree).
         comb = comb_shape(topology.budget, min(topology.depth, topology.budget))
         super().__init__(target, drafter, batch, capacity, comb, eos_ids, capture,
                          rounds_per_replay, record_margins)
@@ -64,6 +70,7 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         self.scratch_depth = torch.arange(self.scratch, device=dev) // w + 1
         self.eye_w = torch.eye(w, dtype=torch.bool, device=dev)
         self.tree_positions = torch.arange(topology.budget + 1, device=dev)
+        self.batch_rows = torch.arange(batch, device=dev)
 
     def _span(self) -> int:
         return dynamic_span(self.topology)
@@ -106,9 +113,11 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
             anc[:, d * w:(d + 1) * w] = rows
         return (torch.cat(toks, dim=1), torch.cat(scores, dim=1), torch.cat(parents, dim=1), anc)
 
-    def _round(self, k: int) -> None:
+    def _choose_tree(self, base: torch.Tensor):
+        """This round's tree from the drafter: node tokens, parents as verification rows and
+        scratch indices [B, N], the tree pattern [B, N + 1, N + 1], positions [B, N + 1] and
+        depths [B, N]."""
         t = self.topology
-        base = self._base()
         toks, scores, parents, anc = self._draft_dynamic(base)
         b, n = base.shape[0], t.budget
         # The budget best by score (stable: ties keep level-major order, shallower first),
@@ -127,5 +136,33 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         picked = anc.gather(1, chosen[:, :, None].expand(b, n, self.scratch))
         pattern[:, 1:, 1:] = picked.gather(2, chosen[:, None, :].expand(b, n, n))
         positions = torch.cat([torch.zeros_like(depths[:, :1]), depths], dim=1)
+        return nodes, parent_row, chosen, pattern, positions, depths
+
+    def _round(self, k: int) -> None:
+        base = self._base()
+        nodes, parent_row, chosen, pattern, positions, _ = self._choose_tree(base)
         logits = self._verify_tree(base, nodes, pattern, positions)
         self._accept(base, nodes, parent_row, logits, drafter_nodes=chosen)
+
+    def _forced_round(self, k: int) -> None:
+        base = self._base()
+        nodes, _, chosen, pattern, positions, depths = self._choose_tree(base)
+        reach = depths.max(dim=1).values                                   # [B]
+        deepest = (depths == reach[:, None]).to(torch.int64).argmax(dim=1)
+        on_path = pattern[self.batch_rows, 1 + deepest, 1:]                # [B, N]
+        idx = (self.count[:, None] + self.chain[:self.k]).clamp(max=self.width - 1)
+        ref = self.ref.gather(1, idx)                                      # [B, D]
+        # The reference on the path; the path's siblings may draft the same token, which only
+        # the walk (not run here) would mind.
+        nodes = torch.where(on_path, ref.gather(1, depths - 1), nodes)
+        logits = self._verify_tree(base, nodes, pattern, positions)
+        at = on_path[:, None, :] & (depths[:, None, :] == self.depth_slots[None, :, None])
+        path = torch.where(at.any(dim=2), at.to(torch.int64).argmax(dim=2),
+                           torch.full_like(idx, -1))                       # [B, D] node or -1
+        rows = torch.cat([torch.zeros_like(reach)[:, None], 1 + path.clamp(min=0)], dim=1)
+        if self.record_margins:
+            self._round_margins = top2_margin(logits).gather(1, rows)
+        self._write(torch.argmax(logits, dim=-1).gather(1, rows), reach)
+        self._compact(base, path,
+                      torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path))
+        self._commit_forced(reach)

@@ -110,9 +110,18 @@ def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
     topology = DynamicTree(budget=6, depth=3, width=2)
     eager = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology,
                                       capture=False).generate(prompts, 24)
-    graphed = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology).generate(prompts, 24)
-    assert graphed.tokens == eager.tokens == generate_ar(target, prompts, 24).tokens
+    captured = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology)
+    graphed = captured.generate(prompts, 24)
+    reference = generate_ar(target, prompts, 24)
+    assert graphed.tokens == eager.tokens == reference.tokens
     assert graphed.accepted_lengths == eager.accepted_lengths
+    # Forced rounds grow the drafter's trees too: captured as run eagerly, and clean.
+    want = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology,
+                                     capture=False).force(prompts, reference.tokens)
+    got = captured.force(prompts, reference.tokens)
+    assert got == want
+    report = compare_to_reference(got, reference, default_tolerance(torch.float32))
+    assert report.passed, report.format()
 
 
 def test_adaptive_rounds_measure_their_costs_and_equal_eager_rounds_given_them(tmp_path):

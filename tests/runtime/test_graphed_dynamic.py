@@ -8,7 +8,7 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder, comb_shape
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
-from mechanism_setup import MAX_NEW, ContraryDrafter, assert_clean, pair_setup
+from mechanism_setup import MAX_NEW, ContraryDrafter, assert_caught, assert_clean, pair_setup
 
 TOPOLOGIES = [DynamicTree(budget=6, depth=3, width=2), DynamicTree(budget=4, depth=4, width=1),
               DynamicTree(budget=5, depth=2, width=3)]
@@ -114,3 +114,31 @@ def test_a_contrary_drafter_still_gives_ar_output_and_comb_shapes_are_trees():
         shape = comb_shape(budget, depth)
         assert shape.num_nodes == budget and shape.max_depth == depth
         assert all(p < i for i, p in enumerate(shape.parents))
+
+
+def test_forcing_checks_the_trees_the_drafter_chooses_and_catches_a_wrong_mask():
+    s = pair_setup(11)
+    ref = s["reference"]
+    # Four of six kept nodes: a confident drafter's tree is a path three deep, an unsure one's
+    # two levels of two, so the forced trees' depths differ by row and round (on this pair).
+    topology = DynamicTree(budget=4, depth=3, width=2)
+    decoder = GraphedDynamicTreeDecoder(s["target"], s["drafter"], 4, 64, topology,
+                                        capture=False)
+    proposals = decoder.force(s["prompts"], ref.tokens)
+    assert_clean(compare_to_reference(proposals, ref, default_tolerance(torch.float32)), ref)
+    # Forced rounds log each row's tree depth (the reference tokens it committed, less one).
+    logged = decoder.accepted[:, :len(s["prompts"])]
+    depths = set(logged[logged >= 0].tolist())
+    assert len(depths) > 1 and depths <= {1, 2, 3}
+
+    class SiblingsSeeEachOther(GraphedDynamicTreeDecoder):
+        """Every kept node also attends to the other nodes of its level."""
+
+        def _draft_dynamic(self, base):
+            toks, scores, parents, anc = super()._draft_dynamic(base)
+            level = torch.arange(self.scratch) // self.topology.width
+            return toks, scores, parents, anc | (level[:, None] == level[None, :])
+
+    broken = SiblingsSeeEachOther(s["target"], s["drafter"], 4, 64, topology, capture=False)
+    assert_caught(compare_to_reference(broken.force(s["prompts"], ref.tokens), ref,
+                                       default_tolerance(torch.float32)), ref)
