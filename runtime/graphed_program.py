@@ -1,9 +1,9 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
-(runtime/graphed_dynamic.py) with the padded layout, drain refill and no pruned verifier,
-chains with a fixed or an adaptive draft length, with drain or continuous refill
-(runtime/graphed_refill.py) (`graph_refusal` names what else a Program asks for).
+(runtime/graphed_dynamic.py) with the padded layout, drain or continuous refill
+(runtime/graphed_refill.py, runtime/graphed_tree_refill.py) and no pruned verifier, chains with
+a fixed or an adaptive draft length (`graph_refusal` names what else a Program asks for).
 Decoders are kept per (models, batch, chain, capacity, refill), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
@@ -37,6 +37,7 @@ from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
 from .graphed_loop import ar_stats, mean_committed
 from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
+from .graphed_tree_refill import GraphedDynamicTreeRefillDecoder, GraphedTreeRefillDecoder
 from .speculative import SpecResult
 
 # Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
@@ -71,8 +72,6 @@ def rounds_refusal(program: Program) -> Optional[str]:
         return "adaptive draft lengths adapt chains only"
     if b.layout != "padded":
         return "graphed rounds need the padded layout"
-    if b.refill == "continuous" and not isinstance(topology, Chain):
-        return "graphed continuous refill runs chains (fixed or adaptive lengths), not trees"
     if b.refill not in ("drain", "continuous"):
         return f"refill policy {b.refill!r}"
     if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
@@ -100,6 +99,16 @@ def length_cap(program: Program) -> Optional[int]:
 def round_span(topology) -> int:
     """Cache slots one graphed round of `topology` writes past the last committed token."""
     return dynamic_span(topology) if isinstance(topology, DynamicTree) else topology.num_nodes
+
+
+def refill_tree_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
+                        capture: bool = True):
+    """The refill decoder of a draft tree `topology` (static or dynamic)."""
+    if isinstance(topology, DynamicTree):
+        return GraphedDynamicTreeRefillDecoder(target, drafter, batch, capacity, topology,
+                                               eos_ids, capture)
+    return GraphedTreeRefillDecoder(target, drafter, batch, capacity, topology.shape(), eos_ids,
+                                    capture)
 
 
 def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
@@ -146,10 +155,13 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     if cap == 0:                # plain greedy steps, drained or refilled
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
         decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
-    elif refill:                # chains only (`rounds_refusal`), adaptive or of length k
+    elif refill and isinstance(topology, Chain):     # adaptive or of length k
         decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
                                        pair.eos_ids, capture=capture, adaptive=adaptive,
                                        length_cap=cap)
+    elif refill:                # trees: fixed (`rounds_refusal`)
+        decoder = refill_tree_decoder(pair.target, pair.drafter, batch, capacity, topology,
+                                      pair.eos_ids, capture)
     else:
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, adaptive=adaptive, length_cap=cap)

@@ -20,7 +20,7 @@ Acceptance is logged per row, by the row's own round counter (the run's rounds a
 with refill; one request's are not), so the per-request acceptance is read back per request.
 
 Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
-trees keep more per-row state. With adaptive lengths the batch's length serves its tokens per
+draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the batch's length serves its tokens per
 unit of time, not the makespan of its current requests (a refilled batch has no tail), a
 newcomer's estimates start from the averages of the requests before it, and speculation turns
 off for the rest of the call once plain steps would serve the batch faster by every estimate

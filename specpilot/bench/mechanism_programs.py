@@ -13,6 +13,7 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       steps would serve faster, until a newcomer alone starts the batch anew)
   graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
                       data, one graph serves every tree of the budget
+  graphed_tree_refill, graphed_dynamic_refill   the two trees with continuous refill, graphed
   dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
   ragged              the ragged verification layout, eager
@@ -62,6 +63,10 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
                                          SetRefill("continuous")),
         "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
         "graphed_dynamic": apply(apply(stock, CaptureGraphs(True)), SetTopology(dynamic)),
+        "graphed_tree_refill": apply(apply(apply(stock, CaptureGraphs(True)),
+                                           SetTopology(Tree((3, 2, 1)))), SetRefill("continuous")),
+        "graphed_dynamic_refill": apply(apply(apply(stock, CaptureGraphs(True)),
+                                              SetTopology(dynamic)), SetRefill("continuous")),
         "dynamic_tree": apply(stock, SetTopology(dynamic)),
         "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
                            SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),

@@ -1,12 +1,13 @@
 """Continuous refill on the graphed runtime with its rounds captured as CUDA graphs: the same
-output and acceptance as the rounds run eagerly (float32), and forcing clean, for plain steps
-and for a chain, with more requests than slots; a call with no queue started off by the
-workload memory as the eager rounds start it. Skipped without CUDA."""
+output and acceptance as the rounds run eagerly (float32), and forcing clean, for plain steps,
+a chain and static and dynamic trees with more requests than slots; and a call with no queue
+started off by the workload memory as the eager rounds start it. Skipped without CUDA."""
 import pytest
 import torch
 
 from hf_factory import make_checkpoint, random_prompts
 from mechanism_setup import ContraryDrafter
+from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
@@ -88,3 +89,30 @@ def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_pat
         assert got.stats == want.stats and got.drafter_forwards == want.drafter_forwards
     assert got.stats == {"rounds_chain_0": got.target_forwards - 1, "refills": 0}
     assert got.drafter_forwards == 0
+
+
+@pytest.mark.parametrize("tree", [Tree((2, 2)), DynamicTree(budget=6, depth=3, width=2)], ids=str)
+@pytest.mark.parametrize("drafter_seed", [98, 99])      # the target itself; another model
+def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_path, tree,
+                                                                          drafter_seed):
+    from specpilot.runtime.graphed_program import refill_tree_decoder
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=98)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    other = make_checkpoint(tmp_path / "drafter", "llama3", seed=drafter_seed)
+    drafter = Transformer.from_checkpoint(other, "float32", "cuda")
+    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=99)
+    limits = [3 + (5 * i) % 18 for i in range(len(prompts))]       # requests end apart
+    reference = generate_ar(target, prompts, 20)
+    eager = refill_tree_decoder(target, drafter, 3, 64, tree, capture=False)
+    want = eager.generate(prompts, limits)
+    assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]
+    graphed = refill_tree_decoder(target, drafter, 3, 64, tree, capture=True)
+    for _ in range(2):
+        got = graphed.generate(prompts, limits)
+        assert got.tokens == want.tokens
+        assert got.accepted_lengths == want.accepted_lengths
+        assert got.stats == want.stats
+    report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert report.passed, report.format()

@@ -57,10 +57,33 @@ def test_a_refill_program_runs_every_request_on_the_refill_decoder():
     assert r.stats["refills"] == len(s["prompts"]) - 2     # one call: the slots were refilled
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
-    # Refill with a tree is refused for graphs, with what the graphed runtime does run.
     assert rounds_refusal(program) is None
-    tree = apply(program, SetTopology(Tree((2, 1))))
-    assert "not trees" in rounds_refusal(tree)
+
+
+@pytest.mark.parametrize("topology,decoder_name", [
+    (Tree((2, 1)), "GraphedTreeRefillDecoder"),
+    (DynamicTree(budget=5, depth=3, width=2), "GraphedDynamicTreeRefillDecoder"),
+], ids=str)
+def test_a_refill_program_with_a_tree_runs_on_the_tree_refill_decoder(topology, decoder_name):
+    from specpilot.ir import SetRefill
+    from specpilot.runtime import graphed_tree_refill
+    from specpilot.runtime.graphed_program import rounds_refusal
+
+    s = pair_setup(4)
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
+                    SetTopology(topology))
+    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    assert rounds_refusal(program) is None
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert type(decoder) is getattr(graphed_tree_refill, decoder_name)
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens and r.mean_accepted > 1.0
+    assert r.stats["refills"] == len(s["prompts"]) - 2
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
 
 
 def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder():
