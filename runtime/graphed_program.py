@@ -1,9 +1,10 @@
 """Programs whose decode rounds run as CUDA graphs (`kernels.capture_graphs` on a CUDA device).
 
 The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dynamic trees
-(runtime/graphed_dynamic.py) with the padded layout, drain or continuous refill
-(runtime/graphed_refill.py, runtime/graphed_tree_refill.py) and no pruned verifier, chains with
-a fixed or an adaptive draft length (`graph_refusal` names what else a Program asks for).
+(runtime/graphed_dynamic.py) with the padded layout and drain or continuous refill
+(runtime/graphed_refill.py, runtime/graphed_tree_refill.py), chains with a fixed or an adaptive
+draft length, and static trees pruned by the target's own layers before the full target
+verifies (runtime/graphed_two_level.py) (`graph_refusal` names what else a Program asks for).
 Decoders are kept per (models, batch, chain, capacity, refill), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
@@ -28,6 +29,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import Program
+from specpilot.ir.prune import LayerSkipPrune
 from specpilot.ir.topology import Chain, DynamicTree, SparseTree, Tree
 
 from .ar import ARResult
@@ -38,6 +40,7 @@ from .graphed_loop import ar_stats, mean_committed
 from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 from .graphed_tree_refill import GraphedDynamicTreeRefillDecoder, GraphedTreeRefillDecoder
+from .graphed_two_level import GraphedTwoLevelDecoder
 from .speculative import SpecResult
 
 # Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
@@ -76,8 +79,15 @@ def rounds_refusal(program: Program) -> Optional[str]:
         return f"refill policy {b.refill!r}"
     if b.draft_length_policy not in ("fixed", "per_request_adaptive"):
         return f"draft length policy {b.draft_length_policy!r}"
-    if program.verify.prune is not None:
-        return "graphed rounds do not run a pruned verifier"
+    prune = program.verify.prune
+    if prune is not None:
+        if not isinstance(prune, LayerSkipPrune) or prune.top_k != 1:
+            return ("graphed two-level verification prunes with the target's own layers to the "
+                    f"cheap verifier's greedy path (layer_skip, top_k=1), not {prune}")
+        if not isinstance(topology, (Tree, SparseTree)):
+            return "graphed two-level verification prunes static trees"
+        if b.refill == "continuous":
+            return "graphed two-level verification drains its batches (no continuous refill)"
     return None
 
 
@@ -140,8 +150,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     capacity = min(capacity, pair.target.config.max_position_embeddings)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
     refill = refills(program)
+    # Capacity at index 6 (`any_larger`); the topology and the pruned verifier last, so that
+    # two Programs of the same span never share a decoder.
     key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
-           tuple(pair.eos_ids), capture, refill)
+           tuple(pair.eos_ids), capture, refill, topology, program.verify.prune)
     if any_larger and key not in _decoders:
         same = [kept for kept in _decoders if kept[:6] == key[:6] and kept[7:] == key[7:]
                 and kept[6] > capacity]
@@ -155,6 +167,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     if cap == 0:                # plain greedy steps, drained or refilled
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
         decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
+    elif program.verify.prune is not None:     # static trees, layer_skip at top-1
+        decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
+                                         topology.shape(), program.verify.prune.keep_layers,
+                                         pair.eos_ids, capture)
     elif refill and isinstance(topology, Chain):     # adaptive or of length k
         decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
                                        pair.eos_ids, capture=capture, adaptive=adaptive,

@@ -157,11 +157,17 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                  drafter_path: Optional[torch.Tensor] = None) -> None:
         """Move accepted nodes' K/V from base+1+node to base+depth, in both models' caches
         (`drafter_path`: where the drafter holds them, when its slots differ)."""
+        self._move_path(((self.tcache, path),
+                         (self.dcache, path if drafter_path is None else drafter_path)),
+                        base, path >= 0)
+
+    def _move_path(self, moves, base: torch.Tensor, kept: torch.Tensor) -> None:
+        """For each (cache, nodes [B, D]) of `moves`: the K/V at base+1+node of each depth's
+        node moved to base+depth, where `kept` [B, D] and the row is active."""
         dst = base[:, None] + self.depth_slots                             # [B, D]
-        keep = (path >= 0) & self.active[:, None]
+        keep = kept & self.active[:, None]
         rows = torch.arange(base.shape[0], device=self.device)[:, None]
-        for cache, nodes in ((self.tcache, path),
-                             (self.dcache, path if drafter_path is None else drafter_path)):
+        for cache, nodes in moves:
             src = torch.where(keep, base[:, None] + 1 + nodes.clamp(min=0), dst)
             for layer in range(len(cache.k)):
                 k, v = cache.k[layer][rows, src], cache.v[layer][rows, src]

@@ -16,6 +16,8 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_tree_refill, graphed_dynamic_refill   the two trees with continuous refill, graphed
   dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
+  graphed_two_level   the same, graphed: the cheap verifier's greedy path (top-1) is what the
+                      full target verifies
   ragged              the ragged verification layout, eager
   refill              continuous refill, eager
   ragged_adaptive_refill   the three batching mechanisms combined, eager
@@ -70,6 +72,9 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "dynamic_tree": apply(stock, SetTopology(dynamic)),
         "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
                            SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
+        "graphed_two_level": apply(apply(apply(stock, CaptureGraphs(True)),
+                                         SetTopology(Tree((2, 2, 1)))),
+                                   SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
         "ragged": apply(stock, SetBatchLayout("ragged")),
         "refill": apply(stock, SetRefill("continuous")),
         "ragged_adaptive_refill": apply(apply(apply(stock, SetBatchLayout("ragged")), adaptive),

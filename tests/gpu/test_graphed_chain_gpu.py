@@ -162,3 +162,25 @@ def test_a_captured_batch_started_off_prefills_only_the_target_and_gives_greedy_
     assert runs[0].drafter_forwards > 0
     assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 0
     assert all(torch.equal(a, b) for a, b in zip(noise, decoder.dcache.k + decoder.dcache.v))
+
+
+def test_captured_two_level_rounds_equal_eager_ones_and_force_clean(tmp_path):
+    from specpilot.ir.topology import Tree
+    from specpilot.runtime.graphed_two_level import GraphedTwoLevelDecoder
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=94)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = _noisy_drafter(folder, "float32", 95)
+    prompts = random_prompts((4, 11, 1, 7), seed=96)
+    shape = Tree((2, 2, 1)).shape()
+    keep = tuple(range(0, target.config.num_layers, 2))
+    eager = GraphedTwoLevelDecoder(target, drafter, 4, 64, shape, keep,
+                                   capture=False).generate(prompts, 24)
+    captured = GraphedTwoLevelDecoder(target, drafter, 4, 64, shape, keep)
+    graphed = captured.generate(prompts, 24)
+    reference = generate_ar(target, prompts, 24)
+    assert graphed.tokens == eager.tokens == reference.tokens
+    assert graphed.accepted_lengths == eager.accepted_lengths
+    report = compare_to_reference(captured.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert report.passed, report.format()

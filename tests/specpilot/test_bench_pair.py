@@ -245,7 +245,7 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
                  "--prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "2",
                  "--systems", "mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,"
-                              "mech:graphed_tree_refill,mech:dynamic_tree,"
+                              "mech:graphed_tree_refill,mech:graphed_two_level,mech:dynamic_tree,"
                               "mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill",
                  "--mechanisms",
                  "--repeats", "1", "--warmup", "0", "--out-dir", str(root / "mech"),
@@ -255,7 +255,7 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     rows = _rows(doc)
     # Off a GPU the graphed mechanisms are skipped with the reason; the eager ones run.
     graphed = {"mech:graphed_adaptive", "mech:graphed_tree", "mech:graphed_dynamic",
-               "mech:graphed_tree_refill"}
+               "mech:graphed_tree_refill", "mech:graphed_two_level"}
     assert {name for name, _ in rows} == {"mech:dynamic_tree", "mech:two_level", "mech:ragged",
                                           "mech:refill", "mech:ragged_adaptive_refill"}
     for (system, _), r in rows.items():

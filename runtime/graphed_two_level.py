@@ -1,0 +1,88 @@
+"""Two-level verification with every round on the device (one CUDA graph per round).
+
+The eager mechanism (runtime/two_level.py) lets a cheaper path through the target prune each
+drafted tree, then has the full target verify what survives. With static shapes the survivors
+must be of a fixed size, so this runtime takes the `layer_skip` cheap verifier with top-1
+pruning: a node survives when its token is the cheap verifier's argmax after its parent and the
+parent survived, which leaves at most one path, root to some depth. A round:
+
+  1. the drafter drafts the static tree (runtime/graphed_tree.py);
+  2. the cheap verifier (the target's `keep_layers`, its own KV cache) catches up on the last two
+     committed tokens, as the drafter does, and scores every tree node under the tree mask;
+     its greedy walk down the tree is the surviving path;
+  3. the full target verifies root + that path as a chain of the tree's depth D (the path's
+     tokens, padded where it is shorter), so it runs D + 1 tokens instead of the tree's N + 1;
+  4. the target's greedy acceptance along the path, capped at the path's length, commits as a
+     chain round does: the full target decides every committed token, so the output is the
+     target's greedy output whatever the cheap verifier says.
+
+The full target's K/V lands at the committed positions already (a chain); the drafter's and the
+cheap verifier's K/V of the path's nodes are moved there from their tree slots, as the tree
+decoder moves its caches'. Forced rounds are the chain's of length D (the full target's
+verification of D + 1 reference tokens, which is the forward a round runs); like the chain's,
+they keep neither the drafter's nor the cheap verifier's cache.
+
+Whether it pays: the cheap pass streams the kept layers' weights once more per round and saves
+the full target N - D tokens; that can pay only where the target's verification is
+compute-bound (large batches, large trees; BENCHMARKS.md).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from .graphed_chain import GraphedChainDecoder
+from .graphed_tree import GraphedTreeDecoder
+from .steps import append_step
+from .two_level import layer_skip_model
+
+
+class GraphedTwoLevelDecoder(GraphedTreeDecoder):
+    """Static-tree (`shape`) speculation pruned by the target's `keep_layers` (top-1) before the
+    full target verifies the surviving path, for up to `batch` requests."""
+
+    def __init__(self, target, drafter, batch: int, capacity: int, shape,
+                 keep_layers: Sequence[int], eos_ids: Sequence[int] = (), capture: bool = True,
+                 rounds_per_replay=None):
+        self.cheap = layer_skip_model(target, keep_layers)
+        super().__init__(target, drafter, batch, capacity, shape, eos_ids, capture,
+                         rounds_per_replay=rounds_per_replay)
+        self.ccache = self.cheap.new_cache(batch, capacity)
+        if self._prefiller is not None:          # on a GPU: the cheap cache prefills in the same graph
+            self._prefiller.models.append((self.cheap, self.ccache))
+        self.node_rows = torch.arange(1, shape.num_nodes + 1, device=self.device)
+
+    def _prefill(self, prompts, limits):
+        g0 = super()._prefill(prompts, limits)
+        if self._prefiller is None:              # eager: as the target and the drafter were
+            rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - len(prompts))
+            append_step(self.cheap, self.ccache,
+                        torch.zeros(self.batch, dtype=torch.int64, device=self.device), rows)
+        return g0
+
+    def _cheap_path(self, base: torch.Tensor, nodes: torch.Tensor):
+        """The cheap verifier's greedy walk down the tree: (node per depth or -1 [B, D], its
+        length [B])."""
+        pos = base[:, None] + self.catch_up_offsets
+        tokens = torch.stack([self.prev, self.last], dim=1)
+        root = self.cheap.forward(tokens, pos, pos, self._mask(pos), self.ccache,
+                                  self.catch_up_logit)                     # [B, 1, V]
+        slots = base[:, None] + self.node_rows[None, :]
+        positions = base[:, None] + self.offsets[1:][None, :]
+        below = self.cheap.forward(nodes, positions, slots,
+                                   self._tree_mask(self.node_rows, base), self.ccache)
+        return self._walk(nodes, self.parent_row, torch.argmax(torch.cat([root, below], 1), -1))
+
+    def _round(self, k: int) -> None:
+        base = self._base()
+        nodes = self._draft_tree(base)
+        path, reach = self._cheap_path(base, nodes)
+        drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)), torch.zeros_like(path))
+        g = self._verify(drafts)                 # the full target, root + the path as a chain
+        n = torch.minimum(self._accepted(drafts, g), reach)
+        self._move_path(((self.dcache, path), (self.ccache, path)), base, path >= 0)
+        self._commit(g, n)
+
+    # The chain's forced round of length D: the full target's verification forward of a round.
+    _forced_round = GraphedChainDecoder._forced_round

@@ -1,0 +1,123 @@
+"""Two-level verification in the graphed runtime (runtime/graphed_two_level.py), rounds run
+eagerly on CPU in float32: greedy AR output whatever the cheap verifier keeps; with every layer
+kept the cheap verifier is the target, so each round accepts exactly what the static tree
+decoder accepts; forcing clean; a round that lets the cheap path decide is caught; and Programs
+declaring it run on it (or are refused with the reason)."""
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specpilot.deploy import build_deployment
+from specpilot.ir import (CaptureGraphs, LayerSkipPrune, LowPrecisionPrune, SetRefill,
+                          SetTopology, SetVerifyPrune, apply, stock_program)
+from specpilot.ir.topology import DynamicTree, Tree
+from specpilot.runtime.decoder import ModelPair
+from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_program import (decoder_for, force_graphed, release_decoders,
+                                               rounds_refusal, run_graphed)
+from specpilot.runtime.graphed_tree import GraphedTreeDecoder
+from specpilot.runtime.graphed_two_level import GraphedTwoLevelDecoder
+
+from mechanism_setup import MAX_NEW, assert_clean, pair_setup
+
+TREES = [Tree((2, 2, 1)), Tree((3, 2, 1)), Tree((2, 2))]
+
+
+def _layers(s):
+    return s["target"].config.num_layers
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("tree", TREES, ids=str)
+@pytest.mark.parametrize("batch", [3, 4])
+def test_equals_greedy_ar_and_forcing_is_clean_with_half_the_layers(seed, tree, batch):
+    s = pair_setup(seed)
+    ref = s["reference"]
+    decoder = GraphedTwoLevelDecoder(s["target"], s["drafter"], batch, 64, tree.shape(),
+                                     tuple(range(0, _layers(s), 2)), s["eos"], capture=False)
+    outputs = []
+    for start in range(0, len(s["prompts"]), batch):
+        outputs += decoder.generate(s["prompts"][start:start + batch], MAX_NEW).tokens
+    assert outputs == ref.tokens
+    proposals = []
+    for start in range(0, len(s["prompts"]), batch):
+        chunk = slice(start, start + batch)
+        proposals += decoder.force(s["prompts"][chunk], ref.tokens[chunk])
+    assert_clean(compare_to_reference(proposals, ref, default_tolerance(torch.float32)), ref)
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("tree", TREES, ids=str)
+def test_with_every_layer_kept_it_accepts_as_the_static_tree(seed, tree):
+    # The cheap verifier is then the target: its greedy walk is the target's accepted path, and
+    # the full target verifies exactly that path (the same drafts, the same acceptance).
+    s = pair_setup(seed)
+    two = GraphedTwoLevelDecoder(s["target"], s["drafter"], 4, 64, tree.shape(),
+                                 tuple(range(_layers(s))), s["eos"], capture=False)
+    static = GraphedTreeDecoder(s["target"], s["drafter"], 4, 64, tree.shape(), s["eos"],
+                                capture=False)
+    got, want = (d.generate(s["prompts"], MAX_NEW) for d in (two, static))
+    assert got.tokens == want.tokens == s["reference"].tokens
+    assert got.accepted_lengths == want.accepted_lengths
+    assert got.mean_accepted > 1.5
+
+
+def test_a_round_where_the_cheap_path_decides_is_caught():
+    class CheapDecides(GraphedTwoLevelDecoder):
+        """Commits the cheap verifier's path as if the full target had accepted all of it."""
+
+        def _round(self, k):
+            base = self._base()
+            nodes = self._draft_tree(base)
+            path, reach = self._cheap_path(base, nodes)
+            drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)),
+                                 torch.zeros_like(path))
+            g = self._verify(drafts)
+            committed = torch.cat([drafts, g[:, -1:]], dim=1).scatter(
+                1, reach[:, None], g.gather(1, reach[:, None]))
+            self._move_path(((self.dcache, path), (self.ccache, path)), base, path >= 0)
+            self._commit(committed, reach)
+
+    s = pair_setup(11)
+    decoder = CheapDecides(s["target"], s["drafter"], 4, 64, TREES[0].shape(), (0,), s["eos"],
+                           capture=False)
+    assert decoder.generate(s["prompts"], MAX_NEW).tokens != s["reference"].tokens
+
+
+def _program(s, *transforms, batch=2):
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = apply(stock, CaptureGraphs(True))
+    for t in transforms:
+        program = apply(program, t)
+    return replace(program, batch=replace(program.batch, max_batch_size=batch))
+
+
+def test_a_program_declaring_it_runs_on_it_and_what_it_cannot_run_is_refused():
+    s = pair_setup(4)
+    half = tuple(range(0, _layers(s), 2))
+    prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
+    program = _program(s, SetTopology(Tree((2, 2, 1))), prune)
+    assert rounds_refusal(program) is None
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert type(decoder) is GraphedTwoLevelDecoder
+    # The same span without the pruned verifier is another decoder, not this one.
+    plain = _program(s, SetTopology(Tree((2, 2, 1))))
+    assert type(decoder_for(plain, pair, s["prompts"], MAX_NEW, capture=False)) is GraphedTreeDecoder
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
+    refused = {
+        "top_k": _program(s, SetTopology(Tree((2, 2, 1))),
+                          SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=2))),
+        "layer_skip": _program(s, SetTopology(Tree((2, 2, 1))),
+                               SetVerifyPrune(LowPrecisionPrune(dtype="bfloat16", top_k=1))),
+        "static trees": _program(s, SetTopology(DynamicTree(budget=6, depth=3, width=2)), prune),
+        "continuous refill": _program(s, SetTopology(Tree((2, 2, 1))), prune,
+                                      SetRefill("continuous")),
+    }
+    for words, p in refused.items():
+        assert words in rounds_refusal(p), words
