@@ -74,7 +74,6 @@ import argparse
 import math
 import sys
 from dataclasses import replace
-from pathlib import Path
 from types import SimpleNamespace
 from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
 
@@ -83,10 +82,11 @@ from specpilot.bench.environment import environment
 from specpilot.bench.replay import (NO_DECODE_STEPS, REPLAYED, AcceptanceProfile, ProfileError,
                                     cycled_batches, replay)
 from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
+                                             write_estimate)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.adaptive_draft import DRAFT_STEP_COST, AdaptiveChainProposer
-from specpilot.search.run_folder import write_json_atomic
 
 LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
 BOUNDS = {"pessimistic": False, "optimistic": True}
@@ -101,13 +101,12 @@ PRICING = ("sum of stored per-width forwards, never a measured graphed round; pa
            "speculative seconds")
 
 
-class PackedCosts:
+class PackedCosts(StoredForwards):
     """The stored step costs with every missing piece priced from stored per-width forwards and
     logged (`take_log`); never a measured graphed round (`has_round` is always False)."""
 
     def __init__(self, costs: StepCosts):
-        self.costs = costs
-        self.log: Dict[str, str] = {}
+        super().__init__(costs)
         self.packs: Dict[Tuple[str, str, int, int], dict] = {}
 
     def take_log(self) -> Dict[str, str]:
@@ -124,40 +123,6 @@ class PackedCosts:
         self.packs = {}
         return log
 
-    def _forward(self, table: Dict[int, Dict[int, float]], who: str, batch: int,
-                 width: int) -> float:
-        row = table.get(batch)
-        if not row:
-            raise SpecPilotError(f"no stored {who} costs at batch {batch}")
-        if width in row:
-            return row[width]
-        wider = [w for w in sorted(row) if w >= width]
-        if wider:
-            self.log[f"{who}({batch}, {width})"] = (f"not stored: padded to {who}({batch}, "
-                                                    f"{wider[0]})")
-            return row[wider[0]]
-        widest = max(row)
-        whole, rest = divmod(width, widest)
-        parts = [widest] * whole
-        seconds = whole * row[widest]
-        if rest:
-            pad = min(w for w in row if w >= rest)
-            parts.append(pad)
-            seconds += row[pad]
-        self.log[f"{who}({batch}, {width})"] = (
-            f"not stored (widest stored {widest}): split into "
-            + " + ".join(f"{who}({batch}, {w})" for w in parts))
-        return seconds
-
-    def _table(self, who: str) -> Dict[int, Dict[int, float]]:
-        return self.costs.target_costs if who == "target" else self.costs.drafter_costs
-
-    def target(self, batch: int, width: int) -> float:
-        return self._forward(self.costs.target_costs, "target", batch, width)
-
-    def drafter(self, batch: int, width: int) -> float:
-        return self._forward(self.costs.drafter_costs, "drafter", batch, width)
-
     def verify(self, batch: int, topology) -> float:
         if not isinstance(topology, Chain):
             raise SpecPilotError(f"only chains are priced here, not {topology}")
@@ -168,21 +133,18 @@ class PackedCosts:
                                      "eager host loop's is stored)")
         return 0.0
 
-    def has_round(self, batch: int, topology) -> bool:
-        return False
-
     def packed(self, what: str, who: str, rows: int, tokens: int, padded_batch: int,
                padded_width: int) -> float:
         """Seconds of a packed forward of `tokens` tokens over `rows` rows (see the module),
         never above the padded forward who(padded_batch, padded_width) of the same round."""
-        table = self._table(who)
+        table = self.costs.target_costs if who == "target" else self.costs.drafter_costs
         stored = [b for b in sorted(table) if b >= rows and table[b]]
         if not stored:
             raise SpecPilotError(f"no stored {who} costs at a batch >= {rows}")
         batch = stored[0]
         width = math.ceil(tokens / batch)
-        seconds = self._forward(table, who, batch, width)
-        padded = self._forward(table, who, padded_batch, padded_width)
+        seconds = self.forward(who, batch, width)
+        padded = self.forward(who, padded_batch, padded_width)
         s = self.packs.setdefault((what, who, batch, width),
                                   {"count": 0, "capped": 0, "rows": [rows, rows],
                                    "tokens": [tokens, tokens]})
@@ -454,14 +416,6 @@ def run(args) -> dict:
             "round_check": round_checks(costs, priced, batches)}
 
 
-def _sizes(text: str) -> List[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--batch-sizes takes sizes like 1,4,16, got {text!r}")
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"batch sizes must be >= 1, got {text!r}")
-    return sizes
 
 
 def _budget(text: str):
@@ -505,7 +459,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--acceptance", required=True,
                    help="chain(k) acceptance profile JSON (specpilot-acceptance-profile)")
     p.add_argument("--step-costs", required=True, help="a `specpilot bench --shapes` result JSON")
-    p.add_argument("--batch-sizes", type=_sizes, default=None,
+    p.add_argument("--batch-sizes", type=positive_counts, default=None,
                    help="default: every batch size the step costs hold")
     p.add_argument("--token-budget", type=_budget, default="ridge",
                    help="ridge (as mech:ragged_adaptive_refill), full, or a number of tokens")
@@ -518,15 +472,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     args.argv = argv
-    try:
-        doc = run(args)
-    except SpecPilotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    write_json_atomic(Path(args.out), doc)
-    print(_table(doc["rows"]))
-    print(args.out)
-    return 0
+    return write_estimate(run, args, _table)
 
 
 if __name__ == "__main__":

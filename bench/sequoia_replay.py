@@ -38,18 +38,18 @@ import argparse
 import json
 import re
 import sys
-from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import REPLAYED, replay
 from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
+                                             write_estimate)
 from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile, load_acceptance
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from specpilot.runtime.sequoia import RankTrace, optimal_trees, profile_from_trace
 from specpilot.runtime.tree_plan import TreePlan
-from specpilot.search.run_folder import write_json_atomic
 
 LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
 ACCEPT_MODES = ("none", "chain")
@@ -77,48 +77,17 @@ def load_rank_profile(path: str) -> RankProfile:
     return profile
 
 
-class PricedCosts:
+class PricedCosts(StoredForwards):
     """The stored step costs, with every missing piece priced from stored per-width costs and
     logged (`take_log`); never a measured graphed round (`has_round` is always False)."""
 
     def __init__(self, costs: StepCosts, chain: Chain, accept: str):
-        self.costs, self.chain, self.accept_mode = costs, chain, accept
-        self.log: Dict[str, str] = {}
+        super().__init__(costs)
+        self.chain, self.accept_mode = chain, accept
 
     def take_log(self) -> Dict[str, str]:
         log, self.log = self.log, {}
         return log
-
-    def _forward(self, table: Dict[int, Dict[int, float]], who: str, batch: int,
-                 width: int) -> float:
-        row = table.get(batch)
-        if not row:
-            raise SpecPilotError(f"no stored {who} costs at batch {batch}")
-        if width in row:
-            return row[width]
-        wider = [w for w in sorted(row) if w >= width]
-        if wider:
-            self.log[f"{who}({batch}, {width})"] = (f"not stored: padded to {who}({batch}, "
-                                                    f"{wider[0]})")
-            return row[wider[0]]
-        widest = max(row)
-        whole, rest = divmod(width, widest)
-        parts = [widest] * whole
-        seconds = whole * row[widest]
-        if rest:
-            pad = min(w for w in row if w >= rest)
-            parts.append(pad)
-            seconds += row[pad]
-        self.log[f"{who}({batch}, {width})"] = (
-            f"not stored (widest stored {widest}): split into "
-            + " + ".join(f"{who}({batch}, {w})" for w in parts))
-        return seconds
-
-    def target(self, batch: int, width: int) -> float:
-        return self._forward(self.costs.target_costs, "target", batch, width)
-
-    def drafter(self, batch: int, width: int) -> float:
-        return self._forward(self.costs.drafter_costs, "drafter", batch, width)
 
     def verify(self, batch: int, topology) -> float:
         """A chain's causal target forward of k + 1; a tree's priced as the same forward of
@@ -141,9 +110,6 @@ class PricedCosts:
             self.log["accept/commit"] = (f"stored eager {self.chain} accept/commit at batch "
                                          f"{batch} (none stored for {topology})")
         return seconds
-
-    def has_round(self, batch: int, topology) -> bool:
-        return False
 
     def round_seconds(self, batch: int, plan: TreePlan, catch_up: int, topology) -> float:
         """One round of `topology` with this catch-up width, as bench/replay.py sums it."""
@@ -302,14 +268,6 @@ def round_checks(costs: StepCosts, ranks: RankProfile, priced: PricedCosts,
     return out
 
 
-def _sizes(text: str) -> List[int]:
-    try:
-        sizes = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--sizes takes node budgets like 8,16, got {text!r}")
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"node budgets must be >= 1, got {text!r}")
-    return sizes
 
 
 def _table(rows: Sequence[dict]) -> str:
@@ -331,9 +289,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--ranks", required=True, help="rank profile JSON (specpilot-rank-profile)")
     p.add_argument("--step-costs", required=True, help="a `specpilot bench --shapes` result JSON")
-    p.add_argument("--sizes", type=_sizes, default=[8, 16], help="tree node budgets, e.g. 8,16")
+    p.add_argument("--sizes", type=positive_counts, default=[8, 16],
+                   help="tree node budgets, e.g. 8,16")
     p.add_argument("--chain", type=int, default=4, help="the chain to compare with (default 4)")
-    p.add_argument("--batch-sizes", type=_sizes, default=None,
+    p.add_argument("--batch-sizes", type=positive_counts, default=None,
                    help="default: every batch size the step costs hold")
     p.add_argument("--max-depth", type=int, default=None,
                    help="deepest tree considered (default: the largest budget)")
@@ -346,15 +305,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if args.max_depth is not None and args.max_depth < 1:
         p.error(f"--max-depth must be at least 1, got {args.max_depth}")
     args.argv = argv
-    try:
-        doc = run(args)
-    except SpecPilotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    write_json_atomic(Path(args.out), doc)
-    print(_table(doc["rows"]))
-    print(args.out)
-    return 0
+    return write_estimate(run, args, _table)
 
 
 if __name__ == "__main__":

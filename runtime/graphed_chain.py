@@ -434,8 +434,9 @@ class GraphedChainDecoder:
         needed = check_capacity(self.target, prompts, max_new_tokens + self.span + 1, slack=0)
         if needed > self.capacity:
             raise CapacityError(f"prompts of up to {needed - max_new_tokens - self.span - 1} tokens "
-                                f"plus {max_new_tokens} new tokens and a chain of {self.k} need "
-                                f"{needed} cache slots; this decoder has {self.capacity}")
+                                f"plus {max_new_tokens} new tokens and a round's {self.span} draft "
+                                f"slots need {needed} cache slots; this decoder has "
+                                f"{self.capacity}")
 
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]],

@@ -5,7 +5,8 @@ The graphed runtime covers chains, static trees (runtime/graphed_tree.py) and dy
 (runtime/graphed_refill.py, runtime/graphed_tree_refill.py), chains with a fixed or an adaptive
 draft length, and static trees pruned by the target's own layers before the full target
 verifies (runtime/graphed_two_level.py) (`graph_refusal` names what else a Program asks for).
-Decoders are kept per (models, batch, chain, capacity, refill), so capture happens once and
+Decoders are kept per (models, batch, round span, length cap, capacity, EOS ids, refill, and
+for a speculating Program its topology and pruned verifier), so capture happens once and
 repeated runs (warm-up, timed repeats, forcing) replay the same graphs.
 
 Adaptive draft length under a token budget, graphed: the padded batch verifies B x (L + 1)
@@ -29,6 +30,7 @@ from typing import List, Optional, Sequence
 import torch
 
 from specpilot.ir import Program
+from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.prune import LayerSkipPrune
 from specpilot.ir.topology import Chain, DynamicTree, SparseTree, Tree
 
@@ -81,9 +83,12 @@ def rounds_refusal(program: Program) -> Optional[str]:
         return f"draft length policy {b.draft_length_policy!r}"
     prune = program.verify.prune
     if prune is not None:
-        if not isinstance(prune, LayerSkipPrune) or prune.top_k != 1:
-            return ("graphed two-level verification prunes with the target's own layers to the "
-                    f"cheap verifier's greedy path (layer_skip, top_k=1), not {prune}")
+        if not isinstance(prune, LayerSkipPrune):
+            return ("graphed two-level verification prunes with the target's own layers "
+                    f"(layer_skip), not {prune}")
+        if prune.top_k != 1:
+            return ("graphed two-level verification keeps the cheap verifier's greedy path "
+                    f"(top_k=1), not the top {prune.top_k}")
         if not isinstance(topology, (Tree, SparseTree)):
             return "graphed two-level verification prunes static trees"
         if b.refill == "continuous":
@@ -152,8 +157,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     refill = refills(program)
     # Capacity at index 6 (`any_larger`); the topology and the pruned verifier last, so that
     # two Programs of the same span never share a decoder.
+    speculates = bool(cap)     # plain greedy steps keep an unused topology: they share decoders
     key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
-           tuple(pair.eos_ids), capture, refill, topology, program.verify.prune)
+           tuple(pair.eos_ids), capture, refill, topology if speculates else None,
+           program.verify.prune if speculates else None)
     if any_larger and key not in _decoders:
         same = [kept for kept in _decoders if kept[:6] == key[:6] and kept[7:] == key[7:]
                 and kept[6] > capacity]
@@ -167,7 +174,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     if cap == 0:                # plain greedy steps, drained or refilled
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
         decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
-    elif program.verify.prune is not None:     # static trees, layer_skip at top-1
+    elif program.verify.prune is not None:     # static trees, layer_skip at top-1, drained
+        refusal = rounds_refusal(program)
+        if refusal is not None:
+            raise SpecPilotError(f"no graphed rounds for this Program: {refusal}")
         decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
                                          topology.shape(), program.verify.prune.keep_layers,
                                          pair.eos_ids, capture)

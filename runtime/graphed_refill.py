@@ -212,9 +212,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Union[int, Sequence[int]]) -> SpecResult:
-        """Greedy chain speculation (or plain steps for k = 0) of any number of prompts,
-        `max_new_tokens` each (one count for all, or one per prompt), `batch` at a time with
-        continuous refill."""
+        """Greedy speculation (chains, or plain steps for k = 0; trees in the tree refill
+        decoders) of any number of prompts, `max_new_tokens` each (one count for all, or one per
+        prompt), `batch` at a time with continuous refill."""
         if not prompts:
             raise SpecPilotError("no prompts to decode")
         n = len(prompts)

@@ -24,7 +24,11 @@ they keep neither the drafter's nor the cheap verifier's cache.
 
 Whether it pays: the cheap pass streams the kept layers' weights once more per round and saves
 the full target N - D tokens; that can pay only where the target's verification is
-compute-bound (large batches, large trees; BENCHMARKS.md).
+compute-bound (large batches, large trees). BENCHMARKS.md has the eager mechanism's rows and an
+estimate from step costs; this graphed decoder is not measured yet.
+
+`generate` counts the cheap passes (one per round, as the eager mechanism counts them) in its
+stats as `cheap_forwards`.
 """
 from __future__ import annotations
 
@@ -86,3 +90,10 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
 
     # The chain's forced round of length D: the full target's verification forward of a round.
     _forced_round = GraphedChainDecoder._forced_round
+
+    @torch.no_grad()
+    def generate(self, prompts, max_new_tokens):
+        r = super().generate(prompts, max_new_tokens)
+        r.stats["cheap_forwards"] = sum(c for name, c in r.stats.items()
+                                        if name.startswith("rounds_chain_"))
+        return r

@@ -43,18 +43,24 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
     assert report.passed, report.format()
 
 
+def _mixed_requests(tmp_path, seed, drafter_seed):
+    """(target, drafter (the target itself where the seeds agree), seven prompts, per-request
+    limits that end them apart, greedy AR of 20 tokens) on the GPU in float32."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=seed)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    other = make_checkpoint(tmp_path / "drafter", "llama3", seed=drafter_seed)
+    drafter = Transformer.from_checkpoint(other, "float32", "cuda")
+    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=seed + 1)
+    limits = [3 + (5 * i) % 18 for i in range(len(prompts))]
+    return target, drafter, prompts, limits, generate_ar(target, prompts, 20)
+
+
 @pytest.mark.parametrize("mode", ["ops", "layers"])
 @pytest.mark.parametrize("drafter_seed", [93, 95])      # the target itself; a useless drafter
 def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed,
                                                                monkeypatch):
     monkeypatch.setenv("SPECPILOT_FAST_OPS", mode)
-    folder = make_checkpoint(tmp_path, "llama3", seed=93)
-    target = Transformer.from_checkpoint(folder, "float32", "cuda")
-    other = make_checkpoint(tmp_path / "drafter", "llama3", seed=drafter_seed)
-    drafter = Transformer.from_checkpoint(other, "float32", "cuda")
-    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=94)
-    limits = [3 + (5 * i) % 18 for i in range(len(prompts))]       # requests end apart
-    reference = generate_ar(target, prompts, 20)
+    target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 93, drafter_seed)
     # One set of round costs and one replay size for both, so that both choose the same
     # lengths at the same rounds.
     options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=4)
@@ -97,13 +103,7 @@ def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_pa
                                                                           drafter_seed):
     from specpilot.runtime.graphed_program import refill_tree_decoder
 
-    folder = make_checkpoint(tmp_path, "llama3", seed=98)
-    target = Transformer.from_checkpoint(folder, "float32", "cuda")
-    other = make_checkpoint(tmp_path / "drafter", "llama3", seed=drafter_seed)
-    drafter = Transformer.from_checkpoint(other, "float32", "cuda")
-    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=99)
-    limits = [3 + (5 * i) % 18 for i in range(len(prompts))]       # requests end apart
-    reference = generate_ar(target, prompts, 20)
+    target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 98, drafter_seed)
     eager = refill_tree_decoder(target, drafter, 3, 64, tree, capture=False)
     want = eager.generate(prompts, limits)
     assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]

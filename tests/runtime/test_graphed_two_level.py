@@ -61,6 +61,9 @@ def test_with_every_layer_kept_it_accepts_as_the_static_tree(seed, tree):
     assert got.tokens == want.tokens == s["reference"].tokens
     assert got.accepted_lengths == want.accepted_lengths
     assert got.mean_accepted > 1.5
+    rounds = got.target_forwards - 1                     # after the one prefill
+    assert got.stats == {f"rounds_chain_{tree.shape().max_depth}": rounds,
+                         "cheap_forwards": rounds}
 
 
 def test_a_round_where_the_cheap_path_decides_is_caught():
@@ -111,9 +114,9 @@ def test_a_program_declaring_it_runs_on_it_and_what_it_cannot_run_is_refused():
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
     refused = {
-        "top_k": _program(s, SetTopology(Tree((2, 2, 1))),
+        "top_k=1": _program(s, SetTopology(Tree((2, 2, 1))),
                           SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=2))),
-        "layer_skip": _program(s, SetTopology(Tree((2, 2, 1))),
+        "(layer_skip)": _program(s, SetTopology(Tree((2, 2, 1))),
                                SetVerifyPrune(LowPrecisionPrune(dtype="bfloat16", top_k=1))),
         "static trees": _program(s, SetTopology(DynamicTree(budget=6, depth=3, width=2)), prune),
         "continuous refill": _program(s, SetTopology(Tree((2, 2, 1))), prune,

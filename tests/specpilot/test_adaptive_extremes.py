@@ -2,28 +2,18 @@
 batch of prompts runs round for round as the padded adaptive decoder (the workload memory
 starting a useless drafter's call off in both), a perfect drafter keeps the longest chain, and
 unknown systems or drafters are refused by name."""
-import importlib.util
 import json
-import os
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _script():
-    path = os.path.join(ROOT, "bench", "adaptive_extremes.py")
-    spec = importlib.util.spec_from_file_location("adaptive_extremes", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_script import load_bench_script
 
 
 def test_refill_with_one_batch_runs_as_the_padded_adaptive_decoder(tmp_path):
     out = tmp_path / "extremes.json"
     # Three calls of four requests each (a warm-up and two timed): the workload memory has
     # eight requests after two, enough to start the third off.
-    assert _script().main(["--scale", "0.0625", "--batch-sizes", "4", "--prompt-len", "6",
+    assert load_bench_script("adaptive_extremes").main(["--scale", "0.0625", "--batch-sizes", "4", "--prompt-len", "6",
                            "--new-tokens", "30", "--repeats", "2",
                            "--systems", "adaptive,adaptive+refill", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
@@ -46,6 +36,6 @@ def test_refill_with_one_batch_runs_as_the_padded_adaptive_decoder(tmp_path):
 @pytest.mark.parametrize("flag,value", [("--systems", "adaptive,tree"), ("--drafters", "half")])
 def test_unknown_systems_and_drafters_are_refused(tmp_path, flag, value, capsys):
     with pytest.raises(SystemExit):
-        _script().main([flag, value, "--out", str(tmp_path / "x.json")])
+        load_bench_script("adaptive_extremes").main([flag, value, "--out", str(tmp_path / "x.json")])
     assert value.split(",")[-1] in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

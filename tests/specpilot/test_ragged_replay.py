@@ -3,22 +3,13 @@ lengths, accepted drafts, packed widths and priced seconds are worked out here b
 that keeps the full chain replays the padded chain exactly; a ragged round never priced above the
 padded round of the same lengths, even on noisy (non-monotone) costs; the compute-ridge budget
 against a back-of-envelope roofline; bad inputs refused by file name."""
-import importlib.util
 import json
-import os
 import random
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _script():
-    path = os.path.join(ROOT, "bench", "ragged_replay.py")
-    spec = importlib.util.spec_from_file_location("ragged_replay", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_script import load_bench_script
+from test_adaptive_replay import profile_from_agreement
 
 
 def _write_profile(path, accepted, new_tokens, k=4, kind="chain"):
@@ -52,7 +43,7 @@ DRAFTER = {b: {w: 0.2 + 0.1 * (b - 1) + 0.01 * w for w in range(1, 6)} for b in 
 
 def _run(tmp_path, profile, costs, *extra):
     out = tmp_path / "out.json"
-    rc = _script().main(["--acceptance", profile, "--step-costs", costs, "--out", str(out),
+    rc = load_bench_script("ragged_replay").main(["--acceptance", profile, "--step-costs", costs, "--out", str(out),
                          *extra])
     assert rc == 0
     return json.loads(out.read_text())
@@ -120,19 +111,10 @@ def test_two_requests_by_hand(tmp_path):
 
 
 def _random_profile(rng, requests, k=4, p=0.7):
-    lengths, tokens = [], []
-    for _ in range(requests):
-        agree = [rng.random() < p for _ in range(rng.randint(5, 80))]
-        row, position = [], 0
-        while position < len(agree):
-            a = 0
-            while a < k and position + a < len(agree) and agree[position + a]:
-                a += 1
-            row.append(a)
-            position += a + 1
-        lengths.append(row)
-        tokens.append(position + 1)
-    return lengths, tokens
+    """(accepted drafts per round, new tokens) of `requests` requests agreeing with chance p."""
+    maps = [[rng.random() < p for _ in range(rng.randint(5, 80))] for _ in range(requests)]
+    profile = profile_from_agreement(k, maps)
+    return profile.accepted_lengths, profile.new_tokens
 
 
 @pytest.mark.parametrize("batch", [1, 2])
@@ -153,7 +135,7 @@ def test_a_rule_that_keeps_the_full_chain_replays_the_padded_chain(tmp_path, bat
 
 
 def test_ragged_is_never_priced_above_padded_for_the_same_lengths(tmp_path):
-    module = _script()
+    module = load_bench_script("ragged_replay")
     from specpilot.bench.step_costs import StepCosts
 
     rng = random.Random(3)
@@ -206,7 +188,7 @@ def test_the_ridge_budget_of_the_8b_shape_on_an_h200(tmp_path):
 
 
 def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
-    module = _script()
+    module = load_bench_script("ragged_replay")
     profile = _write_profile(tmp_path / "p.json", [[1, 0]], [4])
     tree = _write_profile(tmp_path / "tree.json", [[1, 0]], [4], kind="tree")
     costs = _write_costs(tmp_path / "c.json", TARGET, DRAFTER)
@@ -233,7 +215,7 @@ def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
 
 
 def test_packed_forwards_pad_rows_to_a_stored_batch_and_log_it():
-    module = _script()
+    module = load_bench_script("ragged_replay")
     from specpilot.bench.step_costs import StepCosts
 
     target = {b: {w: b + 0.1 * w for w in (1, 2, 3, 4, 8)} for b in (1, 4, 16)}

@@ -3,23 +3,14 @@ shaped tree against figures worked out here by hand (an exact walk of the ranks;
 formula 1 + p + p^2 + ... on i.i.d. ranks; a tree's expected tokens as the sum over its nodes of
 path products), a useless drafter slower than plain AR, missing widths priced from stored ones,
 and bad inputs refused by file name."""
-import importlib.util
 import json
-import os
 import random
 
 import pytest
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_script import load_bench_script
+
 OUT_OF_TREE = 16        # a stored rank of 16: not among the drafter's top 16, in no tree
-
-
-def _script():
-    path = os.path.join(ROOT, "bench", "sequoia_replay.py")
-    spec = importlib.util.spec_from_file_location("sequoia_replay", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def _write_ranks(path, ranks):
@@ -50,7 +41,7 @@ DRAFTER = {w: 0.2 for w in range(1, 18)}               # flat: catch-up width do
 
 def _run(tmp_path, ranks_path, costs_path, *extra):
     out = tmp_path / "out.json"
-    rc = _script().main(["--ranks", ranks_path, "--step-costs", costs_path,
+    rc = load_bench_script("sequoia_replay").main(["--ranks", ranks_path, "--step-costs", costs_path,
                          "--out", str(out), *extra])
     assert rc == 0
     return json.loads(out.read_text())
@@ -144,7 +135,7 @@ def test_a_useless_drafter_is_slower_than_plain_ar(tmp_path):
 
 
 def test_missing_widths_are_padded_or_split_and_logged():
-    module = _script()
+    module = load_bench_script("sequoia_replay")
     from specpilot.bench.step_costs import StepCosts
     from specpilot.ir.topology import Chain
 
@@ -168,7 +159,7 @@ def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
     not_costs = tmp_path / "not-costs.json"
     not_costs.write_text(json.dumps({"rows": []}))
     missing = str(tmp_path / "missing.json")
-    module = _script()
+    module = load_bench_script("sequoia_replay")
     for ranks_path, costs_path, named in ((missing, costs, missing),
                                           (str(chain_profile), costs, str(chain_profile)),
                                           (ranks, str(not_costs), str(not_costs)),
