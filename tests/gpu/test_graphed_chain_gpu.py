@@ -26,13 +26,19 @@ def _noisy_drafter(folder, dtype, seed):
     return drafter
 
 
+def _noisy_pair(tmp_path, seed, dtype, **target_options):
+    """(target, its noisy drafter, four prompts of mixed lengths) on the GPU: a checkpoint of
+    `seed`, the drafter's noise from seed + 1, the prompts from seed + 2."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=seed)
+    target = Transformer.from_checkpoint(folder, dtype, "cuda", **target_options)
+    return (target, _noisy_drafter(folder, dtype, seed + 1),
+            random_prompts((4, 11, 1, 7), seed=seed + 2))
+
+
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 @pytest.mark.parametrize("fused", [False, True])
 def test_captured_rounds_equal_eager_rounds_and_pass_forcing(tmp_path, dtype, fused):
-    folder = make_checkpoint(tmp_path, "llama3", seed=81)
-    target = Transformer.from_checkpoint(folder, dtype, "cuda", fuse_projections=fused)
-    drafter = _noisy_drafter(folder, dtype, 82)
-    prompts = random_prompts((4, 11, 1, 7), seed=83)
+    target, drafter, prompts = _noisy_pair(tmp_path, 81, dtype, fuse_projections=fused)
     reference = generate_ar(target, prompts, 24)
     eager = GraphedChainDecoder(target, drafter, 4, 64, 4, capture=False).generate(prompts, 24)
     graphed_decoder = GraphedChainDecoder(target, drafter, 4, 64, 4, capture=True)
@@ -83,10 +89,7 @@ def test_captured_tree_rounds_equal_eager_tree_rounds(tmp_path):
     from specpilot.ir import Tree
     from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
-    folder = make_checkpoint(tmp_path, "llama3", seed=88)
-    target = Transformer.from_checkpoint(folder, "bfloat16", "cuda")
-    drafter = _noisy_drafter(folder, "bfloat16", 89)
-    prompts = random_prompts((4, 11, 1, 7), seed=90)
+    target, drafter, prompts = _noisy_pair(tmp_path, 88, "bfloat16")
     shape = Tree((3, 2, 1)).shape()
     eager = GraphedTreeDecoder(target, drafter, 4, 64, shape, capture=False).generate(prompts, 24)
     graphed = GraphedTreeDecoder(target, drafter, 4, 64, shape).generate(prompts, 24)
@@ -103,10 +106,7 @@ def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
     from specpilot.ir.topology import DynamicTree
     from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
 
-    folder = make_checkpoint(tmp_path, "llama3", seed=91)
-    target = Transformer.from_checkpoint(folder, "float32", "cuda")
-    drafter = _noisy_drafter(folder, "float32", 92)
-    prompts = random_prompts((4, 11, 1, 7), seed=93)
+    target, drafter, prompts = _noisy_pair(tmp_path, 91, "float32")
     topology = DynamicTree(budget=6, depth=3, width=2)
     eager = GraphedDynamicTreeDecoder(target, drafter, 4, 64, topology,
                                       capture=False).generate(prompts, 24)
@@ -127,10 +127,7 @@ def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
 def test_adaptive_rounds_measure_their_costs_and_equal_eager_rounds_given_them(tmp_path):
     """The captured adaptive decoder times each length's graph against the plain step's; run
     eagerly with those same costs it takes the same lengths and gives the same output."""
-    folder = make_checkpoint(tmp_path, "llama3", seed=87)
-    target = Transformer.from_checkpoint(folder, "float32", "cuda")
-    drafter = _noisy_drafter(folder, "float32", 88)
-    prompts = random_prompts((4, 11, 1, 7), seed=89)
+    target, drafter, prompts = _noisy_pair(tmp_path, 87, "float32")
     graphed_decoder = GraphedChainDecoder(target, drafter, 4, 64, 4, adaptive=True)
     graphed = graphed_decoder.generate(prompts, 24)
     costs = graphed_decoder.policy.round_cost.tolist()
@@ -166,14 +163,10 @@ def test_a_captured_batch_started_off_prefills_only_the_target_and_gives_greedy_
 
 def test_captured_two_level_rounds_equal_eager_ones_and_force_clean(tmp_path):
     from specpilot.ir.topology import Tree
+    from specpilot.runtime.graphed_tree import GraphedTreeDecoder
     from specpilot.runtime.graphed_two_level import GraphedTwoLevelDecoder
 
-    folder = make_checkpoint(tmp_path, "llama3", seed=94)
-    target = Transformer.from_checkpoint(folder, "float32", "cuda")
-    drafter = _noisy_drafter(folder, "float32", 95)
-    prompts = random_prompts((4, 11, 1, 7), seed=96)
-    from specpilot.runtime.graphed_tree import GraphedTreeDecoder
-
+    target, drafter, prompts = _noisy_pair(tmp_path, 94, "float32")
     shape = Tree((2, 2, 1)).shape()
     # Every layer kept: the cheap verifier is the target, so each round accepts what the static
     # tree's does (a cheap cache left unprefilled, which still gives AR output, would not).
