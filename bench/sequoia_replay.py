@@ -25,10 +25,10 @@ Components the stores lack are priced from what is stored, and each row lists th
     `--accept chain` adds the stored chain(k) cost to every system instead.
 "round_check" lists, for every static topology whose graphed round the file stores, that
 measured round beside the round this pricing gives it: how far the pricing is off, per shape.
-Tree choice (Sequoia): for every depth limit and size up to the budget, the best tree under the
-rank profile's per-depth, per-rank acceptance (`optimal_trees`, which assumes independent
-depths), scored by expected tokens per round over its priced round at this batch size (catch-up
-at its full depth + 1); the figures reported are the replay's, not the model's. The tree is
+Tree choice (Sequoia, runtime/sequoia.py `best_tree`): for every depth limit and size up to the
+budget, the best tree under the rank profile's per-depth, per-rank acceptance (which assumes
+independent depths), scored by expected tokens per round over its priced round at this batch
+size (catch-up at its full depth + 1); the figures reported are the replay's, not the model's. The tree is
 shaped on the profile it is replayed on (in-sample); `--holdout` shapes on the even-numbered
 requests and replays every system on the odd-numbered ones.
 """
@@ -38,17 +38,17 @@ import argparse
 import json
 import re
 import sys
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
 from specpilot.bench.environment import environment
-from specpilot.bench.replay import REPLAYED, replay
+from specpilot.bench.replay import REPLAYED, replay, spec_step_seconds
 from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
                                              write_estimate)
 from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile, load_acceptance
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
-from specpilot.runtime.sequoia import RankTrace, optimal_trees, profile_from_trace
+from specpilot.runtime.sequoia import RankTrace, best_tree, profile_from_trace
 from specpilot.runtime.tree_plan import TreePlan
 
 LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
@@ -111,38 +111,19 @@ class PricedCosts(StoredForwards):
                                          f"{batch} (none stored for {topology})")
         return seconds
 
-    def round_seconds(self, batch: int, plan: TreePlan, catch_up: int, topology) -> float:
-        """One round of `topology` with this catch-up width, as bench/replay.py sums it."""
-        return (self.drafter(batch, catch_up)
-                + sum(self.drafter(batch, len(level)) for level in plan.levels[:-1])
-                + self.verify(batch, topology) + self.accept(batch, topology))
 
-
-def candidate_trees(profile, budget: int, max_depth: int) -> List[Tuple[float, SparseTree]]:
-    """(expected accepted drafts, tree) of the best tree of each size 1..budget at each depth
-    limit 1..max_depth, by the Sequoia recurrence; duplicates dropped."""
-    seen, out = set(), []
-    for depth in range(1, max_depth + 1):
-        for value, paths in optimal_trees(profile, budget, depth)[1:]:
-            if paths and paths not in seen:
-                seen.add(paths)
-                out.append((value, SparseTree(paths)))
-    return out
-
-
-def pick_tree(candidates, priced: PricedCosts, batch: int):
-    """(topology, model tokens/round, priced seconds/round) of the candidate with the most
-    expected tokens per priced second at `batch`; None when no candidate accepts anything."""
-    best = None
-    for value, tree in candidates:
-        topology = tree.regular() or tree
+def pick_tree(profile, size: int, max_depth: int, priced: PricedCosts, batch: int):
+    """(topology, model tokens/round, priced seconds/round) of the Sequoia tree of at most
+    `size` nodes with the most expected tokens per priced second at `batch` (runtime/sequoia.py
+    `best_tree`, each candidate priced as bench/replay.py prices a round, catch-up at its full
+    depth + 1); None when the profile accepts nothing."""
+    def seconds(topology):
         plan = TreePlan.build(topology)
-        seconds = priced.round_seconds(batch, plan, plan.shape.max_depth + 1, topology)
-        score = (1.0 + value) / seconds
-        if best is None or score > best[0] + 1e-12:
-            best = (score, topology, 1.0 + value, seconds)
+        return spec_step_seconds(priced, batch, topology, plan, plan.shape.max_depth + 1)
+
+    chosen = best_tree(profile, seconds, size, max_depth)
     priced.take_log()  # selection pricing is not a row's
-    return None if best is None else best[1:]
+    return chosen
 
 
 def replay_row(system: str, topology, ranks: RankProfile, priced: PricedCosts,
@@ -186,7 +167,6 @@ def run(args) -> dict:
     max_depth = min(args.max_depth or max(args.sizes), MAX_DRAFT_LENGTH)
     profile = profile_from_trace(RankTrace(tuple(tuple(r) for r in shape_on.ranks)),
                                  max_depth, MAX_RANK)
-    candidates = {size: candidate_trees(profile, size, max_depth) for size in args.sizes}
     priced = PricedCosts(costs, chain, args.accept)
     rows = []
     for b in batches:
@@ -194,7 +174,7 @@ def run(args) -> dict:
         rows.append(chain_row)
         for size in args.sizes:
             system = f"sequoia-{size}"
-            chosen = pick_tree(candidates[size], priced, b)
+            chosen = pick_tree(profile, size, max_depth, priced, b)
             if chosen is None:
                 rows.append({"system": system, "batch_size": b, "status": "no tree",
                              "why": "the profile accepts no draft at any depth: no tree beats "

@@ -194,6 +194,18 @@ def shape_tree(profile: AcceptanceProfile, step_cost: StepCost, max_nodes: int,
     """(topology, expected tokens per step, step cost) of the static tree with the most expected
     tokens (accepted drafts + bonus) per unit of `step_cost`, over every depth limit and size.
     The topology is a Chain or Tree when the best shape is regular, else a SparseTree."""
+    best = best_tree(profile, lambda t: step_cost(t.num_nodes, t.depth), max_nodes, max_depth)
+    if best is None:
+        raise SpecPilotError("the profile accepts nothing at any depth: no tree beats plain "
+                             "decoding (keep the current topology)")
+    return best
+
+
+def best_tree(profile: AcceptanceProfile, cost_of: Callable[[object], float], max_nodes: int,
+              max_depth: Optional[int] = None):
+    """`shape_tree` with the cost of a whole topology (`cost_of`), for costs that depend on
+    more than its size and depth (e.g. each drafter level's width); None where the profile
+    accepts nothing at any depth."""
     if max_nodes < 1:
         raise SpecPilotError(f"max_nodes must be >= 1, got {max_nodes}")
     best = None
@@ -201,19 +213,15 @@ def shape_tree(profile: AcceptanceProfile, step_cost: StepCost, max_nodes: int,
         for value, paths in optimal_trees(profile, max_nodes, depth)[1:]:
             if not paths:
                 continue
-            used_depth = max(len(q) for q in paths)
-            cost = step_cost(len(paths), used_depth)
+            tree = SparseTree(paths)
+            topology = tree.regular() or tree
+            cost = cost_of(topology)
             if cost <= 0:
-                raise SpecPilotError(f"step cost of {len(paths)} nodes, depth {used_depth} is "
-                                     f"{cost}: costs must be positive")
+                raise SpecPilotError(f"step cost of {topology} is {cost}: costs must be positive")
             score = (1.0 + value) / cost
             if best is None or score > best[0] + 1e-12:
-                best = (score, paths, 1.0 + value, cost)
-    if best is None:
-        raise SpecPilotError("the profile accepts nothing at any depth: no tree beats plain "
-                             "decoding (keep the current topology)")
-    tree = SparseTree(best[1])
-    return tree.regular() or tree, best[2], best[3]
+                best = (score, topology, 1.0 + value, cost)
+    return None if best is None else best[1:]
 
 
 def propose_tree_topology(program: Program, profile: AcceptanceProfile, step_cost: StepCost,
