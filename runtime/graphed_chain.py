@@ -112,8 +112,7 @@ class GraphedChainDecoder:
         # eager padded prefill of the other decoders, so results compare bit for bit there.
         self._prefiller = None
         if target.device.type == "cuda":
-            models = [(target, self.tcache)] + ([(drafter, self.dcache)] if drafter else [])
-            self._prefiller = StaticPrefill(models, batch, capacity, capture)
+            self._prefiller = StaticPrefill(self._prefill_models(), batch, capacity, capture)
         # Output/reference rows: a request may overshoot its limit by k within its last round.
         self.width = capacity + k + 1
         i64 = dict(dtype=torch.int64, device=dev)
@@ -153,6 +152,11 @@ class GraphedChainDecoder:
         self.drafter_prefilled = drafter is not None     # this batch's (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
+
+    def _prefill_models(self):
+        """The (model, cache) pairs a prefill fills, the target first (then the drafter)."""
+        return [(self.target, self.tcache)] + (
+            [(self.drafter, self.dcache)] if self.drafter is not None else [])
 
     @property
     def capacity(self) -> int:
@@ -368,9 +372,11 @@ class GraphedChainDecoder:
             logits = self._prefiller.run(rows, first_only=not self.drafter_prefilled)
         else:
             zeros = torch.zeros(self.batch, dtype=torch.int64, device=dev)
-            logits = append_step(self.target, self.tcache, zeros, rows)
+            (target, tcache), *others = self._prefill_models()
+            logits = append_step(target, tcache, zeros, rows)
             if self.drafter_prefilled:
-                append_step(self.drafter, self.dcache, zeros, rows)
+                for model, cache in others:
+                    append_step(model, cache, zeros, rows)
         g0 = torch.argmax(logits, dim=-1)
         if self.record_margins:
             self.margins[:, 0] = top2_margin(logits)

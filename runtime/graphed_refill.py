@@ -68,8 +68,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         cuda = dev.type == "cuda"
         self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
         self.host_next = torch.zeros((3, 2), dtype=torch.int64, pin_memory=cuda)
-        models = [(target, self.tcache)] + ([(drafter, self.dcache)] if drafter else [])
-        self._row_prefill = RowPrefill(models, capacity, capture)
+        self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture)
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 

@@ -124,14 +124,20 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                      pattern: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None):
         """The target's logits [B, n + 1, V] over root + nodes under the tree mask (the static
         tree's, or a per-row `pattern` [B, n + 1, n + 1] with node `positions` [B, n + 1])."""
+        return self._tree_forward(self.target, self.tcache, base, nodes, pattern, positions)
+
+    def _tree_forward(self, model, cache, base: torch.Tensor, nodes: torch.Tensor,
+                      pattern: Optional[torch.Tensor] = None,
+                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`model`'s logits over root + nodes under the tree mask, K/V into `cache`."""
         b = base.shape[0]
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         pos = base[:, None] + (self.offsets if positions is None else positions)
         slots = base[:, None] + self.slots_after
         if pattern is None:
             pattern = self.pattern[None].expand(b, *self.pattern.shape)
-        return self.target.forward(tokens, pos, slots,
-                                   placed_mask(pattern, base, self.slot_ids[0, 0]), self.tcache)
+        return model.forward(tokens, pos, slots, placed_mask(pattern, base, self.slot_ids[0, 0]),
+                             cache)
 
     def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
         """Greedy acceptance down the tree: (accepted node per depth or -1 [B, D], count [B]).

@@ -7,9 +7,9 @@ pruning: a node survives when its token is the cheap verifier's argmax after its
 parent survived, which leaves at most one path, root to some depth. A round:
 
   1. the drafter drafts the static tree (runtime/graphed_tree.py);
-  2. the cheap verifier (the target's `keep_layers`, its own KV cache) catches up on the last two
-     committed tokens, as the drafter does, and scores every tree node under the tree mask;
-     its greedy walk down the tree is the surviving path;
+  2. the cheap verifier (the target's `keep_layers`, its own KV cache) scores the root and every
+     tree node in one forward under the tree mask; its greedy walk down the tree is the
+     surviving path;
   3. the full target verifies root + that path as a chain of the tree's depth D (the path's
      tokens, padded where it is shorter), so it runs D + 1 tokens instead of the tree's N + 1;
   4. the target's greedy acceptance along the path, capped at the path's length, commits as a
@@ -38,7 +38,6 @@ import torch
 
 from .graphed_chain import GraphedChainDecoder
 from .graphed_tree import GraphedTreeDecoder
-from .steps import append_step
 from .two_level import layer_skip_model
 
 
@@ -49,34 +48,21 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
     def __init__(self, target, drafter, batch: int, capacity: int, shape,
                  keep_layers: Sequence[int], eos_ids: Sequence[int] = (), capture: bool = True,
                  rounds_per_replay=None):
+        # Before the decoders' set-up: the prefill fills its cache with the others'.
         self.cheap = layer_skip_model(target, keep_layers)
+        self.ccache = self.cheap.new_cache(batch, capacity)
         super().__init__(target, drafter, batch, capacity, shape, eos_ids, capture,
                          rounds_per_replay=rounds_per_replay)
-        self.ccache = self.cheap.new_cache(batch, capacity)
-        if self._prefiller is not None:          # on a GPU: the cheap cache prefills in the same graph
-            self._prefiller.models.append((self.cheap, self.ccache))
-        self.node_rows = torch.arange(1, shape.num_nodes + 1, device=self.device)
 
-    def _prefill(self, prompts, limits):
-        g0 = super()._prefill(prompts, limits)
-        if self._prefiller is None:              # eager: as the target and the drafter were
-            rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - len(prompts))
-            append_step(self.cheap, self.ccache,
-                        torch.zeros(self.batch, dtype=torch.int64, device=self.device), rows)
-        return g0
+    def _prefill_models(self):
+        return super()._prefill_models() + [(self.cheap, self.ccache)]
 
     def _cheap_path(self, base: torch.Tensor, nodes: torch.Tensor):
         """The cheap verifier's greedy walk down the tree: (node per depth or -1 [B, D], its
-        length [B])."""
-        pos = base[:, None] + self.catch_up_offsets
-        tokens = torch.stack([self.prev, self.last], dim=1)
-        root = self.cheap.forward(tokens, pos, pos, self._mask(pos), self.ccache,
-                                  self.catch_up_logit)                     # [B, 1, V]
-        slots = base[:, None] + self.node_rows[None, :]
-        positions = base[:, None] + self.offsets[1:][None, :]
-        below = self.cheap.forward(nodes, positions, slots,
-                                   self._tree_mask(self.node_rows, base), self.ccache)
-        return self._walk(nodes, self.parent_row, torch.argmax(torch.cat([root, below], 1), -1))
+        length [B]). Its cache holds every committed token but the root: the prefill, then each
+        round's path moved down (`_round`), so one forward of root + tree serves."""
+        logits = self._tree_forward(self.cheap, self.ccache, base, nodes)
+        return self._walk(nodes, self.parent_row, torch.argmax(logits, dim=-1))
 
     def _round(self, k: int) -> None:
         base = self._base()
