@@ -149,7 +149,6 @@ class GraphedChainDecoder:
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                         self.length_objective) if adaptive else None
         self.first_length = cap                          # a batch's first rounds (set by _start)
-        self.drafter_prefilled = drafter is not None     # this batch's (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
 
@@ -387,21 +386,31 @@ class GraphedChainDecoder:
         self.count.fill_(1)
         return g0
 
+    def _drains_from_start(self, requests: int) -> bool:
+        """Whether a call of `requests` requests is one batch that drains from its start (its
+        slowest request decides when it is done): always, for the padded decoder."""
+        return True
+
+    @property
+    def drafter_prefilled(self) -> bool:
+        """Whether this batch runs its drafter (a batch started off never does, so only the
+        target is prefilled)."""
+        return self.drafter is not None and self.first_length != 0
+
     def _start(self, prompts, limits: List[int],
                reference: Optional[Sequence[Sequence[int]]] = None,
-               queued: bool = False) -> None:
+               requests: Optional[int] = None) -> None:
         """A new batch: the state reset, the reference rows set (forced mode: `reference` given),
-        both models prefilled with `prompts` and each row's first round set up (`_begin`).
-        An adaptive decoder may start a batch that drains from its start (no requests
-        `queued` behind it) with speculation off, by what the batches before it told of the
-        workload (runtime/workload_memory.py); such a batch never runs its drafter, so only
-        the target is prefilled."""
+        the models prefilled with `prompts` and each row's first round set up (`_begin`).
+        `first_length` is the longest length, but where an adaptive decoder's call of
+        `requests` (default: these prompts) drains from its start, the policy may start it with
+        speculation off for good, by what the batches before it told of the workload
+        (runtime/workload_memory.py)."""
         self._reset()
-        if self.policy is not None and reference is None:
-            self.first_length = self.length_cap if queued else self.policy.start(len(prompts))
-        # A batch started off stays off (the drafter's cache is never read): no drafter prefill.
-        self.drafter_prefilled = (self.drafter is not None
-                                  and (reference is not None or self.first_length != 0))
+        requests = len(prompts) if requests is None else requests
+        self.first_length = (self.policy.start(len(prompts))
+                             if self.policy is not None and reference is None
+                             and self._drains_from_start(requests) else self._lengths()[-1])
         if reference is not None:
             table = torch.zeros((self.batch, self.width), dtype=torch.int64)
             for row, ref in enumerate(reference):
@@ -425,12 +434,13 @@ class GraphedChainDecoder:
 
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
         """Capture the prefill graphs these prompts will need now (e.g. before timing): with
-        the drafter, and for a decoder whose batches may start off (a workload memory), also
-        without it."""
+        the drafter, and where a call of them may start off (a workload memory, a batch that
+        drains from its start), also without it."""
         if self._prefiller is not None:
             lengths = [len(p) for p in prompts]
             self._prefiller.prepare(lengths)
-            if self.policy is not None and self.policy.memory is not None:
+            if (self.policy is not None and self.policy.memory is not None
+                    and self._drains_from_start(len(prompts))):
                 self._prefiller.prepare(lengths, first_only=True)
 
     def _check(self, prompts, max_new_tokens: int) -> None:

@@ -40,7 +40,7 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
     replays_max = host.shape[0]
     lengths = sorted(replays)
     # The longest length, or the one the decoder's policy started the batch with.
-    k = decoder.first_length if decoder.adaptive and not forced else lengths[-1]
+    k = decoder.first_length        # forced runs choose theirs per replay below
     rounds: Dict[int, int] = {}
     for j in range(replays_max):
         if forced:

@@ -88,6 +88,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     # ---- one row: results out, a newcomer in -----------------------------------------------
 
+    def _drains_from_start(self, requests: int) -> bool:
+        """A call with no more requests than slots has no queue: one padded batch."""
+        return requests <= self.batch
+
     def _take_row(self, row: int, refilled: bool) -> dict:
         """What the request in `row` produced: device clones (stream-ordered, no sync) where a
         newcomer takes the row now, else views. Later rounds of this call leave a row no
@@ -141,16 +145,14 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self._ensure_round_costs()
         first = list(range(min(n, b)))
         self._start([prompts[i] for i in first], [limits[i] for i in first],
-                    None if references is None else [references[i] for i in first],
-                    queued=n > b)
+                    None if references is None else [references[i] for i in first], requests=n)
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
-        # The longest length, or (no queue: a padded batch) the one the policy started with.
-        k = self.first_length if self.adaptive and not forced else lengths[-1]
+        k = self.first_length           # forced runs choose theirs per replay below
         replayed, refills = 0, 0
         restarted = 0                   # lengths read back from before this replay are stale
         draining = self.policy is None  # the policy is told once, when the queue is empty
@@ -221,7 +223,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         for start in range(0, n, self.batch):
             self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
         results, by_length, refills = self._run(prompts, limits)
-        if self.policy is not None and n <= self.batch:
+        if self.policy is not None and self._drains_from_start(n):
             # A call with no queue ran as one padded batch (one request per row): the workload
             # memory learns from it as from a padded decoder's batch. A refilled row's counts
             # mix requests, so calls with a queue teach it nothing.
