@@ -95,17 +95,17 @@ def ar_stats(stats: dict) -> dict:
 
 def logged_result(decoder, tokens: List[List[int]], logged: List[List[int]],
                   by_length: Dict[int, int], prefills: int = 1,
-                  stats: Optional[Dict[str, int]] = None,
-                  drafter_prefills: Optional[int] = None) -> SpecResult:
+                  stats: Optional[Dict[str, int]] = None) -> SpecResult:
     """A SpecResult of `decoder`'s run from the round log: `logged` holds, per request, the
     drafts accepted in each round of the log (-1 where the request did not run that round).
-    The run made `prefills` prefills and the rounds of `by_length` (per chain length): the
-    target ran once per prefill and per round, the drafter (where there is one) once per
-    prefill it took part in (`drafter_prefills`, default all) and k times per round of k. The
-    stats count the rounds of each length, then hold `stats`."""
+    The run made `prefills` prefills (a batch's, then one per refilled row) and the rounds of
+    `by_length` (per chain length): the target ran once per prefill and per round, the drafter
+    (where there is one) in each row prefill, in the batch's where that batch runs it
+    (`drafter_prefilled`), and k times per round of k. The stats count the rounds of each
+    length, then hold `stats`."""
     accepted = [[a for a in row if a >= 0] for row in logged]
-    if drafter_prefills is None:
-        drafter_prefills = prefills if decoder.drafter is not None else 0
+    drafter_prefills = (int(decoder.drafter_prefilled) + prefills - 1
+                        if decoder.drafter is not None else 0)
     drafter_forwards = drafter_prefills + sum(k * c for k, c in by_length.items())
     counts = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
     return SpecResult(tokens, prefills + sum(by_length.values()), drafter_forwards, accepted,
@@ -118,5 +118,4 @@ def read_result(decoder, limits: List[int], by_length: Dict[int, int]) -> SpecRe
     accepted per round and the rounds of each length (stats)."""
     rounds, n = sum(by_length.values()), len(limits)
     tokens = read_tokens(decoder, n, limits, trim_eos=True)
-    return logged_result(decoder, tokens, decoder.accepted[:rounds, :n].T.tolist(), by_length,
-                         drafter_prefills=int(decoder.drafter_prefilled))
+    return logged_result(decoder, tokens, decoder.accepted[:rounds, :n].T.tolist(), by_length)

@@ -25,7 +25,7 @@ decoder of the strong AR baseline, or with continuous refill the refill decoder 
 from __future__ import annotations
 
 from collections import OrderedDict
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -140,12 +140,32 @@ def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_id
                                capture=capture, **chain_options)
 
 
+class DecoderKey(NamedTuple):
+    """What a kept decoder is kept for: everything its graphs depend on."""
+    target: int
+    drafter: Optional[int]           # None: no drafter runs in plain greedy steps
+    batch: int
+    span: int
+    length_cap: int
+    adaptive: bool
+    capacity: int
+    eos_ids: tuple
+    capture: bool
+    refill: bool
+    topology: object                 # the next two only where the Program speculates: plain
+    prune: object                    # greedy steps keep an unused topology, yet share decoders
+
+
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
-                max_new_tokens: int, capture: bool = True, any_larger: bool = False):
+                max_new_tokens: int, capture: bool = True, reuse_larger_cache: bool = False):
     """The (cached) decoder that runs `program` on `pair` for prompts like these (with no
     drafter and chains of 0, i.e. plain greedy steps, where the Program does not speculate or
-    the budget leaves no room for drafts). `any_larger`: a kept decoder of the Program with a
-    larger cache serves too (the smallest such), rather than one built for this capacity."""
+    the budget leaves no room for drafts). `reuse_larger_cache`: a kept decoder of the Program
+    with a larger cache serves too (the smallest such), rather than one built for this
+    capacity. A SpecPilotError where the graphed runtime has no rounds for the Program."""
+    refusal = rounds_refusal(program)
+    if refusal is not None:
+        raise SpecPilotError(f"no graphed rounds for this Program: {refusal}")
     topology, batch = program.draft.topology, program.batch.max_batch_size
     cap = length_cap(program)
     k = round_span(topology) if program.draft.speculates else 0
@@ -155,16 +175,13 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     capacity = min(capacity, pair.target.config.max_position_embeddings)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
     refill = refills(program)
-    # Capacity at index 6 (`any_larger`); the topology and the pruned verifier last, so that
-    # two Programs of the same span never share a decoder.
-    speculates = bool(cap)     # plain greedy steps keep an unused topology: they share decoders
-    key = (id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
-           tuple(pair.eos_ids), capture, refill, topology if speculates else None,
-           program.verify.prune if speculates else None)
-    if any_larger and key not in _decoders:
-        same = [kept for kept in _decoders if kept[:6] == key[:6] and kept[7:] == key[7:]
-                and kept[6] > capacity]
-        key = min(same, key=lambda kept: kept[6], default=key)
+    key = DecoderKey(id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
+                     tuple(pair.eos_ids), capture, refill, topology if cap else None,
+                     program.verify.prune if cap else None)
+    if reuse_larger_cache and key not in _decoders:
+        larger = [kept for kept in _decoders if kept.capacity > capacity
+                  and kept._replace(capacity=capacity) == key]
+        key = min(larger, key=lambda kept: kept.capacity, default=key)
     if key in _decoders:
         _decoders.move_to_end(key)
         _decoders[key].prepare_prefill(prompts)
@@ -175,9 +192,6 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
         decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
     elif program.verify.prune is not None:     # static trees, layer_skip at top-1, drained
-        refusal = rounds_refusal(program)
-        if refusal is not None:
-            raise SpecPilotError(f"no graphed rounds for this Program: {refusal}")
         decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
                                          topology.shape(), program.verify.prune.keep_layers,
                                          pair.eos_ids, capture)
@@ -245,7 +259,7 @@ def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], refe
     used where it is kept (references that all stopped early need a smaller cache, and with
     capacities rounded to 8 slots would otherwise capture a decoder of their own)."""
     longest = max(len(t) for t in reference.tokens)
-    decoder = decoder_for(program, pair, prompts, longest, capture, any_larger=True)
+    decoder = decoder_for(program, pair, prompts, longest, capture, reuse_larger_cache=True)
     proposals: List[List[int]] = []
     pairs = list(zip(prompts, reference.tokens))
     for chunk in _batches(decoder, pairs):

@@ -233,9 +233,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         # The first wave's batched prefill (the drafter's unless that batch started off), then
         # one per refill.
         return logged_result(self, tokens, logged, by_length, prefills=1 + refills,
-                             stats={"refills": refills},
-                             drafter_prefills=(int(self.drafter_prefilled) + refills
-                                               if self.drafter is not None else 0))
+                             stats={"refills": refills})
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]

@@ -3,6 +3,7 @@ eagerly on CPU in float32: greedy AR output whatever the cheap verifier keeps; w
 kept the cheap verifier is the target, so each round accepts exactly what the static tree
 decoder accepts; forcing clean; a round that lets the cheap path decide is caught; and Programs
 declaring it run on it (or are refused with the reason)."""
+import re
 from dataclasses import replace
 
 import pytest
@@ -11,6 +12,7 @@ import torch
 from specpilot.deploy import build_deployment
 from specpilot.ir import (CaptureGraphs, LayerSkipPrune, LowPrecisionPrune, SetRefill,
                           SetTopology, SetVerifyPrune, apply, stock_program)
+from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.decoder import ModelPair
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
@@ -124,3 +126,5 @@ def test_a_program_declaring_it_runs_on_it_and_what_it_cannot_run_is_refused():
     }
     for words, p in refused.items():
         assert words in rounds_refusal(p), words
+        with pytest.raises(SpecPilotError, match=re.escape(words)):
+            decoder_for(p, pair, s["prompts"], MAX_NEW, capture=False)
