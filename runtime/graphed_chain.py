@@ -267,9 +267,13 @@ class GraphedChainDecoder:
         r = self.round_index.clamp(max=self.width - 1)
         self.status[:, 1].index_fill_(0, r[None], 0)
 
-    def _forced_round(self, k: int) -> None:
+    def _reference_ahead(self, k: int) -> torch.Tensor:
+        """Forced mode: each row's next k reference tokens [B, k] (clamped at the row's end)."""
         idx = (self.count[:, None] + self.chain[:k]).clamp(max=self.width - 1)
-        g = self._verify(self.ref.gather(1, idx))
+        return self.ref.gather(1, idx)
+
+    def _forced_round(self, k: int) -> None:
+        g = self._verify(self._reference_ahead(k))
         self._write(g, torch.full_like(self.count, k))
         self._commit_forced(k)
 

@@ -31,7 +31,6 @@ import torch.nn.functional as F
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import TreeShape
 
-from .steps import top2_margin
 from .graphed_tree import GraphedTreeDecoder, placed_mask
 
 
@@ -61,7 +60,8 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
             raise SpecPilotError(f"{topology}: the budget exceeds depth * width kept nodes")
         self.topology = topology
         # A tree of `budget` nodes is at most that deep: the static tree's walk, path slots and
-        # chain length are sized by a comb that deep (every round grows its own tree).
+        # chain length are sized by a comb that deep (every round grows its own tree; the
+        # comb's own pattern, levels and forced path, built at start-up, go unused here).
         comb = comb_shape(topology.budget, min(topology.depth, topology.budget))
         super().__init__(target, drafter, batch, capacity, comb, eos_ids, capture,
                          rounds_per_replay, record_margins)
@@ -70,7 +70,6 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         self.scratch_depth = torch.arange(self.scratch, device=dev) // w + 1
         self.eye_w = torch.eye(w, dtype=torch.bool, device=dev)
         self.tree_positions = torch.arange(topology.budget + 1, device=dev)
-        self.batch_rows = torch.arange(batch, device=dev)
 
     def _span(self) -> int:
         return dynamic_span(self.topology)
@@ -147,22 +146,16 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
     def _forced_round(self, k: int) -> None:
         base = self._base()
         nodes, _, chosen, pattern, positions, depths = self._choose_tree(base)
-        reach = depths.max(dim=1).values                                   # [B]
-        deepest = (depths == reach[:, None]).to(torch.int64).argmax(dim=1)
+        depth = depths.max(dim=1).values                                   # [B]
+        deepest = (depths == depth[:, None]).to(torch.int64).argmax(dim=1)
         on_path = pattern[self.batch_rows, 1 + deepest, 1:]                # [B, N]
-        idx = (self.count[:, None] + self.chain[:self.k]).clamp(max=self.width - 1)
-        ref = self.ref.gather(1, idx)                                      # [B, D]
+        ref = self._reference_ahead(self.k)                                # [B, D]
         # The reference on the path; the path's siblings may draft the same token, which only
         # the walk (not run here) would mind.
         nodes = torch.where(on_path, ref.gather(1, depths - 1), nodes)
         logits = self._verify_tree(base, nodes, pattern, positions)
         at = on_path[:, None, :] & (depths[:, None, :] == self.depth_slots[None, :, None])
         path = torch.where(at.any(dim=2), at.to(torch.int64).argmax(dim=2),
-                           torch.full_like(idx, -1))                       # [B, D] node or -1
-        rows = torch.cat([torch.zeros_like(reach)[:, None], 1 + path.clamp(min=0)], dim=1)
-        if self.record_margins:
-            self._round_margins = top2_margin(logits).gather(1, rows)
-        self._write(torch.argmax(logits, dim=-1).gather(1, rows), reach)
-        self._compact(base, path,
-                      torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path))
-        self._commit_forced(reach)
+                           torch.full_like(ref, -1))                       # [B, D] node or -1
+        self._commit_forced_path(base, logits, path, depth,
+                                 torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path))

@@ -84,6 +84,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         on_path[forced_path] = True
         self.on_forced_path = on_path.to(dev)
         self.depth_slots = torch.arange(1, shape.max_depth + 1, **i64)
+        self.batch_rows = torch.arange(batch, **i64)
 
     def _span(self) -> int:
         return self.shape.num_nodes
@@ -163,16 +164,16 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                  drafter_path: Optional[torch.Tensor] = None) -> None:
         """Move accepted nodes' K/V from base+1+node to base+depth, in both models' caches
         (`drafter_path`: where the drafter holds them, when its slots differ)."""
-        self._move_path(((self.tcache, path),
-                         (self.dcache, path if drafter_path is None else drafter_path)),
-                        base, path >= 0)
+        self._move_path(base, path, ((self.tcache, path),
+                                     (self.dcache, path if drafter_path is None else drafter_path)))
 
-    def _move_path(self, moves, base: torch.Tensor, kept: torch.Tensor) -> None:
-        """For each (cache, nodes [B, D]) of `moves`: the K/V at base+1+node of each depth's
-        node moved to base+depth, where `kept` [B, D] and the row is active."""
+    def _move_path(self, base: torch.Tensor, path: torch.Tensor, moves) -> None:
+        """For each (cache, nodes [B, D]) of `moves` (where that cache holds `path`'s nodes):
+        the K/V at base+1+node moved to base+depth, for each depth where `path` [B, D] has a
+        node (not -1) on an active row."""
         dst = base[:, None] + self.depth_slots                             # [B, D]
-        keep = kept & self.active[:, None]
-        rows = torch.arange(base.shape[0], device=self.device)[:, None]
+        keep = (path >= 0) & self.active[:, None]
+        rows = self.batch_rows[:, None]
         for cache, nodes in moves:
             src = torch.where(keep, base[:, None] + 1 + nodes.clamp(min=0), dst)
             for layer in range(len(cache.k)):
@@ -206,8 +207,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
     def _forced_round(self, k: int) -> None:
         base = self._base()
         depth = self.shape.max_depth
-        idx = (self.count[:, None] + self.chain[:depth]).clamp(max=self.width - 1)
-        ref = self.ref.gather(1, idx)                                      # [B, D]
+        ref = self._reference_ahead(depth)                                 # [B, D]
         vocab = self.target.config.vocab_size
         depths = self.offsets[1:]
         at_depth = ref.gather(1, depths[None, :].expand(ref.shape[0], -1) - 1)
@@ -216,9 +216,16 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                             (at_depth + 1 + self.ranks[None, :]) % vocab)
         logits = self._verify_tree(base, nodes)
         path = self.forced_path[None, :].expand(ref.shape[0], -1)
-        rows = torch.cat([torch.zeros_like(self.count)[:, None], 1 + path], dim=1)
+        self._commit_forced_path(base, logits, path, torch.full_like(self.count, depth))
+
+    def _commit_forced_path(self, base: torch.Tensor, logits: torch.Tensor, path: torch.Tensor,
+                            depth: torch.Tensor, drafter_path: Optional[torch.Tensor] = None):
+        """Forced mode, after verifying a tree with the reference on `path` [B, D] (its node at
+        each depth, -1 past a row's `depth` [B]): the target's proposals along it written, its
+        K/V compacted, and each row's next depth + 1 reference tokens committed."""
+        rows = torch.cat([torch.zeros_like(depth)[:, None], 1 + path.clamp(min=0)], dim=1)
         if self.record_margins:
             self._round_margins = top2_margin(logits).gather(1, rows)
-        self._write(torch.argmax(logits, dim=-1).gather(1, rows), torch.full_like(self.count, depth))
-        self._compact(base, path)
+        self._write(torch.argmax(logits, dim=-1).gather(1, rows), depth)
+        self._compact(base, path, drafter_path)
         self._commit_forced(depth)

@@ -12,26 +12,17 @@ lengths do not adapt (`rounds_refusal`), so the refill's length policy stays off
 """
 from __future__ import annotations
 
-from typing import Sequence
-
 from .graphed_dynamic import GraphedDynamicTreeDecoder
 from .graphed_refill import GraphedRefillDecoder
 from .graphed_tree import GraphedTreeDecoder
 
 
 class GraphedTreeRefillDecoder(GraphedRefillDecoder, GraphedTreeDecoder):
-    """Static-tree (`shape`, a TreeShape) speculation for any number of prompts, `batch` slots
-    kept busy: a slot whose request is done takes the next one."""
-
-    def __init__(self, target, drafter, batch: int, capacity: int, shape,
-                 eos_ids: Sequence[int] = (), capture: bool = True, **options):
-        super().__init__(target, drafter, batch, capacity, shape, eos_ids, capture, **options)
+    """Static-tree speculation for any number of prompts, `batch` slots kept busy: a slot whose
+    request is done takes the next one. Built as GraphedTreeDecoder is (`shape` a TreeShape
+    where the chain decoder takes k)."""
 
 
 class GraphedDynamicTreeRefillDecoder(GraphedRefillDecoder, GraphedDynamicTreeDecoder):
-    """Dynamic-tree (`topology`, a DynamicTree) speculation for any number of prompts, `batch`
-    slots kept busy: a slot whose request is done takes the next one."""
-
-    def __init__(self, target, drafter, batch: int, capacity: int, topology,
-                 eos_ids: Sequence[int] = (), capture: bool = True, **options):
-        super().__init__(target, drafter, batch, capacity, topology, eos_ids, capture, **options)
+    """Dynamic-tree speculation for any number of prompts, `batch` slots kept busy. Built as
+    GraphedDynamicTreeDecoder is (`topology` a DynamicTree where the chain decoder takes k)."""

@@ -67,11 +67,11 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
     def _round(self, k: int) -> None:
         base = self._base()
         nodes = self._draft_tree(base)
-        path, reach = self._cheap_path(base, nodes)
+        path, path_len = self._cheap_path(base, nodes)
         drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)), torch.zeros_like(path))
         g = self._verify(drafts)                 # the full target, root + the path as a chain
-        n = torch.minimum(self._accepted(drafts, g), reach)
-        self._move_path(((self.dcache, path), (self.ccache, path)), base, path >= 0)
+        n = torch.minimum(self._accepted(drafts, g), path_len)
+        self._move_path(base, path, ((self.dcache, path), (self.ccache, path)))
         self._commit(g, n)
 
     # The chain's forced round of length D: the full target's verification forward of a round.

@@ -75,14 +75,14 @@ def test_a_round_where_the_cheap_path_decides_is_caught():
         def _round(self, k):
             base = self._base()
             nodes = self._draft_tree(base)
-            path, reach = self._cheap_path(base, nodes)
+            path, path_len = self._cheap_path(base, nodes)
             drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)),
                                  torch.zeros_like(path))
             g = self._verify(drafts)
             committed = torch.cat([drafts, g[:, -1:]], dim=1).scatter(
-                1, reach[:, None], g.gather(1, reach[:, None]))
-            self._move_path(((self.dcache, path), (self.ccache, path)), base, path >= 0)
-            self._commit(committed, reach)
+                1, path_len[:, None], g.gather(1, path_len[:, None]))
+            self._move_path(base, path, ((self.dcache, path), (self.ccache, path)))
+            self._commit(committed, path_len)
 
     s = pair_setup(11)
     decoder = CheapDecides(s["target"], s["drafter"], 4, 64, TREES[0].shape(), (0,), s["eos"],
