@@ -17,9 +17,9 @@ Forced mode grows the tree as a round does, from the drafter, and puts the refer
 from the root to the row's first deepest chosen node (the other nodes keep their drafts): so
 forcing checks the target's tree-masked forward under the trees the drafter chooses, with their
 per-row parents, positions and depths, and the compaction of paths of each row's depth. Each row
-commits its own depth + 1 reference tokens. The drafter's cache then holds its drafts' K/V where
-they differ from the reference (no extra drafter forward is run), so forced trees grow from a
-perturbed context: trees the drafter chooses, not always the ones it would choose unforced.
+commits its own depth + 1 reference tokens, and the drafter then runs once over them (forced
+rounds only), so that its cache holds the reference's K/V and each forced round grows the tree
+the drafter would grow on the reference.
 """
 from __future__ import annotations
 
@@ -157,5 +157,9 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         at = on_path[:, None, :] & (depths[:, None, :] == self.depth_slots[None, :, None])
         path = torch.where(at.any(dim=2), at.to(torch.int64).argmax(dim=2),
                            torch.full_like(ref, -1))                       # [B, D] node or -1
-        self._commit_forced_path(base, logits, path, depth,
-                                 torch.where(path >= 0, chosen.gather(1, path.clamp(min=0)), path))
+        committed = torch.cat([self.last[:, None], ref], dim=1)            # root + the path
+        self._commit_forced_path(base, logits, path, depth)
+        # The drafter's K/V of what was committed (it drafted other tokens where it disagreed),
+        # so that the next forced round grows the tree it would grow on the reference.
+        pos = base[:, None] + self.chain[:self.k + 1]
+        self.drafter.forward(committed, pos, pos, self._mask(pos), self.dcache)

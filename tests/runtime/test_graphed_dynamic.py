@@ -7,6 +7,7 @@ from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder, comb_shape
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
+from specpilot.runtime.steps import append_step
 
 from mechanism_setup import MAX_NEW, ContraryDrafter, assert_caught, assert_clean, pair_setup
 
@@ -119,17 +120,24 @@ def test_a_contrary_drafter_still_gives_ar_output_and_comb_shapes_are_trees():
 def test_forcing_checks_the_trees_the_drafter_chooses_and_catches_a_wrong_mask():
     s = pair_setup(11)
     ref = s["reference"]
-    # Four of six kept nodes: a confident drafter's tree is a path three deep, an unsure one's
-    # two levels of two, so the forced trees' depths differ by row and round (on this pair).
     topology = DynamicTree(budget=4, depth=3, width=2)
     decoder = GraphedDynamicTreeDecoder(s["target"], s["drafter"], 4, 64, topology,
                                         capture=False)
     proposals = decoder.force(s["prompts"], ref.tokens)
     assert_clean(compare_to_reference(proposals, ref, default_tolerance(torch.float32)), ref)
-    # Forced rounds log each row's tree depth (the reference tokens it committed, less one).
+    # Forced rounds log each row's tree depth (the reference tokens it committed, less one):
+    # four nodes, at most two a level, make a tree two or three deep.
     logged = decoder.accepted[:, :len(s["prompts"])]
-    depths = set(logged[logged >= 0].tolist())
-    assert len(depths) > 1 and depths <= {1, 2, 3}
+    assert set(logged[logged >= 0].tolist()) <= {2, 3}
+    # The drafter grew each tree on the reference: its cache holds the K/V of prompt +
+    # reference (all but each row's last token), as an eager prefill of them computes it.
+    rows = [list(p) + list(t) for p, t in zip(s["prompts"], ref.tokens)]
+    fresh = s["drafter"].new_cache(len(rows), 64)
+    append_step(s["drafter"], fresh, torch.zeros(len(rows), dtype=torch.int64), rows)
+    for i, row in enumerate(rows):
+        for got, want in zip(decoder.dcache.k + decoder.dcache.v, fresh.k + fresh.v):
+            torch.testing.assert_close(got[i, :len(row) - 1], want[i, :len(row) - 1],
+                                       rtol=1e-4, atol=1e-4)
 
     class SiblingsSeeEachOther(GraphedDynamicTreeDecoder):
         """Every kept node also attends to the other nodes of its level."""
