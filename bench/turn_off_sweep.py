@@ -21,15 +21,16 @@ import sys
 from pathlib import Path
 from typing import Tuple
 
-import specpilot.runtime.batch_length as batch_length
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.adaptive_replay import replay_adaptive
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.bench.stored_forwards import positive_counts
 from specpilot.ir.errors import SpecPilotError
-from specpilot.search.run_folder import write_json_atomic
 from specpilot.ir.topology import Chain
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
+from specpilot.search.run_folder import write_json_atomic
 
 
 def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCosts:
@@ -45,46 +46,40 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
 
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
                host_lag: Tuple[int, int] = (1, 1)) -> list:
-    """x padded AR of the rule (cold, warm, with refill) at `batch`, for each OFF_AFTER_ROUNDS
-    in `off_after`; the module's own value is restored afterwards. Replays only: a captured
-    round keeps the value it was captured with. `host_lag`: when the padded replays apply a
-    chosen length (adaptive_replay.replay_adaptive: (4, 2) as the graphed host loop does);
-    refill's replay has no such model and applies it at the next round."""
-    kept, rows = batch_length.OFF_AFTER_ROUNDS, []
-    try:
-        for n in off_after:
-            batch_length.OFF_AFTER_ROUNDS = n
-            rows.append({"off_after": n,
-                         "cold": replay_adaptive(profile, costs, batch,
-                                                 host_lag=host_lag).speedup,
-                         "warm": replay_adaptive(profile, costs, batch, warm=True,
-                                                 host_lag=host_lag).speedup,
-                         "refill": replay_adaptive_refill(profile, costs, batch).speedup})
-    finally:
-        batch_length.OFF_AFTER_ROUNDS = kept
-    return rows
+    """x padded AR of the rule (cold, warm, with refill) at `batch`, for each rounds-before-a-
+    turn-off in `off_after` (runtime/batch_length.OFF_AFTER_ROUNDS is the rule's). `host_lag`:
+    when the padded replays apply a chosen length (adaptive_replay.replay_adaptive: (4, 2) as
+    the graphed host loop does); refill's replay has no such model and applies it at the next
+    round."""
+    return [{"off_after": n,
+             "cold": replay_adaptive(profile, costs, batch, host_lag=host_lag,
+                                     off_after=n).speedup,
+             "warm": replay_adaptive(profile, costs, batch, warm=True, host_lag=host_lag,
+                                     off_after=n).speedup,
+             "refill": replay_adaptive_refill(profile, costs, batch, off_after=n).speedup}
+            for n in off_after]
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--off-after", default="4,8,12", help="candidate rounds, comma-separated")
+    p.add_argument("--off-after", type=positive_counts, default="4,8,12",
+                   help="candidate rounds, comma-separated")
     p.add_argument("--step-costs", help="a `specpilot bench --shapes` result with step costs")
     p.add_argument("--round-model", metavar="BASE,PER_DRAFT",
                    help="also a modelled round of BASE + PER_DRAFT * L plain steps")
     p.add_argument("--profiles", nargs="+", required=True, help="chain(k) acceptance profiles")
-    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--batch-sizes", type=positive_counts, default="1,4,16,64")
     p.add_argument("--host-lag", metavar="ROUNDS,REPLAYS",
                    help="padded replays apply a length as the graphed loop does (4,2 there)")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    off_after, batches = args.off_after, args.batch_sizes
     try:
-        off_after = [int(x) for x in args.off_after.split(",")]
-        batches = [int(x) for x in args.batch_sizes.split(",")]
-        lag = tuple(int(x) for x in args.host_lag.split(",")) if args.host_lag else (1, 1)
-        if min(off_after) < 1 or min(batches) < 1 or len(lag) != 2 or min(lag) < 1:
-            raise ValueError("values must be >= 1, and --host-lag two of them")
-    except ValueError as exc:
-        p.error(f"--off-after, --batch-sizes and --host-lag take positive integers: {exc}")
+        lag = tuple(positive_counts(args.host_lag)) if args.host_lag else (1, 1)
+        if len(lag) != 2:
+            raise argparse.ArgumentTypeError(f"two counts, got {args.host_lag!r}")
+    except argparse.ArgumentTypeError as exc:
+        p.error(f"--host-lag takes ROUNDS,REPLAYS: {exc}")
     if not args.step_costs and not args.round_model:
         p.error("give --step-costs, --round-model or both")
     try:
@@ -115,7 +110,7 @@ def main(argv=None) -> int:
                     f"{r['off_after']}: {r['cold']:.3f} / {r['warm']:.3f} / {r['refill']:.3f}"
                     for r in found), flush=True)
     doc = {"environment": environment("cpu"), "settings": vars(args),
-           "current_off_after": batch_length.OFF_AFTER_ROUNDS, "rows": rows}
+           "current_off_after": OFF_AFTER_ROUNDS, "rows": rows}
     write_json_atomic(Path(args.out), doc)
     print(args.out)
     return 0

@@ -153,13 +153,18 @@ class BatchLengthPolicy:
 
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
-                 objective: str = "makespan"):
+                 objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS):
+        """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
+        value for replays that weigh the choice, bench/turn_off_sweep.py)."""
+        if off_after < 1:
+            raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if round_costs is not None and len(round_costs) != cap + 1:
             raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
                                  f"{len(round_costs)}")
         if objective not in ("makespan", "throughput"):
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
+        self.off_after = off_after
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
@@ -256,7 +261,7 @@ class BatchLengthPolicy:
         # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload (the span a
         # padded batch waits before it judges): a bound from no evidence at all would hold a
         # useless drafter on for every newcomer, and its own first rounds are its poorest.
-        prior = torch.where(seen, OFF_AFTER_ROUNDS / counted, torch.zeros_like(rounds))
+        prior = torch.where(seen, self.off_after / counted, torch.zeros_like(rounds))
         self.accepted_total[row] = self.workload[0] * prior
         self.rejected_total[row] = self.workload[1] * prior
 
@@ -296,10 +301,10 @@ class BatchLengthPolicy:
         overall = upper_acceptance(self.accepted_total, self.rejected_total)
         judged = torch.maximum(alpha, overall)
         _, plain_wins = self._choose(judged, remaining, active)
-        settled = self.rounds >= OFF_AFTER_ROUNDS - 1
+        settled = self.rounds >= self.off_after - 1
         # What the first turn-off decision judged each active request by (for the memory); a
         # batch already off (started off by the memory) makes no such decision.
-        first = active & ~self.off & (self.rounds == OFF_AFTER_ROUNDS - 1)
+        first = active & ~self.off & (self.rounds == self.off_after - 1)
         self.first_judged.copy_(torch.where(first, judged, self.first_judged))
         self.rounds.add_(1)
         self.off.logical_or_(plain_wins & settled & active.any())

@@ -21,7 +21,7 @@ from collections import deque
 import torch
 
 from specpilot.cost.refill_schedule import refill_steps
-from specpilot.runtime.batch_length import BatchLengthPolicy
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 
 from .adaptive_replay import agreement_maps, play_round, round_costs_for
 from .replay import AcceptanceProfile, ReplayFigure, cycled_queue
@@ -32,16 +32,18 @@ ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the ba
 
 
 def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
-                           unknown_agrees: bool = False, turn_off: bool = True) -> ReplayFigure:
+                           unknown_agrees: bool = False, turn_off: bool = True,
+                           off_after: int = OFF_AFTER_ROUNDS) -> ReplayFigure:
     """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
-    the module): pessimistic, or with `unknown_agrees` optimistic."""
+    the module): pessimistic, or with `unknown_agrees` optimistic; `off_after` rounds before a
+    turn-off (runtime/batch_length.py)."""
     order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
                                round_costs=[s / seconds[0] for s in seconds],
-                               turn_off=turn_off, objective="throughput")
+                               turn_off=turn_off, objective="throughput", off_after=off_after)
     policy.reset()
     queue = deque(range(len(order)))            # positions in `order` (first cycle counted)
     held = [-1] * batch

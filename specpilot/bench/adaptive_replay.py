@@ -33,7 +33,7 @@ from typing import List, Sequence, Tuple
 import torch
 
 from specpilot.ir.topology import Chain
-from specpilot.runtime.batch_length import BatchLengthPolicy
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
@@ -130,7 +130,8 @@ def play_batch(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: 
 
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
                     unknown_agrees: bool = False, warm: bool = False,
-                    host_lag: Tuple[int, int] = (1, 1)) -> ReplayFigure:
+                    host_lag: Tuple[int, int] = (1, 1),
+                    off_after: int = OFF_AFTER_ROUNDS) -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
     pessimistic, or with `unknown_agrees` optimistic. As in the decoder, each batch may start
     with speculation off by what the batches before it taught (runtime/workload_memory.py);
@@ -139,7 +140,8 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
 
     `host_lag` = (rounds per replay, replays behind): by default a chosen length applies from
     the next round; (4, 2) applies it as the graphed host loop does (runtime/graphed_loop.py):
-    each replay of four rounds runs the length chosen at the end of the replay two back."""
+    each replay of four rounds runs the length chosen at the end of the replay two back.
+    `off_after`: the rule's rounds before a turn-off (runtime/batch_length.py)."""
     if host_lag[0] < 1 or host_lag[1] < 1:
         raise ProfileError(f"host lag needs at least one round per replay and one replay "
                            f"behind, got {host_lag}")
@@ -148,7 +150,8 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
-                               round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off)
+                               round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off,
+                               off_after=off_after)
     count = len(maps)
     for _ in range(2 if warm else 1):            # what the last pass counts is reported
         tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0

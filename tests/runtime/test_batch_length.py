@@ -62,14 +62,37 @@ def _run_policy(rounds, cap=4, costs=(1.0, 1.4, 1.8, 2.0, 2.4), keep=False):
     return (out, policy) if keep else out
 
 
+def test_the_rounds_before_a_turn_off_are_a_setting_of_the_policy():
+    # A drafter that never agrees, judged from the third round instead of the eighth: the bound
+    # after n rejections (above) has fallen below every cost by n = 5 here (cost(1) = 1.4:
+    # 0.39 at n = 5), so the batch turns off at its fifth round, not at its third.
+    from specpilot.ir.errors import SpecPilotError
+    from specpilot.runtime.batch_length import BatchLengthPolicy
+
+    lengths = []
+    policy = BatchLengthPolicy(1, 4, "cpu", 0.0, round_costs=[1.0, 1.4, 1.8, 2.0, 2.4],
+                               off_after=3)
+    policy.reset()
+    length = 4
+    for _ in range(7):
+        length = int(policy.next(torch.tensor([0]), torch.tensor([length]), torch.tensor([True]),
+                                 torch.tensor([200]), torch.tensor([True])))
+        lengths.append(length)
+    assert lengths.index(0) == 4
+    with pytest.raises(SpecPilotError, match="off_after"):
+        BatchLengthPolicy(1, 4, "cpu", 0.0, off_after=0)
+
+
 def test_a_few_bad_rounds_after_good_ones_do_not_turn_speculation_off():
     # Eight full chains, then four rounds that accept nothing: the moving average alone (weight
-    # 1/2 on the newest round) has fallen to where plain steps win (E(1) < cost(1) = 1.4); over
-    # the whole history (32 drafts accepted, 4 rejections) the bound keeps it on.
+    # 1/2 on the newest round: 4 accepted and no rejection halved four times, 4 / 16 against
+    # 15 / 16 rejections) has alpha = 4 / 19 = 0.21, where plain steps win (E(1) = 1.21 <
+    # cost(1) = 1.4); over the whole history (32 drafts accepted, 4 rejections) the bound keeps
+    # it on.
     lengths, policy = _run_policy([4] * 8 + [0] * 4, keep=True)
     assert 0 not in lengths
     recent = float(acceptance_rate(policy.accepted_avg, policy.rejected_avg)[0])
-    assert 1.0 + recent < 1.4
+    assert recent == pytest.approx(4 / 19) and 1.0 + recent < 1.4
     # A drafter that never agrees is turned off at the eighth round, the first where it may
     # (OFF_AFTER_ROUNDS): after n rejections and nothing accepted the upper bound on its
     # acceptance is the mean of Beta(1, n + 1) plus two standard deviations, 0.28 at n = 8

@@ -7,6 +7,7 @@ import pytest
 from specpilot.bench.oracle_replay import replay_oracle
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import replay
+from bench_script import load_bench_script
 from test_adaptive_replay import costs, profile_from_agreement
 
 
@@ -52,15 +53,9 @@ def test_a_request_ending_mid_chain_takes_a_shorter_last_round():
 
 
 def test_the_oracle_script_writes_every_system_per_profile_and_batch(tmp_path):
-    import importlib.util
     import json
-    import os
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location(
-        "oracle_lengths", os.path.join(root, "bench", "oracle_lengths.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_script("oracle_lengths")
     rnd = random.Random(9)
     profile = profile_from_agreement(4, [[rnd.random() < 0.7 for _ in range(rnd.randint(10, 40))]
                                          for _ in range(6)])

@@ -1,19 +1,14 @@
 """bench/profile_decode.py runs end to end off a GPU (uncaptured loops, tiny widths) and writes
 one row per batch size whose times are positive and whose round counts match the decode."""
-import importlib.util
 import json
-import os
 
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from bench_script import load_bench_script
 
 
 def test_profile_script_writes_a_row_per_batch(tmp_path):
-    spec = importlib.util.spec_from_file_location(
-        "profile_decode", os.path.join(ROOT, "bench", "profile_decode.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = load_bench_script("profile_decode")
     out = tmp_path / "profile.json"
     threads = torch.get_num_threads()
     torch.set_num_threads(1)

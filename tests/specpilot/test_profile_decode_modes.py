@@ -1,26 +1,16 @@
 """bench/profile_decode.py's --fast-ops: which fast-path modes it profiles, and a "layers" run
 off a GPU (compiled blocks on the CPU) whose rows say the mode and how many graphs each block
 compiled."""
-import importlib.util
 import json
-import os
 
 import pytest
 import torch
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _script():
-    spec = importlib.util.spec_from_file_location(
-        "profile_decode", os.path.join(ROOT, "bench", "profile_decode.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+from bench_script import load_bench_script
 
 
 def test_fast_ops_modes_default_to_all_three_on_a_gpu_and_off_elsewhere():
-    script = _script()
+    script = load_bench_script("profile_decode")
     assert script.modes(None, "cuda") == ["off", "ops", "layers"]
     assert script.modes(None, "cpu") == ["off"]
     assert script.modes("ops, layers", "cpu") == ["ops", "layers"]
@@ -35,9 +25,10 @@ def test_a_layers_profile_reports_its_mode_and_graph_counts(tmp_path):
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        assert _script().main(["--scale", "0.0625", "--batch-sizes", "2", "--context", "16",
-                               "--new-tokens", "8", "--device", "cpu", "--fast-ops", "layers",
-                               "--out", str(out)]) == 0
+        script = load_bench_script("profile_decode")
+        assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--context", "16",
+                            "--new-tokens", "8", "--device", "cpu", "--fast-ops", "layers",
+                            "--out", str(out)]) == 0
     finally:
         torch.set_num_threads(threads)
     (row,) = json.loads(out.read_text())["rows"]

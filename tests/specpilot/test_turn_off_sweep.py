@@ -1,29 +1,21 @@
 """bench/turn_off_sweep.py and bench/acceptance_by_round.py, end to end on small profiles: the
-sweep's figures are the adaptive replays' own at each OFF_AFTER_ROUNDS (which it restores), and
-the by-round spans are checked by hand."""
-import importlib.util
+sweep's figures are the adaptive replays' own at each rounds-before-a-turn-off, judging later
+keeps requests that open badly, and the by-round spans are checked by hand."""
 import json
-import os
 import random
 
 import pytest
 
+from bench_script import load_bench_script
 from specpilot.bench.adaptive_replay import replay_adaptive
-from specpilot.runtime import batch_length
 from test_adaptive_replay import costs, profile_from_agreement
+from torch_threads import single_thread_fixture
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-def _script(name):
-    spec = importlib.util.spec_from_file_location(name, os.path.join(ROOT, "bench", name + ".py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+one_thread = single_thread_fixture()
 
 
-def test_the_sweep_replays_each_candidate_and_restores_the_rule(tmp_path):
-    module = _script("turn_off_sweep")
+def test_the_sweep_replays_each_candidate(tmp_path):
+    module = load_bench_script("turn_off_sweep")
     rnd = random.Random(4)
     # Requests that open badly and then agree: where judging early turns them off.
     profile = profile_from_agreement(4, [[rnd.random() < (0.2 if i < 6 else 0.9)
@@ -35,19 +27,14 @@ def test_the_sweep_replays_each_candidate_and_restores_the_rule(tmp_path):
     source = tmp_path / "costs.json"
     source.write_text(json.dumps({"step_costs": c.to_json()}))
     out = tmp_path / "sweep.json"
-    kept = batch_length.OFF_AFTER_ROUNDS
     argv = ["--off-after", "2,9", "--step-costs", str(source), "--round-model", "1.5,0.2",
             "--profiles", str(path), "--batch-sizes", "1,4", "--out", str(out)]
     assert module.main(argv) == 0
-    assert batch_length.OFF_AFTER_ROUNDS == kept
     rows = json.loads(out.read_text())["rows"]
     assert len(rows) == 2 * 2 * 2          # cost sets x batch sizes x candidates
     for row in rows[:4]:                   # the stored step costs come first
-        batch_length.OFF_AFTER_ROUNDS = row["off_after"]
-        try:
-            assert row["cold"] == pytest.approx(replay_adaptive(profile, c, row["batch"]).speedup)
-        finally:
-            batch_length.OFF_AFTER_ROUNDS = kept
+        assert row["cold"] == pytest.approx(replay_adaptive(
+            profile, c, row["batch"], off_after=row["off_after"]).speedup)
     assert {r["costs"] for r in rows[4:]} == {"model 1.5 + 0.2 L"}
     # Judged after two rounds, the bad openings turn batch 1 off; after nine, they do not.
     early, late = rows[0], rows[1]
@@ -57,12 +44,8 @@ def test_the_sweep_replays_each_candidate_and_restores_the_rule(tmp_path):
     lagged = tmp_path / "lagged.json"
     assert module.main(argv[:-1] + [str(lagged), "--host-lag", "4,2"]) == 0
     row = json.loads(lagged.read_text())["rows"][1]
-    batch_length.OFF_AFTER_ROUNDS = row["off_after"]
-    try:
-        assert row["cold"] == pytest.approx(
-            replay_adaptive(profile, c, row["batch"], host_lag=(4, 2)).speedup)
-    finally:
-        batch_length.OFF_AFTER_ROUNDS = kept
+    assert row["cold"] == pytest.approx(replay_adaptive(
+        profile, c, row["batch"], host_lag=(4, 2), off_after=row["off_after"]).speedup)
     with pytest.raises(SystemExit):
         module.main(argv + ["--host-lag", "4"])
     with pytest.raises(SystemExit):
@@ -74,7 +57,7 @@ def test_the_sweep_replays_each_candidate_and_restores_the_rule(tmp_path):
 
 
 def test_acceptance_by_round_by_hand(tmp_path):
-    module = _script("acceptance_by_round")
+    module = load_bench_script("acceptance_by_round")
     rows = [[0, 1, 2, 4, 4, 4, 3, 4, 4], [2, 2]]
     spans = module.by_round(rows, 4)
     # rounds 1-4: 0 1 2 4 and 2 2 -> mean 11/6, rejections 5 of 6; rounds 5-8: 4 4 3 4
