@@ -67,6 +67,9 @@ also give ragged AR (each AR step packed over its active rows, priced as above),
 ragged gains only from finished rows leaving the forward is visible on the AR side too.
 "round_check" lists each stored measured graphed chain(L) round beside the padded round this
 pricing gives it (widest catch-up): how far summed forwards are from a captured round.
+
+The replay is specpilot/bench/request_adaptive_replay.py's, the packed pricing
+specpilot/bench/stored_forwards.py's `PackedCosts`; this script reads, runs and writes.
 """
 from __future__ import annotations
 
@@ -74,22 +77,20 @@ import argparse
 import math
 import sys
 from dataclasses import replace
-from types import SimpleNamespace
-from typing import Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence
 
-from specpilot.bench.adaptive_replay import agreement_maps, streak
 from specpilot.bench.environment import environment
-from specpilot.bench.replay import (NO_DECODE_STEPS, REPLAYED, AcceptanceProfile, ProfileError,
-                                    cycled_batches, replay)
-from specpilot.bench.step_costs import StepCosts, read_step_costs
-from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
-                                             write_estimate)
+from specpilot.bench.mechanism_programs import ridge_capped_budget
+from specpilot.bench.replay import REPLAYED, AcceptanceProfile, ProfileError, replay
+from specpilot.bench.request_adaptive_replay import (BOUNDS, Round, adaptive_rows,
+                                                     padded_round_seconds)
+from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
+from specpilot.bench.stored_forwards import PackedCosts, positive_counts, write_estimate
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
-from specpilot.runtime.adaptive_draft import DRAFT_STEP_COST, AdaptiveChainProposer
+from specpilot.runtime.adaptive_draft import DRAFT_STEP_COST
 
 LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
-BOUNDS = {"pessimistic": False, "optimistic": True}
 PRICING = ("sum of stored per-width forwards, never a measured graphed round; padded: every "
            "forward over all B rows at the widest row's width (catch-up = widest previous "
            "commit, max L - 1 drafter(B, 1) levels, target(B, max L + 1)); ragged: a packed "
@@ -101,129 +102,12 @@ PRICING = ("sum of stored per-width forwards, never a measured graphed round; pa
            "speculative seconds")
 
 
-class PackedCosts(StoredForwards):
-    """The stored step costs with every missing piece priced from stored per-width forwards and
-    logged (`take_log`); never a measured graphed round (`has_round` is always False)."""
-
-    def __init__(self, costs: StepCosts):
-        super().__init__(costs)
-        self.packs: Dict[Tuple[str, str, int, int], dict] = {}
-
-    def take_log(self) -> Dict[str, str]:
-        log, self.log = self.log, {}
-        for (what, who, batch, width), s in sorted(self.packs.items()):
-            rows = _span(s["rows"])
-            tokens = _span(s["tokens"])
-            text = (f"{s['count']} packed forwards of {tokens} tokens over {rows} active rows "
-                    f"priced as the stored {who}({batch}, {width})")
-            if s["capped"]:
-                text += (f"; {s['capped']} of them capped at the padded forward of their round "
-                         f"(stored costs not monotone)")
-            log[f"{what}: packed {who}({batch}, {width})"] = text
-        self.packs = {}
-        return log
-
-    def verify(self, batch: int, topology) -> float:
-        if not isinstance(topology, Chain):
-            raise SpecPilotError(f"only chains are priced here, not {topology}")
-        return self.target(batch, topology.k + 1)
-
-    def accept(self, batch: int, topology) -> float:
-        self.log["accept/commit"] = ("not counted (on the device in the graphed round; only the "
-                                     "eager host loop's is stored)")
-        return 0.0
-
-    def packed(self, what: str, who: str, rows: int, tokens: int, padded_batch: int,
-               padded_width: int) -> float:
-        """Seconds of a packed forward of `tokens` tokens over `rows` rows (see the module),
-        never above the padded forward who(padded_batch, padded_width) of the same round."""
-        table = self.costs.target_costs if who == "target" else self.costs.drafter_costs
-        stored = [b for b in sorted(table) if b >= rows and table[b]]
-        if not stored:
-            raise SpecPilotError(f"no stored {who} costs at a batch >= {rows}")
-        batch = stored[0]
-        width = math.ceil(tokens / batch)
-        seconds = self.forward(who, batch, width)
-        padded = self.forward(who, padded_batch, padded_width)
-        s = self.packs.setdefault((what, who, batch, width),
-                                  {"count": 0, "capped": 0, "rows": [rows, rows],
-                                   "tokens": [tokens, tokens]})
-        s["count"] += 1
-        s["rows"] = [min(s["rows"][0], rows), max(s["rows"][1], rows)]
-        s["tokens"] = [min(s["tokens"][0], tokens), max(s["tokens"][1], tokens)]
-        if seconds > padded:
-            s["capped"] += 1
-            return padded
-        return seconds
-
-
-def _span(pair: Sequence[int]) -> str:
-    return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}..{pair[1]}"
-
-
-class Round(NamedTuple):
-    """One lock-step round of a batch of `batch` slots: for each row still decoding, its draft
-    length and its catch-up tokens (what it committed the round before; 1 on the first)."""
-    batch: int
-    lengths: Tuple[int, ...]
-    catch_up: Tuple[int, ...]
-
-
-def padded_round_seconds(priced: PackedCosts, r: Round) -> float:
-    """Every forward over all `r.batch` rows at the widest row's width."""
-    longest = max(r.lengths)
-    return (priced.drafter(r.batch, max(r.catch_up))
-            + max(longest - 1, 0) * priced.drafter(r.batch, 1)
-            + priced.target(r.batch, longest + 1))
-
-
-def ragged_round_seconds(priced: PackedCosts, r: Round) -> float:
-    """Each forward packs the active rows' real tokens (see the module)."""
-    b, active, longest = r.batch, len(r.lengths), max(r.lengths)
-    seconds = priced.packed("catch-up", "drafter", active, sum(r.catch_up), b, max(r.catch_up))
-    for depth in range(1, longest):
-        drafting = sum(1 for n in r.lengths if n > depth)
-        seconds += priced.packed("drafting level", "drafter", drafting, drafting, b, 1)
-    return seconds + priced.packed("verification", "target", active,
-                                   sum(n + 1 for n in r.lengths), b, longest + 1)
-
-
-def play_batch(agree: Sequence[List[bool]], decode: Sequence[int], k: int, budget: int,
-               draft_cost: float) -> Tuple[List[Round], List[List[int]], List[List[int]]]:
-    """The rounds of one lock-step batch under the per-request rule (a fresh estimate for each
-    request, as in the runtime); returns (rounds, each slot's lengths, each slot's accepted
-    drafts per round it ran)."""
-    proposer = AdaptiveChainProposer(Chain(k), budget, draft_cost)
-    requests = [SimpleNamespace(ema=None) for _ in decode]
-    position = [0] * len(decode)
-    remaining = list(decode)
-    committed_before = [1] * len(decode)
-    rounds: List[Round] = []
-    lengths_of: List[List[int]] = [[] for _ in decode]
-    accepted_of: List[List[int]] = [[] for _ in decode]
-    while any(n > 0 for n in remaining):
-        active = [i for i, n in enumerate(remaining) if n > 0]
-        lengths = proposer.lengths([requests[i] for i in active])
-        rounds.append(Round(len(decode), tuple(lengths),
-                            tuple(committed_before[i] for i in active)))
-        for i, length in zip(active, lengths):
-            n = streak(agree[i], position[i], length)
-            proposer.observe(requests[i], SimpleNamespace(num_nodes=length), n)
-            position[i] += n + 1
-            remaining[i] = max(remaining[i] - n - 1, 0)
-            committed_before[i] = n + 1
-            lengths_of[i].append(length)
-            accepted_of[i].append(n)
-    return rounds, lengths_of, accepted_of
-
-
 def budget_for(spec, batch: int, k: int, ridge: Dict[int, Optional[int]]) -> int:
-    full = batch * (k + 1)
+    """The token budget `spec` ("full", "ridge" or a number) at `batch`."""
     if spec == "full":
-        return full
+        return batch * (k + 1)
     if spec == "ridge":
-        r = ridge.get(batch)
-        return full if r is None else min(full, max(batch, r))
+        return ridge_capped_budget(batch, k, ridge.get(batch))
     return spec
 
 
@@ -233,7 +117,8 @@ def ridge_budgets(doc: dict, path: str, batches: Sequence[int], context: int) ->
     from specpilot.agents.batching import ridge_budget
     from specpilot.bench.shapes import parse_shapes
     from specpilot.cost.gpu_specs import UnknownGpu, gpu_key
-    from specpilot.ir import Deployment, ModelSpec, dense_weight_formats
+    from specpilot.deploy import model_spec_from_config
+    from specpilot.ir import Deployment
     from specpilot.ir.stock import stock_program
 
     settings = doc.get("settings") or {}
@@ -244,15 +129,8 @@ def ridge_budgets(doc: dict, path: str, batches: Sequence[int], context: int) ->
         scale, dtype = float(settings.get("scale", 1.0)), str(settings.get("dtype", "bfloat16"))
 
         def spec(preset, role):
-            c = preset.config(scale)
-            return ModelSpec(
-                role=role, family="llama", checkpoint=f"shape:{preset.name}", dtype=dtype,
-                vocab_size=c.vocab_size, hidden_size=c.hidden_size,
-                intermediate_size=c.intermediate_size, num_layers=c.num_layers,
-                num_heads=c.num_heads, num_kv_heads=c.num_kv_heads, head_dim=c.head_dim,
-                qkv_bias=False, qk_norm=False, tie_embeddings=c.tie_word_embeddings,
-                layer_kinds=("attention",) * c.num_layers,
-                weight_formats=dense_weight_formats(c.num_layers, dtype))
+            return model_spec_from_config(preset.config(scale), role, dtype,
+                                          f"shape:{preset.name}")
 
         program = stock_program(Deployment(spec(presets[0], "target"),
                                            spec(presets[1], "drafter"), gpu, "replay"))
@@ -262,63 +140,6 @@ def ridge_budgets(doc: dict, path: str, batches: Sequence[int], context: int) ->
                              f"a number") from None
     return {b: ridge_budget(replace(program, batch=replace(program.batch, max_batch_size=b)),
                             context) for b in batches}
-
-
-def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, budget: int,
-                  draft_cost: float, bound: str) -> List[dict]:
-    """The padded-adaptive and ragged-adaptive rows of one batch size and bound."""
-    k = profile.topology.k
-    maps = agreement_maps(profile, BOUNDS[bound])
-    count = len(maps)
-    plain = priced.target(batch, 1)
-    figures = {"padded": [0.0, 0, 0], "ragged": [0.0, 0, 0]}  # seconds, verified tokens, rounds
-    tokens = ar_steps = committed = accepted = drafted = 0
-    ragged_ar = 0.0
-    for number, rows in enumerate(cycled_batches(count, batch)):
-        decode = [profile.new_tokens[r] - 1 for r in rows]
-        tokens += sum(decode)
-        ar_steps += max(decode)
-        rounds, lengths, got = play_batch([maps[r] for r in rows], decode, k, budget, draft_cost)
-        for slot in range(batch):
-            if number * batch + slot < count:           # not the cycled repeats
-                committed += len(got[slot])
-                accepted += sum(got[slot])
-                drafted += sum(lengths[slot])
-        for r in rounds:
-            figures["padded"][0] += padded_round_seconds(priced, r)
-            figures["padded"][1] += batch * (max(r.lengths) + 1)
-            figures["ragged"][0] += ragged_round_seconds(priced, r)
-            figures["ragged"][1] += sum(n + 1 for n in r.lengths)
-        for layout in figures:
-            figures[layout][2] += len(rounds)
-        for step in range(max(decode)):
-            active = sum(1 for n in decode if n > step)
-            ragged_ar += priced.packed("ragged AR step", "target", active, active, batch, 1)
-    if tokens == 0 or committed == 0:
-        raise ProfileError(NO_DECODE_STEPS)
-    priced.accept(batch, profile.topology)          # counted for no system: logged
-    log = priced.take_log()
-    ar_seconds = ar_steps * plain
-    out = []
-    for layout, (seconds, verified, rounds) in figures.items():
-        per_round = seconds / rounds
-        row = {"system": f"{layout} adaptive", "batch_size": batch, "bound": bound,
-               "token_budget": budget, "draft_cost": draft_cost,
-               "tokens_per_round": 1 + accepted / committed,
-               "mean_draft_length": drafted / committed,
-               "verified_tokens_per_round": verified / rounds,
-               "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
-               "plain_step_ms": plain * 1e3, "speedup_vs_ar": ar_seconds / seconds,
-               "rounds": rounds, "ar_steps": ar_steps, "tokens": tokens,
-               "requests": len(cycled_batches(count, batch)) * batch, "label": LABEL,
-               "priced_from": {key: text for key, text in log.items()
-                               if layout == "ragged" or "packed" not in key}}
-        if layout == "ragged":
-            row["speedup_vs_padded_adaptive"] = figures["padded"][0] / seconds
-            row["ragged_ar_speedup_vs_padded_ar"] = ar_seconds / ragged_ar
-            row["speedup_vs_ragged_ar"] = ragged_ar / seconds
-        out.append(row)
-    return out
 
 
 def chain_row(profile: AcceptanceProfile, priced: PackedCosts, batch: int) -> dict:
@@ -341,12 +162,10 @@ def round_checks(costs: StepCosts, priced: PackedCosts, batches: Sequence[int]) 
     are from a captured round, per batch size."""
     out = []
     for name, by_batch in sorted(costs.round_costs.items()):
-        if not (name.startswith("chain(") and name.endswith(")")):
+        topology = topology_from_key(name)
+        if not isinstance(topology, Chain):
             continue
-        try:
-            length = int(name[len("chain("):-1])
-        except ValueError:
-            continue
+        length = topology.k
         for b in batches:
             if b not in by_batch:
                 continue
@@ -392,7 +211,8 @@ def run(args) -> dict:
         line = {"batch_size": b, "token_budget": budget,
                 "chain_speedup_vs_ar": chain["speedup_vs_ar"]}
         for bound in bounds:
-            padded, ragged = adaptive_rows(profile, priced, b, budget, args.draft_cost, bound)
+            padded, ragged = adaptive_rows(profile, priced, b, budget, args.draft_cost, bound,
+                                           LABEL)
             rows += [padded, ragged]
             line[bound] = {"padded_adaptive_speedup_vs_ar": padded["speedup_vs_ar"],
                            "ragged_adaptive_speedup_vs_ar": ragged["speedup_vs_ar"],

@@ -35,19 +35,18 @@ requests and replays every system on the odd-numbered ones.
 from __future__ import annotations
 
 import argparse
-import json
-import re
 import sys
-from typing import Dict, List, Optional, Sequence
+from typing import List, Optional, Sequence
 
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import REPLAYED, replay, spec_step_seconds
-from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
 from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
                                              write_estimate)
-from specpilot.cost.acceptance import MAX_RANK, RANK_PROFILE_FORMAT, RankProfile, load_acceptance
+from specpilot.cost.acceptance import (MAX_RANK, RANK_PROFILE_FORMAT, RankProfile,
+                                       load_acceptance)
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
+from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain
 from specpilot.runtime.sequoia import RankTrace, best_tree, profile_from_trace
 from specpilot.runtime.tree_plan import TreePlan
 
@@ -85,15 +84,11 @@ class PricedCosts(StoredForwards):
         super().__init__(costs)
         self.chain, self.accept_mode = chain, accept
 
-    def take_log(self) -> Dict[str, str]:
-        log, self.log = self.log, {}
-        return log
-
     def verify(self, batch: int, topology) -> float:
         """A chain's causal target forward of k + 1; a tree's priced as the same forward of
         N + 1 tokens, even where a tree-mask verification is stored (like for like)."""
         if isinstance(topology, Chain):
-            return self.target(batch, topology.k + 1)
+            return super().verify(batch, topology)
         n = topology.num_nodes
         self.log[f"verify({batch}, {n}-node tree)"] = (
             f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
@@ -102,9 +97,7 @@ class PricedCosts(StoredForwards):
 
     def accept(self, batch: int, topology) -> float:
         if self.accept_mode == "none":
-            self.log["accept/commit"] = ("not counted (on the device in the graphed round; only "
-                                         "the eager host loop's is stored)")
-            return 0.0
+            return super().accept(batch, topology)
         seconds = self.costs.accept(batch, self.chain)
         if topology != self.chain:
             self.log["accept/commit"] = (f"stored eager {self.chain} accept/commit at batch "
@@ -206,20 +199,6 @@ def run(args) -> dict:
             "pricing": PRICING, "rows": rows, "round_check": checks}
 
 
-def stored_topology(name: str):
-    """The static topology a step-costs key names (str(topology)); None for a dynamic tree."""
-    m = re.fullmatch(r"chain\((\d+)\)", name)
-    if m:
-        return Chain(int(m.group(1)))
-    m = re.fullmatch(r"tree\((\[.*\])\)", name)
-    if m:
-        return Tree(tuple(json.loads(m.group(1))))
-    m = re.fullmatch(r"sparse_tree\((\[.*\])\)", name)
-    if m:
-        return SparseTree(tuple(tuple(q) for q in json.loads(m.group(1))))
-    return None
-
-
 def round_checks(costs: StepCosts, ranks: RankProfile, priced: PricedCosts,
                  batches: Sequence[int]) -> List[dict]:
     """For every static topology with a measured graphed round stored: that round beside the
@@ -227,7 +206,7 @@ def round_checks(costs: StepCosts, ranks: RankProfile, priced: PricedCosts,
     topology), and for a tree its stored tree-mask verification beside the causal forward."""
     out = []
     for name, by_batch in sorted(costs.round_costs.items()):
-        topology = stored_topology(name)
+        topology = topology_from_key(name)
         if topology is None:
             continue
         for b in batches:

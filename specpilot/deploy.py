@@ -18,16 +18,21 @@ def model_spec_from_checkpoint(path: str, role: str, dtype: str = "bfloat16") ->
         raise SpecPilotError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if dtype not in DTYPES:
         raise SpecPilotError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    cfg = load_model_config(path)
+    return model_spec_from_config(load_model_config(path), role, dtype, os.path.abspath(path))
+
+
+def model_spec_from_config(cfg, role: str, dtype: str, checkpoint: str) -> ModelSpec:
+    """The ModelSpec of a runtime ModelConfig `cfg` (a checkpoint's, or a shape preset's with
+    `checkpoint` naming it) as `role`, every linear dense in `dtype`."""
     # Biases on o_proj or the MLP exist in the config format but in no released model of these
     # families; the IR has no attribute for them, so refuse rather than describe them wrongly.
     if cfg.o_bias or cfg.mlp_bias:
         which = " and ".join(n for n, on in (("o_proj", cfg.o_bias), ("MLP", cfg.mlp_bias)) if on)
-        raise UnsupportedModel(f"{path}: {which} biases are not supported")
+        raise UnsupportedModel(f"{checkpoint}: {which} biases are not supported")
     return ModelSpec(
         role=role,
         family=cfg.model_type,
-        checkpoint=os.path.abspath(path),
+        checkpoint=checkpoint,
         dtype=dtype,
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,

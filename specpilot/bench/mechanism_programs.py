@@ -28,7 +28,7 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
                           SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
@@ -45,10 +45,16 @@ class BudgetedProgramSystem(ProgramSystem):
         from specpilot.agents.batching import ridge_budget
 
         sized = replace(self.program, batch=replace(self.program.batch, max_batch_size=batch_size))
-        full = batch_size * (self.program.draft.topology.k + 1)
-        ridge = ridge_budget(sized)
-        budget = full if ridge is None else min(full, max(batch_size, ridge))
+        budget = ridge_capped_budget(batch_size, self.program.draft.topology.k,
+                                     ridge_budget(sized))
         return replace(sized, batch=replace(sized.batch, token_budget=budget))
+
+
+def ridge_capped_budget(batch: int, k: int, ridge: Optional[int]) -> int:
+    """A batch's token budget at the target's compute `ridge` (None: unknown, no cap), between
+    one token per request and a full chain(k) each."""
+    full = batch * (k + 1)
+    return full if ridge is None else min(full, max(batch, ridge))
 
 
 def mechanism_programs(stock: Program) -> Dict[str, Program]:

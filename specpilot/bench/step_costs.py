@@ -17,6 +17,7 @@ clock elsewhere. All new tokens sit after `context` committed positions.
 from __future__ import annotations
 
 import json
+import re
 import statistics
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,7 @@ from typing import Callable, Dict, Iterable, Optional, Tuple
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.topology import Chain, Topology
+from specpilot.ir.topology import Chain, SparseTree, Topology, Tree
 from specpilot.runtime.acceptance import greedy_accept
 from specpilot.runtime.cuda_graphs import GraphedStep
 from specpilot.runtime.tree_plan import TreePlan, tree_mask
@@ -222,3 +223,18 @@ def measure_round(target, drafter, batch: int, topology: Topology, context: int,
     capacity = context + (warmup + repeats + 3) * (round_span(topology) + 1)
     decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=graphed)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)
+
+
+def topology_from_key(name: str):
+    """The static topology a step-costs key names (the keys are str(topology)); None for
+    anything else (a dynamic tree)."""
+    m = re.fullmatch(r"chain\((\d+)\)", name)
+    if m:
+        return Chain(int(m.group(1)))
+    m = re.fullmatch(r"tree\((\[.*\])\)", name)
+    if m:
+        return Tree(tuple(json.loads(m.group(1))))
+    m = re.fullmatch(r"sparse_tree\((\[.*\])\)", name)
+    if m:
+        return SparseTree(tuple(tuple(q) for q in json.loads(m.group(1))))
+    return None

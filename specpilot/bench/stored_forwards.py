@@ -7,23 +7,44 @@ scripts' shared command-line pieces."""
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from pathlib import Path
-from typing import Callable, Dict, List, Sequence
+from typing import Callable, Dict, List, Sequence, Tuple
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
 from specpilot.search.run_folder import write_json_atomic
 
 from .step_costs import StepCosts
 
 
+NOT_COUNTED = ("not counted (on the device in the graphed round; only the eager host loop's is "
+               "stored)")
+
+
 class StoredForwards:
-    """Target and drafter forwards at (batch, width) from `costs`; `log` names each width priced
-    from others. Replays priced by it (bench/replay.py) never use a measured round."""
+    """Target and drafter forwards at (batch, width) from `costs`, priced as bench/replay.py
+    prices a round (`verify`: a chain's causal target forward; `accept`: not counted); `log`
+    names each piece priced from others (`take_log`). Never a measured round."""
 
     def __init__(self, costs: StepCosts):
         self.costs = costs
         self.log: Dict[str, str] = {}
+
+    def take_log(self) -> Dict[str, str]:
+        """What was priced from other pieces since the last call."""
+        log, self.log = self.log, {}
+        return log
+
+    def verify(self, batch: int, topology) -> float:
+        if not isinstance(topology, Chain):
+            raise SpecPilotError(f"only chains are priced here, not {topology}")
+        return self.target(batch, topology.k + 1)
+
+    def accept(self, batch: int, topology) -> float:
+        self.log["accept/commit"] = NOT_COUNTED
+        return 0.0
 
     def forward(self, who: str, batch: int, width: int) -> float:
         """Seconds of one `who` ("target" or "drafter") forward of `width` tokens per row."""
@@ -59,6 +80,58 @@ class StoredForwards:
 
     def has_round(self, batch: int, topology) -> bool:
         return False
+
+
+class PackedCosts(StoredForwards):
+    """StoredForwards that also price a packed (ragged) forward: `tokens` tokens over `rows`
+    rows as the stored forward at (the smallest stored batch >= rows, ceil(tokens / it)), which
+    does at least as much of every kind of work (bench/ragged_replay.py says why and where it
+    is optimistic), never above the padded forward of the same round; every packing is logged."""
+
+    def __init__(self, costs: StepCosts):
+        super().__init__(costs)
+        self.packs: Dict[Tuple[str, str, int, int], dict] = {}
+
+    def take_log(self) -> Dict[str, str]:
+        log = super().take_log()
+        for (what, who, batch, width), s in sorted(self.packs.items()):
+            rows = _span(s["rows"])
+            tokens = _span(s["tokens"])
+            text = (f"{s['count']} packed forwards of {tokens} tokens over {rows} active rows "
+                    f"priced as the stored {who}({batch}, {width})")
+            if s["capped"]:
+                text += (f"; {s['capped']} of them capped at the padded forward of their round "
+                         f"(stored costs not monotone)")
+            log[f"{what}: packed {who}({batch}, {width})"] = text
+        self.packs = {}
+        return log
+
+    def packed(self, what: str, who: str, rows: int, tokens: int, padded_batch: int,
+               padded_width: int) -> float:
+        """Seconds of a packed forward of `tokens` tokens over `rows` rows, never above the
+        padded forward who(padded_batch, padded_width) of the same round."""
+        table = self.costs.target_costs if who == "target" else self.costs.drafter_costs
+        stored = [b for b in sorted(table) if b >= rows and table[b]]
+        if not stored:
+            raise SpecPilotError(f"no stored {who} costs at a batch >= {rows}")
+        batch = stored[0]
+        width = math.ceil(tokens / batch)
+        seconds = self.forward(who, batch, width)
+        padded = self.forward(who, padded_batch, padded_width)
+        s = self.packs.setdefault((what, who, batch, width),
+                                  {"count": 0, "capped": 0, "rows": [rows, rows],
+                                   "tokens": [tokens, tokens]})
+        s["count"] += 1
+        s["rows"] = [min(s["rows"][0], rows), max(s["rows"][1], rows)]
+        s["tokens"] = [min(s["tokens"][0], tokens), max(s["tokens"][1], tokens)]
+        if seconds > padded:
+            s["capped"] += 1
+            return padded
+        return seconds
+
+
+def _span(pair: Sequence[int]) -> str:
+    return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}..{pair[1]}"
 
 
 def positive_counts(text: str) -> List[int]:

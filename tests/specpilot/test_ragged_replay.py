@@ -8,6 +8,11 @@ import random
 
 import pytest
 
+from specpilot.bench.request_adaptive_replay import (Round, padded_round_seconds,
+                                                     ragged_round_seconds)
+from specpilot.bench.step_costs import StepCosts
+from specpilot.bench.stored_forwards import PackedCosts
+
 from bench_script import load_bench_script
 from test_adaptive_replay import profile_from_agreement
 
@@ -135,23 +140,19 @@ def test_a_rule_that_keeps_the_full_chain_replays_the_padded_chain(tmp_path, bat
 
 
 def test_ragged_is_never_priced_above_padded_for_the_same_lengths(tmp_path):
-    module = load_bench_script("ragged_replay")
-    from specpilot.bench.step_costs import StepCosts
-
     rng = random.Random(3)
     batches = (1, 4, 16)
     # noisy stored costs: rising on average, not monotone in width or batch
     noisy = lambda base: {b: {w: base * (1 + 0.1 * b + 0.05 * w) * rng.uniform(0.6, 1.4)
                               for w in range(1, 17)} for b in batches}
-    priced = module.PackedCosts(StepCosts(8, True, noisy(1.0), noisy(0.2)))
+    priced = PackedCosts(StepCosts(8, True, noisy(1.0), noisy(0.2)))
     for _ in range(3000):
         batch = rng.choice(batches)
         active = rng.randint(1, batch)
         lengths = tuple(rng.randint(0, 4) for _ in range(active))
         catch_up = tuple(rng.randint(1, 5) for _ in range(active))
-        r = module.Round(batch, lengths, catch_up)
-        assert (module.ragged_round_seconds(priced, r)
-                <= module.padded_round_seconds(priced, r) + 1e-12), r
+        r = Round(batch, lengths, catch_up)
+        assert ragged_round_seconds(priced, r) <= padded_round_seconds(priced, r) + 1e-12, r
     assert any("capped" in text for text in priced.take_log().values())
 
     # and end to end, on a profile of uneven requests
@@ -215,11 +216,8 @@ def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
 
 
 def test_packed_forwards_pad_rows_to_a_stored_batch_and_log_it():
-    module = load_bench_script("ragged_replay")
-    from specpilot.bench.step_costs import StepCosts
-
     target = {b: {w: b + 0.1 * w for w in (1, 2, 3, 4, 8)} for b in (1, 4, 16)}
-    priced = module.PackedCosts(StepCosts(8, True, target, {1: {1: 0.1}}))
+    priced = PackedCosts(StepCosts(8, True, target, {1: {1: 0.1}}))
     # 10 tokens over 3 rows: the smallest stored batch >= 3 is 4, width ceil(10 / 4) = 3
     assert priced.packed("verification", "target", 3, 10, 16, 5) == pytest.approx(target[4][3])
     # 9 tokens over 1 row: width 9, past the widest stored (8): split into 8 + 1
