@@ -25,6 +25,7 @@ from specpilot.bench.oracle_replay import replay_oracle
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import AcceptanceProfile, replay
 from specpilot.bench.step_costs import StepCosts, read_step_costs
+from specpilot.bench.stored_forwards import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.search.run_folder import write_json_atomic
 
@@ -47,12 +48,12 @@ def main(argv=None) -> int:
     p.add_argument("--step-costs", required=True, metavar="RESULT.json",
                    help="a `specpilot bench --shapes` result whose step costs are replayed")
     p.add_argument("--profiles", required=True, nargs="+", metavar="PROFILE.json")
-    p.add_argument("--batch-sizes", default="1,4,16,64")
+    p.add_argument("--batch-sizes", type=positive_counts, default="1,4,16,64")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     try:
         costs, source = read_step_costs(args.step_costs)
-        batches = [int(b) for b in args.batch_sizes.split(",")]
+        batches = args.batch_sizes
         profiles = {path: AcceptanceProfile.load(path) for path in args.profiles}
     except (OSError, KeyError, ValueError, SpecPilotError) as exc:
         print(f"oracle_lengths: {exc}", file=sys.stderr)

@@ -17,8 +17,8 @@ Off a GPU it runs the same code uncaptured in float32 (to check the script, with
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
+from pathlib import Path
 
 import torch
 
@@ -30,6 +30,7 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.kv_cache import KVCache
 from specpilot.runtime.row_prefill import RowPrefill
 from specpilot.runtime.steps import append_step
+from specpilot.search.run_folder import write_json_atomic
 
 
 def clock(fn, device: torch.device, repeats: int) -> float:
@@ -134,8 +135,7 @@ def main(argv=None) -> int:
                   f"{row['refills']} refills", flush=True)
     doc = {"environment": environment(target.device.type), "settings": vars(args),
            "prefill": prefill, "decode": decode}
-    with open(args.out, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1)
+    write_json_atomic(Path(args.out), doc)
     return 0
 
 

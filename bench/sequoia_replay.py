@@ -35,6 +35,7 @@ requests and replays every system on the odd-numbered ones.
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from typing import List, Optional, Sequence
 
@@ -43,8 +44,7 @@ from specpilot.bench.replay import REPLAYED, replay, spec_step_seconds
 from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
 from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
                                              write_estimate)
-from specpilot.cost.acceptance import (MAX_RANK, RANK_PROFILE_FORMAT, RankProfile,
-                                       load_acceptance)
+from specpilot.cost.acceptance import MAX_RANK, RankProfile
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain
 from specpilot.runtime.sequoia import RankTrace, best_tree, profile_from_trace
@@ -62,18 +62,14 @@ PRICING = ("one round = drafter(B, catch-up width) + drafter(B, width) per tree 
 
 
 def load_rank_profile(path: str) -> RankProfile:
-    """The rank profile at `path` (cost/acceptance.load_acceptance); SpecPilotError naming the
-    file for anything else, a chain profile included."""
+    """The rank profile at `path` (RankProfile.from_json); SpecPilotError naming the file for
+    anything else, a chain profile included."""
     try:
-        profile = load_acceptance(path)
-    except SpecPilotError:
-        raise
-    except Exception as exc:        # a JSON of neither kind: the chain profile's parser says why
-        raise SpecPilotError(f"{path} is not a rank profile: {exc}") from None
-    if not isinstance(profile, RankProfile):
-        raise SpecPilotError(f"{path} is not a rank profile (expected \"format\": "
-                             f"\"{RANK_PROFILE_FORMAT}\", e.g. a compile run's acceptance.json)")
-    return profile
+        with open(path, encoding="utf-8") as f:
+            obj = json.load(f)
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise SpecPilotError(f"cannot read rank profile {path!r}: {exc}") from None
+    return RankProfile.from_json(obj, f"{path} (a compile run's acceptance.json is one)")
 
 
 class PricedCosts(StoredForwards):

@@ -32,7 +32,7 @@ from typing import Dict, List, Optional
 
 from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
                           SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
-                          apply)
+                          replay)
 
 from .systems import ProgramSystem
 
@@ -62,30 +62,26 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     layers = stock.models.target.num_layers
     half = tuple(range(0, layers, 2))
     k = stock.draft.topology.k
-    dynamic = DynamicTree(budget=8, depth=4, width=2)
+    dynamic = SetTopology(DynamicTree(budget=8, depth=4, width=2))
+    tree, pruned_tree = SetTopology(Tree((3, 2, 1))), SetTopology(Tree((2, 2, 1)))
+    prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
-    return {
-        "graphed_adaptive": apply(apply(stock, CaptureGraphs(True)), adaptive),
-        "graphed_refill": apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
-        "graphed_adaptive_refill": apply(apply(apply(stock, CaptureGraphs(True)), adaptive),
-                                         SetRefill("continuous")),
-        "graphed_tree": apply(apply(stock, CaptureGraphs(True)), SetTopology(Tree((3, 2, 1)))),
-        "graphed_dynamic": apply(apply(stock, CaptureGraphs(True)), SetTopology(dynamic)),
-        "graphed_tree_refill": apply(apply(apply(stock, CaptureGraphs(True)),
-                                           SetTopology(Tree((3, 2, 1)))), SetRefill("continuous")),
-        "graphed_dynamic_refill": apply(apply(apply(stock, CaptureGraphs(True)),
-                                              SetTopology(dynamic)), SetRefill("continuous")),
-        "dynamic_tree": apply(stock, SetTopology(dynamic)),
-        "two_level": apply(apply(stock, SetTopology(Tree((2, 2, 1)))),
-                           SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
-        "graphed_two_level": apply(apply(apply(stock, CaptureGraphs(True)),
-                                         SetTopology(Tree((2, 2, 1)))),
-                                   SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))),
-        "ragged": apply(stock, SetBatchLayout("ragged")),
-        "refill": apply(stock, SetRefill("continuous")),
-        "ragged_adaptive_refill": apply(apply(apply(stock, SetBatchLayout("ragged")), adaptive),
-                                        SetRefill("continuous")),
-    }
+    graphs, refill = CaptureGraphs(True), SetRefill("continuous")
+    return {name: replay(stock, steps) for name, steps in {
+        "graphed_adaptive": [graphs, adaptive],
+        "graphed_refill": [graphs, refill],
+        "graphed_adaptive_refill": [graphs, adaptive, refill],
+        "graphed_tree": [graphs, tree],
+        "graphed_dynamic": [graphs, dynamic],
+        "graphed_tree_refill": [graphs, tree, refill],
+        "graphed_dynamic_refill": [graphs, dynamic, refill],
+        "dynamic_tree": [dynamic],
+        "two_level": [pruned_tree, prune],
+        "graphed_two_level": [graphs, pruned_tree, prune],
+        "ragged": [SetBatchLayout("ragged")],
+        "refill": [refill],
+        "ragged_adaptive_refill": [SetBatchLayout("ragged"), adaptive, refill],
+    }.items()}
 
 
 def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
