@@ -11,23 +11,15 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
-from hf_factory import random_prompts
 from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_clean, one_thread,  # noqa: F401
                              pair_setup)
-
-
-def _setup(seed):
-    s = pair_setup(seed)
-    # Nine requests of mixed lengths for 2-3 slots: most slots are refilled more than once.
-    prompts = random_prompts((5, 11, 2, 8, 3, 9, 1, 6, 4), seed=seed + 300)
-    reference = generate_ar(s["target"], prompts, MAX_NEW, eos_ids=s["eos"])
-    return s, prompts, reference
+from refill_setup import NoTargetPrefill, StaleLength, mixed_requests
 
 
 @pytest.mark.parametrize("seed", [11, 4])
 @pytest.mark.parametrize("k,batch", [(0, 3), (1, 2), (3, 3), (4, 2)])
 def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
-    s, prompts, reference = _setup(seed)
+    s, prompts, reference = mixed_requests(seed)
     lengths = [len(t) for t in reference.tokens]
     assert min(lengths) < MAX_NEW == max(lengths)       # requests end at different times
     drafter = s["drafter"] if k else None
@@ -48,7 +40,7 @@ def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_forcing_with_refill_is_clean(k):
-    s, prompts, reference = _setup(11)
+    s, prompts, reference = mixed_requests(11)
     drafter = s["drafter"] if k else None
     decoder = GraphedRefillDecoder(s["target"], drafter, 2, 48, k, s["eos"], capture=False)
     report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
@@ -56,30 +48,9 @@ def test_forcing_with_refill_is_clean(k):
     assert_clean(report, reference)
 
 
-class _StaleLength(GraphedRefillDecoder):
-    """A refill that keeps the previous request's position: the newcomer's first round reads
-    and writes the cache past its prompt, where the old request's K/V still is."""
-
-    def _admit(self, row, prompt, limit, reference=None, alone=False):
-        kept = self.length[row].clone()
-        super()._admit(row, prompt, limit, reference, alone)
-        self.length[row] = kept
-
-
-class _NoTargetPrefill(GraphedRefillDecoder):
-    """A refill whose target K/V never reaches the row (the row prefill copies it elsewhere):
-    the target attends to the old request's K/V where the newcomer's prompt should be."""
-
-    def __init__(self, *args, **kwargs):
-        super().__init__(*args, **kwargs)
-        batch_cache, scratch = self._row_prefill.caches[0]
-        elsewhere = self.target.new_cache(self.batch, batch_cache.capacity)
-        self._row_prefill.caches[0] = (elsewhere, scratch)
-
-
-@pytest.mark.parametrize("mutant", [_StaleLength, _NoTargetPrefill])
+@pytest.mark.parametrize("mutant", [StaleLength, NoTargetPrefill])
 def test_a_refilled_slot_reading_a_stale_row_is_caught(mutant):
-    s, prompts, reference = _setup(4)
+    s, prompts, reference = mixed_requests(4)
     decoder = mutant(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False)
     assert decoder.generate(prompts, MAX_NEW).tokens != reference.tokens
 
@@ -98,7 +69,7 @@ def test_what_refill_does_not_run_is_refused():
 
 @pytest.mark.parametrize("k", [0, 3])
 def test_each_request_may_bring_its_own_limit(k):
-    s, prompts, reference = _setup(4)
+    s, prompts, reference = mixed_requests(4)
     limits = [1 + (7 * i) % MAX_NEW for i in range(len(prompts))]        # 1, 8, 15, 6, ...
     want = [t[:m] for t, m in zip(reference.tokens, limits)]
     drafter = s["drafter"] if k else None
@@ -121,7 +92,7 @@ def _adaptive(s, drafter, batch, capacity=48):
 @pytest.mark.parametrize("seed", [11, 4])
 @pytest.mark.parametrize("batch", [2, 3])
 def test_adaptive_lengths_with_refill_give_greedy_ar_and_pass_forcing(seed, batch):
-    s, prompts, reference = _setup(seed)
+    s, prompts, reference = mixed_requests(seed)
     decoder = _adaptive(s, s["drafter"], batch)
     r = decoder.generate(prompts, MAX_NEW)
     assert r.tokens == reference.tokens
@@ -133,7 +104,7 @@ def test_adaptive_lengths_with_refill_give_greedy_ar_and_pass_forcing(seed, batc
 
 
 def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
-    s, prompts, reference = _setup(11)
+    s, prompts, reference = mixed_requests(11)
     # Twice the usual tokens: the turn-off waits until an upper bound on the acceptance says
     # plain steps win, and with drafts this cheap (1 + 0.25 L) that takes about ten rejected
     # rounds, as long as the longest of the usual requests.
@@ -171,7 +142,7 @@ def _padded_per_batch(s, prompts, batch):
 
 @pytest.mark.parametrize("seed", [11, 4])
 def test_one_slot_judges_every_request_as_a_padded_batch_of_one_would(seed):
-    s, prompts, reference = _setup(seed)
+    s, prompts, reference = mixed_requests(seed)
     refill = GraphedRefillDecoder(s["target"], s["drafter"], 1, 48, 4, s["eos"], capture=False,
                                   adaptive=True, round_costs=COSTS)
     r = refill.generate(prompts, MAX_NEW)
@@ -182,7 +153,7 @@ def test_one_slot_judges_every_request_as_a_padded_batch_of_one_would(seed):
 
 
 def test_with_no_queue_the_batch_drains_as_a_padded_batch():
-    s, prompts, reference = _setup(4)
+    s, prompts, reference = mixed_requests(4)
     refill = GraphedRefillDecoder(s["target"], s["drafter"], 4, 48, 4, s["eos"], capture=False,
                                   adaptive=True, round_costs=COSTS)
     r = refill.generate(prompts[:4], MAX_NEW)
@@ -195,7 +166,7 @@ def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
     # A useless drafter. Calls with no queue are padded batches: the refill decoder learns the
     # workload from them and starts the third off, round for round as the padded decoder does.
     # A call with a queue neither reads that memory nor adds to it.
-    s, prompts, reference = _setup(4)
+    s, prompts, reference = mixed_requests(4)
     useless = ContraryDrafter(s["target"])
     refill = GraphedRefillDecoder(s["target"], useless, 4, 48, 4, s["eos"], capture=False,
                                   adaptive=True)
@@ -232,7 +203,7 @@ class _Admissions(GraphedRefillDecoder):
 def test_a_newcomer_is_alone_when_every_other_row_finished_in_the_same_replay():
     # Both rows finish in the same round (plain steps, equal limits, no EOS) and one request
     # is left: it goes into an empty batch, so it starts the batch anew, whichever row it takes.
-    s, prompts, _ = _setup(11)
+    s, prompts, _ = mixed_requests(11)
     decoder = _Admissions(s["target"], None, 2, 48, 0, capture=False)
     decoder.admissions = []
     decoder.generate(prompts[:3], [3, 3, 4])

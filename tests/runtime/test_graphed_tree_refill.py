@@ -11,7 +11,7 @@ from specpilot.runtime.graphed_tree_refill import (GraphedDynamicTreeRefillDecod
                                                    GraphedTreeRefillDecoder)
 
 from mechanism_setup import MAX_NEW, assert_clean, one_thread  # noqa: F401
-from test_graphed_refill import _NoTargetPrefill, _setup, _StaleLength
+from refill_setup import NoTargetPrefill, StaleLength, mixed_requests
 
 TREES = [
     (GraphedTreeRefillDecoder, Tree((2, 2)).shape()),
@@ -25,7 +25,7 @@ TREES = [
 @pytest.mark.parametrize("batch", [2, 3])
 @pytest.mark.parametrize("cls,tree", TREES, ids=lambda x: getattr(x, "__name__", str(x)))
 def test_refilled_tree_slots_give_greedy_ar_and_pass_forcing(seed, batch, cls, tree):
-    s, prompts, reference = _setup(seed)
+    s, prompts, reference = mixed_requests(seed)
     decoder = cls(s["target"], s["drafter"], batch, 64, tree, s["eos"], capture=False)
     r = decoder.generate(prompts, MAX_NEW)
     assert r.tokens == reference.tokens
@@ -36,10 +36,10 @@ def test_refilled_tree_slots_give_greedy_ar_and_pass_forcing(seed, batch, cls, t
     assert_clean(report, reference)
 
 
-@pytest.mark.parametrize("mutant", [_StaleLength, _NoTargetPrefill])
+@pytest.mark.parametrize("mutant", [StaleLength, NoTargetPrefill])
 @pytest.mark.parametrize("cls,tree", TREES[::2], ids=lambda x: getattr(x, "__name__", str(x)))
 def test_a_refilled_tree_slot_reading_a_stale_row_is_caught(mutant, cls, tree):
-    s, prompts, reference = _setup(4)
+    s, prompts, reference = mixed_requests(4)
     broken = type(f"{mutant.__name__}{cls.__name__}", (mutant, cls), {})
     decoder = broken(s["target"], s["drafter"], 2, 64, tree, s["eos"], capture=False)
     assert decoder.generate(prompts, MAX_NEW).tokens != reference.tokens

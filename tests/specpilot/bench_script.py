@@ -1,5 +1,7 @@
-"""Load a script of bench/ (not a package) as a module, for the tests that run it end to end."""
+"""Load a script of bench/ (not a package) as a module, for the tests that run it end to end,
+and write the step costs such scripts read."""
 import importlib.util
+import json
 import os
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -11,3 +13,19 @@ def load_bench_script(name: str):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+def write_step_costs(path, target, drafter, accept=None, shapes="hand:made", gpu="hand",
+                     context=8) -> str:
+    """A `specpilot bench --shapes` result at `path` holding only step costs: target[b][w] and
+    drafter[b][w] in seconds (and `accept` as stored there); returns the path as a string."""
+    def keyed(table):
+        return {str(b): {str(w): s for w, s in row.items()} for b, row in table.items()}
+    doc = {"settings": {"shapes": shapes, "device": "cuda", "dtype": "bfloat16", "scale": 1.0,
+                        "context": context},
+           "environment": {"gpu": gpu},
+           "step_costs": {"context": context, "graphed": True, "unit": "seconds",
+                          "target": keyed(target), "drafter": keyed(drafter),
+                          "verify_trees": {}, "accept": accept or {}, "graphed_rounds": {}}}
+    path.write_text(json.dumps(doc))
+    return str(path)

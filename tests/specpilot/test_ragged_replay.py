@@ -13,7 +13,7 @@ from specpilot.bench.request_adaptive_replay import (Round, padded_round_seconds
 from specpilot.bench.step_costs import StepCosts
 from specpilot.bench.stored_forwards import PackedCosts
 
-from bench_script import load_bench_script
+from bench_script import load_bench_script, write_step_costs
 from test_adaptive_replay import profile_from_agreement
 
 
@@ -23,21 +23,6 @@ def _write_profile(path, accepted, new_tokens, k=4, kind="chain"):
     path.write_text(json.dumps({"format": "specpilot-acceptance-profile", "version": 1,
                                 "topology": topology, "accepted_lengths": accepted,
                                 "new_tokens": new_tokens, "source": {"hand": True}}))
-    return str(path)
-
-
-def _write_costs(path, target, drafter, shapes="hand:made", gpu="hand", context=8):
-    """A `specpilot bench --shapes` result holding only step costs: target[b][w] and
-    drafter[b][w] in seconds."""
-    def keyed(table):
-        return {str(b): {str(w): s for w, s in row.items()} for b, row in table.items()}
-    doc = {"settings": {"shapes": shapes, "device": "cuda", "dtype": "bfloat16", "scale": 1.0,
-                        "context": context},
-           "environment": {"gpu": gpu},
-           "step_costs": {"context": context, "graphed": True, "unit": "seconds",
-                          "target": keyed(target), "drafter": keyed(drafter),
-                          "verify_trees": {}, "accept": {}, "graphed_rounds": {}}}
-    path.write_text(json.dumps(doc))
     return str(path)
 
 
@@ -70,7 +55,7 @@ def test_two_requests_by_hand(tmp_path):
     #   round 3: request 0 alone wants 4 and fits; it accepts positions 8, 9 (then the map
     #            ends): 2 drafts; catch-up 4
     profile = _write_profile(tmp_path / "p.json", [[4, 4], [4]], [11, 6])
-    costs = _write_costs(tmp_path / "c.json", TARGET, DRAFTER)
+    costs = write_step_costs(tmp_path / "c.json", TARGET, DRAFTER)
     doc = _run(tmp_path, profile, costs, "--batch-sizes", "2", "--token-budget", "7",
                "--bound", "optimistic")
     t = lambda b, w: TARGET[b][w]
@@ -128,7 +113,7 @@ def test_a_rule_that_keeps_the_full_chain_replays_the_padded_chain(tmp_path, bat
     # the full budget nothing is cut: the padded adaptive system is chain(4), round for round.
     lengths, tokens = _random_profile(random.Random(batch), 5)
     doc = _run(tmp_path, _write_profile(tmp_path / "p.json", lengths, tokens),
-               _write_costs(tmp_path / "c.json", TARGET, DRAFTER), "--batch-sizes", str(batch),
+               write_step_costs(tmp_path / "c.json", TARGET, DRAFTER), "--batch-sizes", str(batch),
                "--token-budget", "full", "--draft-cost", "0", "--bound", "pessimistic")
     chain, padded = _row(doc, "padded chain(4)", batch), _row(doc, "padded adaptive", batch)
     assert padded["mean_draft_length"] == pytest.approx(4.0)
@@ -158,7 +143,7 @@ def test_ragged_is_never_priced_above_padded_for_the_same_lengths(tmp_path):
     # and end to end, on a profile of uneven requests
     lengths, tokens = _random_profile(random.Random(4), 9, p=0.6)
     doc = _run(tmp_path, _write_profile(tmp_path / "p.json", lengths, tokens),
-               _write_costs(tmp_path / "c.json", TARGET, DRAFTER), "--token-budget", "full")
+               write_step_costs(tmp_path / "c.json", TARGET, DRAFTER), "--token-budget", "full")
     for row in doc["rows"]:
         if row["system"] == "ragged adaptive":
             assert row["speedup_vs_padded_adaptive"] >= 1.0 - 1e-12, row
@@ -177,7 +162,7 @@ def test_the_ridge_budget_of_the_8b_shape_on_an_h200(tmp_path):
     lengths, tokens = _random_profile(random.Random(5), 4)
     costs = {b: {w: 1.0 + 0.1 * w for w in range(1, 6)} for b in (1, 64)}
     doc = _run(tmp_path, _write_profile(tmp_path / "p.json", lengths, tokens),
-               _write_costs(tmp_path / "c.json", costs, costs, shapes="llama-3.1-8b:llama-3.2-1b",
+               write_step_costs(tmp_path / "c.json", costs, costs, shapes="llama-3.1-8b:llama-3.2-1b",
                             gpu="NVIDIA H200", context=512),
                "--bound", "pessimistic")
     ridge = doc["settings"]["ridge_budgets"]
@@ -192,7 +177,7 @@ def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
     module = load_bench_script("ragged_replay")
     profile = _write_profile(tmp_path / "p.json", [[1, 0]], [4])
     tree = _write_profile(tmp_path / "tree.json", [[1, 0]], [4], kind="tree")
-    costs = _write_costs(tmp_path / "c.json", TARGET, DRAFTER)
+    costs = write_step_costs(tmp_path / "c.json", TARGET, DRAFTER)
     not_costs = tmp_path / "not-costs.json"
     not_costs.write_text(json.dumps({"rows": []}))
     missing = str(tmp_path / "missing.json")
@@ -246,7 +231,7 @@ def test_a_rejected_request_shortens_its_chain_round_by_round(tmp_path):
     for alpha, best in ((0.8, 3), (4 / 7, 2), (4 / 11, 1)):
         assert max(range(1, 5), key=lambda n: value(alpha, n)) == best
     doc = _run(tmp_path, _write_profile(tmp_path / "p.json", [[0, 0, 0, 0]], [5]),
-               _write_costs(tmp_path / "c.json", TARGET, DRAFTER), "--batch-sizes", "1",
+               write_step_costs(tmp_path / "c.json", TARGET, DRAFTER), "--batch-sizes", "1",
                "--token-budget", "full", "--bound", "pessimistic")
     row = _row(doc, "padded adaptive", 1)
     t = lambda w: TARGET[1][w]

@@ -4,11 +4,12 @@ formula 1 + p + p^2 + ... on i.i.d. ranks; a tree's expected tokens as the sum o
 path products), a useless drafter slower than plain AR, missing widths priced from stored ones,
 and bad inputs refused by file name."""
 import json
+import math
 import random
 
 import pytest
 
-from bench_script import load_bench_script
+from bench_script import load_bench_script, write_step_costs
 
 OUT_OF_TREE = 16        # a stored rank of 16: not among the drafter's top 16, in no tree
 
@@ -21,18 +22,10 @@ def _write_ranks(path, ranks):
 
 
 def _write_costs(path, target, drafter, batches=(1,), accept=None):
-    """A `specpilot bench --shapes` result holding only step costs: target(b, w) and
-    drafter(b, w) for the given {width: seconds} at every batch."""
-    def by_batch(widths):
-        return {str(b): {str(w): s for w, s in widths.items()} for b in batches}
-    doc = {"settings": {"shapes": "hand:made", "device": "cuda", "dtype": "bfloat16",
-                        "scale": 1.0, "context": 8},
-           "environment": {"gpu": "hand"},
-           "step_costs": {"context": 8, "graphed": True, "unit": "seconds",
-                          "target": by_batch(target), "drafter": by_batch(drafter),
-                          "verify_trees": {}, "accept": accept or {}, "graphed_rounds": {}}}
-    path.write_text(json.dumps(doc))
-    return str(path)
+    """Step costs of target(b, w) and drafter(b, w) for the given {width: seconds} at every
+    batch."""
+    return write_step_costs(path, {b: target for b in batches}, {b: drafter for b in batches},
+                            accept)
 
 
 TARGET = {w: 1.0 + 0.1 * w for w in range(1, 17)}     # target(1, 1) = 1.1 = one plain step
@@ -92,7 +85,7 @@ def test_iid_ranks_match_the_per_depth_formula_and_the_tree_its_node_sum(tmp_pat
     assert tree["nodes"] <= 6
     paths = _paths(tree["topology"])
     rate = {0: p0, 1: p1}
-    by_nodes = 1 + sum(_prod(rate.get(r, 0.0) for r in q) for q in paths)
+    by_nodes = 1 + sum(math.prod(rate.get(r, 0.0) for r in q) for q in paths)
     assert tree["tokens_per_round"] == pytest.approx(by_nodes, abs=0.04)
     # Priced by hand: catch-up + a drafter forward per level but the last (all 0.2 s here) +
     # the causal target forward of nodes + 1 tokens.
@@ -112,13 +105,6 @@ def _paths(name):
         return [(0,) * d for d in range(1, k + 1)]
     assert name.startswith("sparse_tree("), name
     return [tuple(q) for q in json.loads(name[len("sparse_tree("):-1])]
-
-
-def _prod(xs):
-    out = 1.0
-    for x in xs:
-        out *= x
-    return out
 
 
 def test_a_useless_drafter_is_slower_than_plain_ar(tmp_path):

@@ -1,0 +1,37 @@
+"""What the refill tests share (tests/runtime/test_graphed_refill.py, test_graphed_tree_refill.py):
+requests of mixed lengths, more than the slots, and two refills that leave a stale row behind."""
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+from hf_factory import random_prompts
+from mechanism_setup import MAX_NEW, pair_setup
+
+
+def mixed_requests(seed):
+    """(pair_setup(seed), nine prompts of mixed lengths, their greedy AR) for 2-3 slots: most
+    slots are refilled more than once."""
+    s = pair_setup(seed)
+    prompts = random_prompts((5, 11, 2, 8, 3, 9, 1, 6, 4), seed=seed + 300)
+    reference = generate_ar(s["target"], prompts, MAX_NEW, eos_ids=s["eos"])
+    return s, prompts, reference
+
+
+class StaleLength(GraphedRefillDecoder):
+    """A refill that keeps the previous request's position: the newcomer's first round reads
+    and writes the cache past its prompt, where the old request's K/V still is."""
+
+    def _admit(self, row, prompt, limit, reference=None, alone=False):
+        kept = self.length[row].clone()
+        super()._admit(row, prompt, limit, reference, alone)
+        self.length[row] = kept
+
+
+class NoTargetPrefill(GraphedRefillDecoder):
+    """A refill whose target K/V never reaches the row (the row prefill copies it elsewhere):
+    the target attends to the old request's K/V where the newcomer's prompt should be."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        batch_cache, scratch = self._row_prefill.caches[0]
+        elsewhere = self.target.new_cache(self.batch, batch_cache.capacity)
+        self._row_prefill.caches[0] = (elsewhere, scratch)
