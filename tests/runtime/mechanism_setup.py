@@ -117,3 +117,16 @@ def off_by_one_ancestors(tree, node):
 
 
 ORIGINAL_ANCESTORS = RowTree.ancestors_or_self
+
+
+def program_of(s, *transformations, batch: int):
+    """The stock Program of pair_setup `s` (float32) with `transformations` applied in order,
+    at batch size `batch`."""
+    from dataclasses import replace
+
+    from specpilot.deploy import build_deployment
+    from specpilot.ir import replay, stock_program
+
+    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
+    program = replay(stock, transformations)
+    return replace(program, batch=replace(program.batch, max_batch_size=batch))

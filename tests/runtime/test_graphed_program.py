@@ -1,21 +1,18 @@
 """Programs with CaptureGraphs run on the graphed runtime with the decoder their topology needs
 (chain, static tree, dynamic tree), decode exactly as greedy AR and pass forcing (rounds run
 eagerly on CPU)."""
-from dataclasses import replace
-
 import pytest
 
-from specpilot.deploy import build_deployment
-from specpilot.ir import CaptureGraphs, SetTopology, apply, stock_program
+from specpilot.ir import CaptureGraphs, SetTopology
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.decoder import ModelPair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
 from specpilot.runtime.graphed_program import (decoder_for, force_graphed, release_decoders,
-                                               run_graphed)
+                                               rounds_refusal, run_graphed)
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 
-from mechanism_setup import MAX_NEW, assert_clean, pair_setup
+from mechanism_setup import MAX_NEW, assert_clean, pair_setup, program_of
 
 
 @pytest.mark.parametrize("topology,decoder_class,batch", [
@@ -25,11 +22,9 @@ from mechanism_setup import MAX_NEW, assert_clean, pair_setup
 ], ids=str)
 def test_each_topology_runs_and_forces_on_its_graphed_decoder(topology, decoder_class, batch):
     s = pair_setup(11)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(stock, CaptureGraphs(True))
+    program = program_of(s, CaptureGraphs(True), batch=batch)
     if topology != program.draft.topology:
-        program = apply(program, SetTopology(topology))
-    program = replace(program, batch=replace(program.batch, max_batch_size=batch))
+        program = program_of(s, CaptureGraphs(True), SetTopology(topology), batch=batch)
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
     release_decoders()
     assert type(decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)) is decoder_class
@@ -39,63 +34,39 @@ def test_each_topology_runs_and_forces_on_its_graphed_decoder(topology, decoder_
                  s["reference"])
 
 
-def test_a_refill_program_runs_every_request_on_the_refill_decoder():
+@pytest.mark.parametrize("topology", [None, Tree((2, 1)), DynamicTree(budget=5, depth=3, width=2)],
+                         ids=str)
+def test_a_refill_program_runs_every_request_on_the_refill_decoder_of_its_topology(topology):
     from specpilot.ir import SetRefill
-    from specpilot.runtime.graphed_program import rounds_refusal
     from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+    from specpilot.runtime.graphed_tree_refill import (GraphedDynamicTreeRefillDecoder,
+                                                       GraphedTreeRefillDecoder)
 
     s = pair_setup(4)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous"))
-    program = replace(program, batch=replace(program.batch, max_batch_size=2))
-    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
-    release_decoders()
-    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
-    assert type(decoder) is GraphedRefillDecoder
-    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
-    assert r.tokens == s["reference"].tokens
-    assert r.stats["refills"] == len(s["prompts"]) - 2     # one call: the slots were refilled
-    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
-                 s["reference"])
-    assert rounds_refusal(program) is None
-
-
-@pytest.mark.parametrize("topology,decoder_name", [
-    (Tree((2, 1)), "GraphedTreeRefillDecoder"),
-    (DynamicTree(budget=5, depth=3, width=2), "GraphedDynamicTreeRefillDecoder"),
-], ids=str)
-def test_a_refill_program_with_a_tree_runs_on_the_tree_refill_decoder(topology, decoder_name):
-    from specpilot.ir import SetRefill
-    from specpilot.runtime import graphed_tree_refill
-    from specpilot.runtime.graphed_program import rounds_refusal
-
-    s = pair_setup(4)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
-                    SetTopology(topology))
-    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    steps = [CaptureGraphs(True), SetRefill("continuous")]
+    steps += [SetTopology(topology)] if topology is not None else []   # else stock chain(4)
+    program = program_of(s, *steps, batch=2)
     assert rounds_refusal(program) is None
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
     release_decoders()
     decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
-    assert type(decoder) is getattr(graphed_tree_refill, decoder_name)
+    want = {None: GraphedRefillDecoder, Tree: GraphedTreeRefillDecoder,
+            DynamicTree: GraphedDynamicTreeRefillDecoder}[topology and type(topology)]
+    assert type(decoder) is want
     r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
     assert r.tokens == s["reference"].tokens and r.mean_accepted > 1.0
-    assert r.stats["refills"] == len(s["prompts"]) - 2
+    assert r.stats["refills"] == len(s["prompts"]) - 2     # one call: the slots were refilled
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
 
 
 def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder():
     from specpilot.ir import SetDraftLengthPolicy, SetRefill
-    from specpilot.runtime.graphed_program import rounds_refusal
     from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
     s = pair_setup(11)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(apply(apply(stock, CaptureGraphs(True)), SetRefill("continuous")),
-                    SetDraftLengthPolicy("per_request_adaptive", token_budget=8))
-    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    program = program_of(s, CaptureGraphs(True), SetRefill("continuous"),
+                         SetDraftLengthPolicy("per_request_adaptive", token_budget=8), batch=2)
     assert rounds_refusal(program) is None
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
     release_decoders()
@@ -115,9 +86,7 @@ def test_forcing_checks_the_decoder_the_timed_runs_used_when_references_stop_ear
     from specpilot.runtime.ar import ARResult
 
     s = pair_setup(11)
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(stock, CaptureGraphs(True))
-    program = replace(program, batch=replace(program.batch, max_batch_size=2))
+    program = program_of(s, CaptureGraphs(True), batch=2)
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
     release_decoders()
     run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)

@@ -4,14 +4,12 @@ kept the cheap verifier is the target, so each round accepts exactly what the st
 decoder accepts; forcing clean; a round that lets the cheap path decide is caught; and Programs
 declaring it run on it (or are refused with the reason)."""
 import re
-from dataclasses import replace
 
 import pytest
 import torch
 
-from specpilot.deploy import build_deployment
 from specpilot.ir import (CaptureGraphs, LayerSkipPrune, LowPrecisionPrune, SetRefill,
-                          SetTopology, SetVerifyPrune, apply, stock_program)
+                          SetTopology, SetVerifyPrune)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.decoder import ModelPair
@@ -21,7 +19,7 @@ from specpilot.runtime.graphed_program import (decoder_for, force_graphed, relea
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
 from specpilot.runtime.graphed_two_level import GraphedTwoLevelDecoder
 
-from mechanism_setup import MAX_NEW, assert_clean, pair_setup
+from mechanism_setup import MAX_NEW, assert_clean, pair_setup, program_of
 
 TREES = [Tree((2, 2, 1)), Tree((3, 2, 1)), Tree((2, 2))]
 
@@ -90,41 +88,32 @@ def test_a_round_where_the_cheap_path_decides_is_caught():
     assert decoder.generate(s["prompts"], MAX_NEW).tokens != s["reference"].tokens
 
 
-def _program(s, *transforms, batch=2):
-    stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
-    program = apply(stock, CaptureGraphs(True))
-    for t in transforms:
-        program = apply(program, t)
-    return replace(program, batch=replace(program.batch, max_batch_size=batch))
-
-
 def test_a_program_declaring_it_runs_on_it_and_what_it_cannot_run_is_refused():
     s = pair_setup(4)
     half = tuple(range(0, _layers(s), 2))
     prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
-    program = _program(s, SetTopology(Tree((2, 2, 1))), prune)
+    graphs, tree = CaptureGraphs(True), SetTopology(Tree((2, 2, 1)))
+    program = program_of(s, graphs, tree, prune, batch=2)
     assert rounds_refusal(program) is None
     pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
     release_decoders()
     decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
     assert type(decoder) is GraphedTwoLevelDecoder
     # The same span without the pruned verifier is another decoder, not this one.
-    plain = _program(s, SetTopology(Tree((2, 2, 1))))
+    plain = program_of(s, graphs, tree, batch=2)
     assert type(decoder_for(plain, pair, s["prompts"], MAX_NEW, capture=False)) is GraphedTreeDecoder
     r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
     assert r.tokens == s["reference"].tokens
     assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
                  s["reference"])
     refused = {
-        "top_k=1": _program(s, SetTopology(Tree((2, 2, 1))),
-                          SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=2))),
-        "(layer_skip)": _program(s, SetTopology(Tree((2, 2, 1))),
-                               SetVerifyPrune(LowPrecisionPrune(dtype="bfloat16", top_k=1))),
-        "static trees": _program(s, SetTopology(DynamicTree(budget=6, depth=3, width=2)), prune),
-        "continuous refill": _program(s, SetTopology(Tree((2, 2, 1))), prune,
-                                      SetRefill("continuous")),
+        "top_k=1": [tree, SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=2))],
+        "(layer_skip)": [tree, SetVerifyPrune(LowPrecisionPrune(dtype="bfloat16", top_k=1))],
+        "static trees": [SetTopology(DynamicTree(budget=6, depth=3, width=2)), prune],
+        "continuous refill": [tree, prune, SetRefill("continuous")],
     }
-    for words, p in refused.items():
+    for words, steps in refused.items():
+        p = program_of(s, graphs, *steps, batch=2)
         assert words in rounds_refusal(p), words
         with pytest.raises(SpecPilotError, match=re.escape(words)):
             decoder_for(p, pair, s["prompts"], MAX_NEW, capture=False)
