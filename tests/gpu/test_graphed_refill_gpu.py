@@ -55,6 +55,20 @@ def _mixed_requests(tmp_path, seed, drafter_seed):
     return target, drafter, prompts, limits, generate_ar(target, prompts, 20)
 
 
+def _captured_equals_eager(build, prompts, limits, reference):
+    """`build(capture)` run eagerly gives greedy AR cut at each limit; captured, over two calls,
+    the same tokens, acceptance and rounds. Returns the captured decoder."""
+    want = build(False).generate(prompts, limits)
+    assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]
+    graphed = build(True)
+    for _ in range(2):                        # a decoder serves many calls
+        got = graphed.generate(prompts, limits)
+        assert got.tokens == want.tokens
+        assert got.accepted_lengths == want.accepted_lengths
+        assert got.stats == want.stats
+    return graphed
+
+
 @pytest.mark.parametrize("mode", ["ops", "layers"])
 @pytest.mark.parametrize("drafter_seed", [93, 95])      # the target itself; a useless drafter
 def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed,
@@ -64,15 +78,9 @@ def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, d
     # One set of round costs and one replay size for both, so that both choose the same
     # lengths at the same rounds.
     options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=4)
-    eager = GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=False, **options)
-    want = eager.generate(prompts, limits)
-    assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]
-    graphed = GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=True, **options)
-    for _ in range(2):
-        got = graphed.generate(prompts, limits)
-        assert got.tokens == want.tokens
-        assert got.accepted_lengths == want.accepted_lengths
-        assert got.stats == want.stats
+    _captured_equals_eager(
+        lambda capture: GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=capture,
+                                             **options), prompts, limits, reference)
 
 
 def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_path, monkeypatch):
@@ -104,15 +112,9 @@ def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_pa
     from specpilot.runtime.graphed_program import refill_tree_decoder
 
     target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 98, drafter_seed)
-    eager = refill_tree_decoder(target, drafter, 3, 64, tree, capture=False)
-    want = eager.generate(prompts, limits)
-    assert want.tokens == [t[:m] for t, m in zip(reference.tokens, limits)]
-    graphed = refill_tree_decoder(target, drafter, 3, 64, tree, capture=True)
-    for _ in range(2):
-        got = graphed.generate(prompts, limits)
-        assert got.tokens == want.tokens
-        assert got.accepted_lengths == want.accepted_lengths
-        assert got.stats == want.stats
+    graphed = _captured_equals_eager(
+        lambda capture: refill_tree_decoder(target, drafter, 3, 64, tree, capture=capture),
+        prompts, limits, reference)
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))
     assert report.passed, report.format()
