@@ -30,9 +30,9 @@ def _starts_off(counts, requests, costs=COSTS):
     return spans[0] < min(spans[1:])
 
 
-def _policy(counts):
+def _policy(counts, batch=4, costs=COSTS):
     """A padded batch's length policy (turn-off on) that remembers requests with `counts`."""
-    policy = BatchLengthPolicy(4, 4, "cpu", 0.0, round_costs=COSTS)
+    policy = BatchLengthPolicy(batch, 4, "cpu", 0.0, round_costs=costs)
     policy.memory.add([a for a, _ in counts], [r for _, r in counts])
     policy.reset()
     return policy
@@ -61,14 +61,8 @@ def test_one_barely_agreeing_request_in_a_workload_of_64_starts_a_batch_of_64_of
     costs = [1.0, 1.31, 1.62, 1.93, 2.24]
     for counts, off in ((good + [(0.0, 7.0)], True), (good + [(6.0, 4.0)], False)):
         assert _starts_off(counts, 64, costs) == off
-        policy = BatchLengthPolicy(64, 4, "cpu", 0.0, round_costs=costs)
-        policy.memory.add([a for a, _ in counts], [r for _, r in counts])
-        policy.reset()
-        assert policy.start(64) == (0 if off else 4)
-        policy = BatchLengthPolicy(1, 4, "cpu", 0.0, round_costs=costs)
-        policy.memory.add([a for a, _ in counts], [r for _, r in counts])
-        policy.reset()
-        assert policy.start(1) == 4       # the median request speculates
+        assert _policy(counts, 64, costs).start(64) == (0 if off else 4)
+        assert _policy(counts, 1, costs).start(1) == 4       # the median request speculates
 
 
 def _run_rounds(policy, accepted_per_round, remaining=200):
@@ -118,9 +112,7 @@ def test_a_batch_that_would_turn_off_at_its_first_chance_starts_off(seed):
 def test_a_batch_started_off_records_no_first_judgement():
     """Started off by the memory, a batch makes no turn-off decision, so it leaves no judgement
     to remember (a replay still runs the policy on its plain rounds)."""
-    policy = BatchLengthPolicy(4, 4, "cpu", 0.0, round_costs=COSTS)
-    policy.memory.add([0.0] * 8, [30.0] * 8)
-    policy.reset()
+    policy = _policy([(0.0, 30.0)] * 8)
     assert policy.start(4) == 0
     zero = torch.zeros(4, dtype=torch.int64)
     for _ in range(2 * OFF_AFTER_ROUNDS):
