@@ -88,10 +88,11 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
     maps = agreement_maps(profile, BOUNDS[bound])
     count = len(maps)
     plain = priced.target(batch, 1)
-    figures = {"padded": [0.0, 0, 0], "ragged": [0.0, 0, 0]}  # seconds, verified tokens, rounds
-    tokens = ar_steps = committed = accepted = drafted = 0
+    figures = {"padded": [0.0, 0], "ragged": [0.0, 0]}    # seconds, verified tokens
+    tokens = ar_steps = committed = accepted = drafted = rounds_run = 0
     ragged_ar = 0.0
-    for number, rows in enumerate(cycled_batches(count, batch)):
+    batches = cycled_batches(count, batch)
+    for number, rows in enumerate(batches):
         decode = [profile.new_tokens[r] - 1 for r in rows]
         tokens += sum(decode)
         ar_steps += max(decode)
@@ -106,8 +107,7 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
             figures["padded"][1] += batch * (max(r.lengths) + 1)
             figures["ragged"][0] += ragged_round_seconds(priced, r)
             figures["ragged"][1] += sum(n + 1 for n in r.lengths)
-        for layout in figures:
-            figures[layout][2] += len(rounds)
+        rounds_run += len(rounds)
         for step in range(max(decode)):
             active = sum(1 for n in decode if n > step)
             ragged_ar += priced.packed("ragged AR step", "target", active, active, batch, 1)
@@ -117,7 +117,8 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
     log = priced.take_log()
     ar_seconds = ar_steps * plain
     out = []
-    for layout, (seconds, verified, rounds) in figures.items():
+    rounds = rounds_run
+    for layout, (seconds, verified) in figures.items():
         per_round = seconds / rounds
         row = {"system": f"{layout} adaptive", "batch_size": batch, "bound": bound,
                "token_budget": budget, "draft_cost": draft_cost,
@@ -127,7 +128,7 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
                "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
                "plain_step_ms": plain * 1e3, "speedup_vs_ar": ar_seconds / seconds,
                "rounds": rounds, "ar_steps": ar_steps, "tokens": tokens,
-               "requests": len(cycled_batches(count, batch)) * batch, "label": label,
+               "requests": len(batches) * batch, "label": label,
                "priced_from": {key: text for key, text in log.items()
                                if layout == "ragged" or "packed" not in key}}
         if layout == "ragged":
