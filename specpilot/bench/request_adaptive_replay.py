@@ -117,17 +117,16 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
     log = priced.take_log()
     ar_seconds = ar_steps * plain
     out = []
-    rounds = rounds_run
     for layout, (seconds, verified) in figures.items():
-        per_round = seconds / rounds
+        per_round = seconds / rounds_run
         row = {"system": f"{layout} adaptive", "batch_size": batch, "bound": bound,
                "token_budget": budget, "draft_cost": draft_cost,
                "tokens_per_round": 1 + accepted / committed,
                "mean_draft_length": drafted / committed,
-               "verified_tokens_per_round": verified / rounds,
+               "verified_tokens_per_round": verified / rounds_run,
                "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
                "plain_step_ms": plain * 1e3, "speedup_vs_ar": ar_seconds / seconds,
-               "rounds": rounds, "ar_steps": ar_steps, "tokens": tokens,
+               "rounds": rounds_run, "ar_steps": ar_steps, "tokens": tokens,
                "requests": len(batches) * batch, "label": label,
                "priced_from": {key: text for key, text in log.items()
                                if layout == "ragged" or "packed" not in key}}
