@@ -142,23 +142,21 @@ def test_a_captured_batch_started_off_prefills_only_the_target_and_gives_greedy_
     """With a drafter that never agrees, two batches of four teach the captured adaptive decoder
     its workload; the third starts off, runs plain rounds from its first replay and prefills the
     target alone (its own prefill graph), and still gives greedy AR's output."""
-    from mechanism_setup import ContraryDrafter
+    from mechanism_setup import ContraryDrafter, fill_with_noise
     folder = make_checkpoint(tmp_path, "llama3", seed=91)
     target = Transformer.from_checkpoint(folder, "float32", "cuda")
     prompts = random_prompts((4, 11, 1, 7), seed=92)
     reference = generate_ar(target, prompts, 24)
     decoder = GraphedChainDecoder(target, ContraryDrafter(target), 4, 64, 4, adaptive=True)
     runs = [decoder.generate(prompts, 24) for _ in range(2)]
-    for t in decoder.dcache.k + decoder.dcache.v:
-        t.copy_(torch.randn_like(t))
-    noise = [t.clone() for t in decoder.dcache.k + decoder.dcache.v]
+    untouched = fill_with_noise(decoder.dcache)
     runs.append(decoder.generate(prompts, 24))
     for r in runs:
         report = compare_to_reference(r.tokens, reference, default_tolerance(torch.float32))
         assert report.passed, report.format()
     assert runs[0].drafter_forwards > 0
     assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 0
-    assert all(torch.equal(a, b) for a, b in zip(noise, decoder.dcache.k + decoder.dcache.v))
+    assert untouched()
 
 
 def test_captured_two_level_rounds_equal_eager_ones_and_force_clean(tmp_path):

@@ -130,3 +130,12 @@ def program_of(s, *transformations, batch: int):
     stock = stock_program(build_deployment(s["target_dir"], s["drafter_dir"], dtype="float32"))
     program = replay(stock, transformations)
     return replace(program, batch=replace(program.batch, max_batch_size=batch))
+
+
+def fill_with_noise(cache):
+    """Random K/V in every slot of `cache` (where a run must neither read nor write); returns a
+    function telling whether the cache still holds exactly that noise."""
+    for t in cache.k + cache.v:
+        t.copy_(torch.randn_like(t))
+    noise = [t.clone() for t in cache.k + cache.v]
+    return lambda: all(torch.equal(a, b) for a, b in zip(noise, cache.k + cache.v))

@@ -5,7 +5,7 @@ import torch
 from specpilot.runtime.graphed_prefill import BUCKET, StaticPrefill
 from specpilot.runtime.steps import append_step
 
-from mechanism_setup import pair_setup
+from mechanism_setup import fill_with_noise, pair_setup
 
 
 def test_bucketed_prefill_gives_the_eager_prefills_logits_and_cache():
@@ -41,9 +41,7 @@ def test_a_first_model_only_prefill_fills_the_target_and_leaves_the_drafter_cach
     target, drafter = s["target"], s["drafter"]
     rows = [list(p) for p in s["prompts"]]
     tcache, dcache = target.new_cache(4, 96), drafter.new_cache(4, 96)
-    for t in dcache.k + dcache.v:
-        t.copy_(torch.randn_like(t))
-    noise = [t.clone() for t in dcache.k + dcache.v]
+    untouched = fill_with_noise(dcache)
     prefill = StaticPrefill([(target, tcache), (drafter, dcache)], 4, 96, capture=False)
     got = prefill.run(rows, first_only=True)
     eager = target.new_cache(4, 96)
@@ -52,10 +50,10 @@ def test_a_first_model_only_prefill_fills_the_target_and_leaves_the_drafter_cach
     for r, row in enumerate(rows):
         torch.testing.assert_close(tcache.k[0][r, :len(row)], eager.k[0][r, :len(row)],
                                    rtol=1e-5, atol=1e-5)
-    assert all(torch.equal(a, b) for a, b in zip(noise, dcache.k + dcache.v))
+    assert untouched()
     # Both models again, from the same bucket width: the drafter's cache is written now.
     prefill.run(rows)
-    assert not torch.equal(noise[0], dcache.k[0])
+    assert not untouched()
 
 
 def test_a_decoder_without_a_drafter_prefills_with_the_graph_it_prepared():

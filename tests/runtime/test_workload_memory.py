@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from mechanism_setup import MAX_NEW, ContraryDrafter, pair_setup
+from mechanism_setup import MAX_NEW, ContraryDrafter, fill_with_noise, pair_setup
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 from specpilot.runtime.workload_memory import EXPLORE_AFTER, START_OFF_AFTER
@@ -146,20 +146,17 @@ def test_a_decoder_stops_learning_a_useless_drafter_again_and_keeps_a_perfect_on
                                   adaptive=True)
     runs = [decoder.generate(s["prompts"], MAX_NEW) for _ in range(2)]
     # Noise in the drafter's cache: a batch started off must neither touch nor need it.
-    for t in decoder.dcache.k + decoder.dcache.v:
-        t.copy_(torch.randn_like(t))
-    before = [t.clone() for t in decoder.dcache.k + decoder.dcache.v]
+    untouched = fill_with_noise(decoder.dcache)
     runs.append(decoder.generate(s["prompts"], MAX_NEW))
     assert all(r.tokens == s["reference"].tokens for r in runs)
     assert all(r.drafter_forwards > 0 for r in runs[:2])
-    after = decoder.dcache.k + decoder.dcache.v
     if useful:
         assert all(r.stats == {"rounds_chain_4": r.target_forwards - 1} for r in runs)
-        assert any(not torch.equal(a, b) for a, b in zip(before, after))
+        assert not untouched()
     else:
         # Two batches of four requests teach it the workload (START_OFF_AFTER = 8): the third
         # runs plain steps from its first round, and its drafter does not even prefill.
         assert START_OFF_AFTER == 8
         assert any(k != "rounds_chain_0" for k in runs[1].stats)
         assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 0
-        assert all(torch.equal(a, b) for a, b in zip(before, after))
+        assert untouched()
