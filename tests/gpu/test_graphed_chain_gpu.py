@@ -156,7 +156,7 @@ def test_a_captured_batch_started_off_prefills_only_the_target_and_gives_greedy_
         assert report.passed, report.format()
     assert runs[0].drafter_forwards > 0
     assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 0
-    assert untouched()
+    assert all(untouched())
 
 
 def test_captured_two_level_rounds_equal_eager_ones_and_force_clean(tmp_path):
