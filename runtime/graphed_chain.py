@@ -224,7 +224,8 @@ class GraphedChainDecoder:
         # Padded rows all verify k drafts: each accepts what it can (capping a row below k
         # would only throw verified tokens away). A plain step of an adaptive decoder runs
         # only once the batch has turned speculation off for good, so it skips the length
-        # policy: the step then costs what a plain decoder's step costs.
+        # policy and writes no next length (the host holds 0 for good): the step then runs
+        # the kernels of a plain decoder's step, no more.
         self._commit(g, n, drafted=torch.full_like(n, k) if self.adaptive and k else None)
 
     def _commit(self, committed: torch.Tensor, n: torch.Tensor,
@@ -251,9 +252,8 @@ class GraphedChainDecoder:
         self.active.copy_(still)
         if drafted is not None:
             self._adapt(n, drafted, before)
-        elif self.adaptive:
-            self._stay_off()
-        self._log_round(torch.where(before, n, torch.full_like(n, -1)))
+        self._log_round(torch.where(before, n, torch.full_like(n, -1)),
+                        plain=committed.shape[1] == 1)
 
     def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
         """Record the batch's next length (runtime/batch_length.py) in the status row."""
@@ -261,11 +261,6 @@ class GraphedChainDecoder:
         best = self.policy.next(n, drafted, before, remaining, self.active)
         r = self.round_index.clamp(max=self.width - 1)
         self.status[:, 1].index_copy_(0, r[None], best[None])
-
-    def _stay_off(self) -> None:
-        """A plain step of an adaptive decoder: the next length stays 0 (the policy is off)."""
-        r = self.round_index.clamp(max=self.width - 1)
-        self.status[:, 1].index_fill_(0, r[None], 0)
 
     def _reference_ahead(self, k: int) -> torch.Tensor:
         """Forced mode: each row's next k reference tokens [B, k] (clamped at the row's end)."""
@@ -291,7 +286,9 @@ class GraphedChainDecoder:
         self.active.copy_(before & (self.count < self.limit))
         self._log_round(torch.where(before, k, torch.full_like(step, -1)))
 
-    def _log_round(self, accepted: torch.Tensor) -> None:
+    def _log_round(self, accepted: torch.Tensor, plain: bool = False) -> None:
+        """Log the drafts each row accepted this round (-1: the row did not run), and the
+        round's status. `plain` (an unforced plain step) matters only to the refill's log."""
         r = self.round_index.clamp(max=self.width - 1)
         self.accepted.index_copy_(0, r[None], accepted[None])
         self._log_status(r)

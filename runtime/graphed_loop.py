@@ -32,8 +32,9 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
 
     After queueing replay j the host reads the status of the last round of replay j - 1 (all
     finished? which length next?), so the GPU always has work queued. An adaptive decoder
-    replays the length wanted two replays back; forced runs cycle through every length, so
-    that every verification width is checked."""
+    replays the length wanted two replays back, until it replays 0: speculation is then off
+    for good, and its plain steps write no length. Forced runs cycle through every length,
+    so that every verification width is checked."""
     cuda = decoder.device.type == "cuda"
     per = decoder.rounds_per_replay
     host, events = decoder.host_status, decoder.events
@@ -45,7 +46,7 @@ def replay_until_done(decoder, replays: Dict[int, object], forced: bool = False)
     for j in range(replays_max):
         if forced:
             k = lengths[j % len(lengths)]
-        elif decoder.adaptive and j >= 2:
+        elif decoder.adaptive and j >= 2 and k != 0:
             k = replay_length(host[j - 2, 1], lengths)
         replays[k]()
         rounds[k] = rounds.get(k, 0) + per

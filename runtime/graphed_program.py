@@ -117,13 +117,14 @@ def round_span(topology) -> int:
 
 
 def refill_tree_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
-                        capture: bool = True):
+                        capture: bool = True, rounds_per_replay: Optional[int] = None):
     """The refill decoder of a draft tree `topology` (static or dynamic)."""
     if isinstance(topology, DynamicTree):
         return GraphedDynamicTreeRefillDecoder(target, drafter, batch, capacity, topology,
-                                               eos_ids, capture)
+                                               eos_ids, capture,
+                                               rounds_per_replay=rounds_per_replay)
     return GraphedTreeRefillDecoder(target, drafter, batch, capacity, topology.shape(), eos_ids,
-                                    capture)
+                                    capture, rounds_per_replay=rounds_per_replay)
 
 
 def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),

@@ -18,6 +18,8 @@ already runs along inactive); only the host loop and the state of one row change
 
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
+A plain step only counts the round (every row that ran it accepted 0): once speculation is off
+it runs fewer kernels than a padded decoder's plain step.
 
 Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
 draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the batch's length serves its tokens per
@@ -72,7 +74,15 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 
-    def _log_round(self, accepted: torch.Tensor) -> None:
+    def _log_round(self, accepted: torch.Tensor, plain: bool = False) -> None:
+        if plain:
+            # An unforced plain step accepts no draft: every row that ran would log 0. Only the
+            # row's round counter moves; its entry stays -1, read as 0 (`_accepted_rows`). Nor is
+            # the status row written: the refill's host reads no "all finished", and holds a
+            # plain length for good. The step then runs fewer kernels than a padded plain step.
+            self.row_round.add_(accepted >= 0)
+            self.round_index.add_(1)
+            return
         # A row's log entry at its own round counter is still -1 (set by `_reset` or `_admit`;
         # a request runs fewer rounds than it has tokens, so the clamp never reaches a kept
         # entry): a row that did not run (-1) may write there unchanged. Three kernels fewer in
@@ -98,7 +108,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         newcomer takes as it is (inactive rows write back what they hold; `_log_round`), so
         with no queue (or once it is empty) finishing costs no kernel at all."""
         taken = {"out": self.out[row], "count": self.count[row],
-                 "accepted": self.accepted[:, row]}
+                 "accepted": self.accepted[:, row], "rounds": self.row_round[row]}
         return {key: t.clone() for key, t in taken.items()} if refilled else taken
 
     def _admit(self, row: int, prompt: Sequence[int], limit: int,
@@ -176,7 +186,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 continue
             if cuda:
                 self.events[(j - 1) % 3].synchronize()
-            if self.adaptive and not forced and j - 1 >= restarted:
+            if self.adaptive and not forced and j - 1 >= restarted and k != 0:
+                # Off is for good (until a newcomer alone restarts the batch, below): plain
+                # steps write no length.
                 k = replay_length(self.host_next[(j - 1) % 3, 1], lengths)
             active = self.host_active[(j - 1) % 3].tolist()
             done = [row for row in range(b) if held[row] is not None and not active[row]
@@ -210,6 +222,17 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         counts = torch.stack([results[i]["count"] for i in range(n)]).tolist()
         return cut_tokens(self, rows, counts, limits, trim_eos)
 
+    @staticmethod
+    def _accepted_rows(results: Dict[int, dict], n: int) -> List[List[int]]:
+        """Per request, the drafts accepted in each round it ran. Its plain steps logged
+        nothing (`_log_round`), and come after its last speculative round: speculation, once
+        off, stays off for every request running then, and a request that restarts the batch
+        is admitted before the restart's first round."""
+        logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
+        rounds = torch.stack([results[i]["rounds"] for i in range(n)]).tolist()
+        rows = [[a for a in row if a >= 0] for row in logged]
+        return [row + [0] * (r - len(row)) for row, r in zip(rows, rounds)]
+
     @torch.no_grad()
     def generate(self, prompts: Sequence[Sequence[int]],
                  max_new_tokens: Union[int, Sequence[int]]) -> SpecResult:
@@ -229,7 +252,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             # mix requests, so calls with a queue teach it nothing.
             self.policy.remember_batch()
         tokens = self._tokens(results, limits, trim_eos=True)
-        logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
+        logged = self._accepted_rows(results, n)
         # The first wave's batched prefill (the drafter's unless that batch started off), then
         # one per refill.
         return logged_result(self, tokens, logged, by_length, prefills=1 + refills,

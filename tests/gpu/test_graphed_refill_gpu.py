@@ -112,8 +112,10 @@ def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_pa
     from specpilot.runtime.graphed_program import refill_tree_decoder
 
     target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 98, drafter_seed)
+    # One replay size for both: the rounds counted per length are whole replays.
     graphed = _captured_equals_eager(
-        lambda capture: refill_tree_decoder(target, drafter, 3, 64, tree, capture=capture),
+        lambda capture: refill_tree_decoder(target, drafter, 3, 64, tree, capture=capture,
+                                            rounds_per_replay=4),
         prompts, limits, reference)
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))

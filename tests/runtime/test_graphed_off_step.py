@@ -1,13 +1,15 @@
 """Once an adaptive batch has turned speculation off, its plain steps must cost what a plain
 decoder's steps cost: on a GPU a step of a small model is bound by its kernel count, and the
 length policy's bookkeeping, run every step, cost the off state about a tenth of its speed on
-an H200. Checked here by the operators each step runs (eagerly, on CPU)."""
+an H200. Not even the next length is written (the host holds 0 for good). Checked here by the
+operators each step runs (eagerly, on CPU)."""
 from collections import Counter
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
 from adaptive_reference import reference_batch_lengths
 from mechanism_setup import MAX_NEW, ContraryDrafter, one_thread, pair_setup  # noqa: F401
@@ -33,21 +35,39 @@ def _ops_of_one_step(decoder, prompts):
     return mode.ops
 
 
-def test_an_off_step_runs_the_plain_step_and_the_status_write_only():
+def test_an_off_step_runs_the_plain_steps_operators_exactly():
     s = pair_setup(4)
     prompts = s["prompts"]
     plain = GraphedChainDecoder(s["target"], None, 4, 48, 0, s["eos"], capture=False)
     adaptive = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
                                    capture=False, adaptive=True)
     plain_ops = _ops_of_one_step(plain, prompts)
-    off_ops = _ops_of_one_step(adaptive, prompts)
-    with _Ops() as mode:
-        adaptive._stay_off()
-    status_write = mode.ops
     assert plain_ops["aten.mm"] > 0                          # the step really ran the model
-    assert sum(status_write.values()) <= 2                   # a clamp and one fill
-    assert off_ops - plain_ops == status_write
-    assert plain_ops - off_ops == Counter()
+    assert _ops_of_one_step(adaptive, prompts) == plain_ops
+
+
+def _ops_of_the_log(decoder, plain):
+    accepted = torch.where(decoder.active, 0, -1)
+    with _Ops() as mode:
+        decoder._log_round(accepted, plain=plain)
+    return mode.ops
+
+
+def test_a_refill_off_step_is_the_plain_step_with_a_smaller_log():
+    s = pair_setup(4)
+    prompts = s["prompts"]
+    plain = GraphedChainDecoder(s["target"], None, 4, 48, 0, s["eos"], capture=False)
+    refill = GraphedRefillDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
+                                  capture=False, adaptive=True)
+    plain_ops, refill_ops = _ops_of_one_step(plain, prompts), _ops_of_one_step(refill, prompts)
+    # The same step but for the log: the padded one writes the round's entry and status row,
+    # the refill's only counts the round.
+    padded_log, refill_log = _ops_of_the_log(plain, True), _ops_of_the_log(refill, True)
+    assert refill_ops + padded_log == plain_ops + refill_log
+    assert sum(refill_log.values()) < sum(padded_log.values())
+    # A speculative round's log (plain=False) is the full per-row one: it writes entries.
+    assert _ops_of_the_log(refill, False)["aten.scatter_"] == 1
+    assert refill_log["aten.scatter_"] == 0
 
 
 def test_an_off_batch_stays_off_and_keeps_the_ar_output():
@@ -64,7 +84,4 @@ def test_an_off_batch_stays_off_and_keeps_the_ar_output():
     # Every round after the first plain one is plain too: off is for good.
     first_off = graphs.index(0)
     assert set(graphs[first_off:]) == {0} and rounds - first_off > 2
-    # The status rows the plain steps wrote say 0, so the host never replays a chain again.
-    lengths = decoder.status[:rounds, 1].tolist()
-    assert all(n == 0 for n in lengths[first_off:rounds])
     torch.testing.assert_close(torch.tensor(r.drafter_forwards), torch.tensor(1 + sum(graphs)))

@@ -115,6 +115,9 @@ def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
     spec = sum(c for key, c in useless.stats.items() if key.startswith("rounds_chain_")
                and key != "rounds_chain_0")
     assert useless.stats.get("rounds_chain_0", 0) > 2 * spec        # off after a few rounds
+    # Every round, speculative or plain, commits one token: each request ran one round per
+    # token after its first, plain steps included (they log nothing but their count).
+    assert useless.accepted_lengths == [[0] * (len(t) - 1) for t in useless.tokens]
     perfect = _adaptive(s, s["target"], 2).generate(prompts, MAX_NEW)
     assert perfect.tokens == reference.tokens
     # every round the longest chain, also those where refilled slots wait for the host
