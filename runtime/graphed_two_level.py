@@ -24,8 +24,10 @@ they keep neither the drafter's nor the cheap verifier's cache.
 
 Whether it pays: the cheap pass streams the kept layers' weights once more per round and saves
 the full target N - D tokens; that can pay only where the target's verification is
-compute-bound (large batches, large trees). BENCHMARKS.md has the eager mechanism's rows and an
-estimate from step costs; this graphed decoder is not measured yet.
+compute-bound (large batches, large trees). On the 161M trained pair it does not: its rounds are
+bound by their kernel count, so the cheap pass adds time, and 6 of 12 layers pick the target's
+path less often (BENCHMARKS.md, eighth set: 0.45x / 0.38x strong AR at batch 16 / 64, where the
+tree it prunes ran 0.83x / 0.67x). The 8B estimate there puts the break-even near batch 64.
 
 `generate` counts the cheap passes (one per round, as the eager mechanism counts them) in its
 stats as `cheap_forwards`.
