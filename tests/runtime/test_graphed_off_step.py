@@ -35,12 +35,18 @@ def _ops_of_one_step(decoder, prompts):
     return mode.ops
 
 
-def test_an_off_step_runs_the_plain_steps_operators_exactly():
+def _plain_and_adaptive(cls):
+    """Prompts, a plain decoder and an adaptive `cls` decoder with a useless drafter, on one
+    target."""
     s = pair_setup(4)
-    prompts = s["prompts"]
     plain = GraphedChainDecoder(s["target"], None, 4, 48, 0, s["eos"], capture=False)
-    adaptive = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
-                                   capture=False, adaptive=True)
+    adaptive = cls(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"], capture=False,
+                   adaptive=True)
+    return s["prompts"], plain, adaptive
+
+
+def test_an_off_step_runs_the_plain_steps_operators_exactly():
+    prompts, plain, adaptive = _plain_and_adaptive(GraphedChainDecoder)
     plain_ops = _ops_of_one_step(plain, prompts)
     assert plain_ops["aten.mm"] > 0                          # the step really ran the model
     assert _ops_of_one_step(adaptive, prompts) == plain_ops
@@ -54,11 +60,7 @@ def _ops_of_the_log(decoder, plain):
 
 
 def test_a_refill_off_step_is_the_plain_step_with_a_smaller_log():
-    s = pair_setup(4)
-    prompts = s["prompts"]
-    plain = GraphedChainDecoder(s["target"], None, 4, 48, 0, s["eos"], capture=False)
-    refill = GraphedRefillDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
-                                  capture=False, adaptive=True)
+    prompts, plain, refill = _plain_and_adaptive(GraphedRefillDecoder)
     plain_ops, refill_ops = _ops_of_one_step(plain, prompts), _ops_of_one_step(refill, prompts)
     # The same step but for the log: the padded one writes the round's entry and status row,
     # the refill's only counts the round.
