@@ -26,6 +26,8 @@
 #   profile8b  the same at Llama-3.1-8B / 3.2-1B shapes, per-op against whole-layer fast path
 #   extremes   bench/adaptive_extremes.py: graphed adaptive lengths with a useless and a perfect
 #              drafter against plain AR and the fixed chain (no trained pair needed)
+#   startoffgap  bench/startoff_gap.py: a started-off adaptive batch against plain AR, and plain
+#              AR with 8 cache slots more, interleaved, split into phases (no trained pair needed)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -108,6 +110,9 @@ phase() {
     extremes)
         step extremes timeout 300 python3 bench/adaptive_extremes.py ${EXTREMES_ARGS:-} \
             --out "$RESULTS/adaptive-extremes.json" ;;
+    startoffgap)
+        step startoffgap timeout 300 python3 bench/startoff_gap.py \
+            --out "$RESULTS/startoff-gap.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;

@@ -1,6 +1,6 @@
 """bench/startoff_gap.py end to end off a GPU, at a small scale: the adaptive decoder is started
-off by its workload memory (a useless drafter), both decoders are timed in every pair, the
-phases are within their call, and bad counts are refused."""
+off by its workload memory (a useless drafter), every decoder (and plain AR with more cache
+slots) is timed in every round, the rounds are most of a call, and bad counts are refused."""
 import json
 
 import pytest
@@ -21,7 +21,7 @@ def test_the_gap_script_times_a_started_off_batch_against_plain_ar(tmp_path):
     doc = json.loads(out.read_text())
     assert doc["adaptive_started_off"] is True
     rows = {r["system"]: r for r in doc["rows"]}
-    assert set(rows) == {"plain AR", "adaptive"}
+    assert set(rows) == {"plain AR", "adaptive", "plain AR, +8 slots"}
     for row in rows.values():
         assert len(row["call_ms"]) == 3 and all(t > 0 for t in row["call_ms"])
         phases = row["phase_ms_median"]
@@ -30,16 +30,18 @@ def test_the_gap_script_times_a_started_off_batch_against_plain_ar(tmp_path):
         # the rounds are most of a call, and a call's phases are within it (medians of
         # other calls than the whole ones, so only roughly)
         assert phases["rounds"] > phases["start"] + phases["finish"]
-    assert doc["adaptive_x_plain_ar"] == pytest.approx(
-        rows["plain AR"]["call_ms_median"] / rows["adaptive"]["call_ms_median"])
+    for row in rows.values():
+        assert row["x_plain_ar"] == pytest.approx(
+            rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
+    assert rows["plain AR"]["x_plain_ar"] == 1.0
     # the splitting is undone: the module's loop is the real one again
     import specpilot.runtime.graphed_chain as graphed_chain
     from specpilot.runtime.graphed_loop import replay_until_done
     assert graphed_chain.replay_until_done is replay_until_done
 
 
-def test_bad_counts_are_refused(tmp_path):
+@pytest.mark.parametrize("bad", [["--pairs", "0"], ["--extra-slots", "-1"]])
+def test_bad_counts_are_refused(tmp_path, bad):
     with pytest.raises(SystemExit):
-        load_bench_script("startoff_gap").main(SMALL + ["--pairs", "0",
-                                                       "--out", str(tmp_path / "x.json")])
+        load_bench_script("startoff_gap").main(SMALL + bad + ["--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
