@@ -1,7 +1,8 @@
 """Where a started-off adaptive batch loses to plain AR, if it does: the decoders timed
 interleaved (A, B, C, A, B, C, ...) on random-weight shape presets, whole calls, then split
-into three phases with a device sync between them: the start (reset, the workload memory's
-decision, the prefill), the rounds (the replay loop) and the finish (what is read back).
+into three phases with a device sync between them: the start (the call's checks, then reset,
+the workload memory's decision and the prefill), the rounds (the replay loop) and the finish
+(what is read back).
 
 The adaptive decoder is given a useless drafter (random weights), so its workload memory
 starts every batch after the first off: each of its steps then runs the plain step's

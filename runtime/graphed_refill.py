@@ -18,8 +18,9 @@ already runs along inactive); only the host loop and the state of one row change
 
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
-A plain step only counts the round (every row that ran it accepted 0): once speculation is off
-it runs fewer kernels than a padded decoder's plain step.
+An unforced plain step only counts the round (every row that ran it accepted 0), so a plain
+step runs fewer kernels than a padded decoder's: those of a refill decoder with k = 0 (plain AR
+with refill), and of an adaptive one once speculation is off.
 
 Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
 draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the batch's length serves its tokens per
@@ -146,8 +147,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         run per chain length, the refills made). An adaptive decoder replays the length its
         policy chose two replays back: its first two replays run the length the call started
         with (the longest, or 0 where the workload memory started a call with no queue off),
-        and the two after a newcomer alone starts the batch anew the longest; forced runs cycle
-        through every length."""
+        and the two after a newcomer alone starts the batch anew the longest. Once it replays
+        0 it holds 0 (off is for good, and plain steps write no next length) until such a
+        newcomer. Forced runs cycle through every length."""
         n, b, per = len(prompts), self.batch, self.rounds_per_replay
         forced = references is not None
         lengths = self._lengths()

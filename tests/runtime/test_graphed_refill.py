@@ -103,6 +103,31 @@ def test_adaptive_lengths_with_refill_give_greedy_ar_and_pass_forcing(seed, batc
     assert_clean(report, reference)
 
 
+class _FullLog(GraphedRefillDecoder):
+    """Logs plain steps as speculative rounds are logged: an entry of 0 per row that ran."""
+
+    def _log_round(self, accepted, plain=False):
+        super()._log_round(accepted, plain=False)
+
+
+@pytest.mark.parametrize("seed,costs", [(11, [1.0, 2.0, 2.6, 3.2, 3.8]),
+                                        (4, [1.0, 1.6, 2.0, 2.4, 2.8])])
+def test_plain_steps_read_back_as_a_full_log_reads_them(seed, costs):
+    # Dear rounds: the batch turns speculation off after some requests accepted drafts. Plain
+    # steps log only their count; read back, each request's rounds must be what a log of
+    # every round says, in order.
+    s, prompts, reference = mixed_requests(seed)
+    runs = [cls(s["target"], s["drafter"], 2, 48, 4, s["eos"], capture=False, adaptive=True,
+                round_costs=costs).generate(prompts, MAX_NEW)
+            for cls in (GraphedRefillDecoder, _FullLog)]
+    counted, logged = runs
+    assert counted.tokens == logged.tokens == reference.tokens
+    assert counted.stats == logged.stats and counted.stats["rounds_chain_0"] > 0
+    assert counted.accepted_lengths == logged.accepted_lengths
+    # Not a trivial case: a request accepted drafts and then ran plain steps (zeros after).
+    assert any(0 < max(row) and row[-1] == 0 for row in counted.accepted_lengths)
+
+
 def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
     s, prompts, reference = mixed_requests(11)
     # Twice the usual tokens: the turn-off waits until an upper bound on the acceptance says

@@ -1,6 +1,6 @@
 """bench/startoff_gap.py end to end off a GPU, at a small scale: the adaptive decoder is started
 off by its workload memory (a useless drafter), every decoder (and plain AR with more cache
-slots) is timed in every round, the rounds are most of a call, and bad counts are refused."""
+slots) is timed in every round and split into its phases, and bad counts are refused."""
 import json
 
 import pytest
@@ -27,9 +27,6 @@ def test_the_gap_script_times_a_started_off_batch_against_plain_ar(tmp_path):
         phases = row["phase_ms_median"]
         assert set(phases) == {"start", "rounds", "finish"}
         assert all(v >= 0 for v in phases.values())
-        # the rounds are most of a call, and a call's phases are within it (medians of
-        # other calls than the whole ones, so only roughly)
-        assert phases["rounds"] > phases["start"] + phases["finish"]
     for row in rows.values():
         assert row["x_plain_ar"] == pytest.approx(
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
