@@ -1,0 +1,147 @@
+"""Two-level verification at 8B shape, estimated on the CPU from stored per-width step costs
+and acceptance measured on the trained pair: when does a layer-skipping cheap pass over the
+drafted tree, then the full target over the one path it keeps, beat the full target over the
+whole tree?
+
+Rows per batch size, each profile replayed in padded lock-step batches
+(specpilot/bench/replay.py), × plain AR of the same batches:
+  chain(4)                    the stock Program's profile
+  tree                        the static tree's profile; the full target verifies N + 1 tokens
+  two-level, measured prune   the two-level profile: its tree, pruned as the pair's cheap path
+                              (the target's kept layers) chose
+  two-level, perfect prune    the tree's profile under two-level pricing: the cheap path always
+                              keeps the full target's path (an upper bound on what it keeps)
+A two-level round is priced as the tree's drafting + a cheap forward of N + 1 tokens + the full
+target's forward of D + 1 tokens (D the tree's depth). The cheap forward is the target's stored
+forward of N + 1 tokens scaled by what it runs: optimistic, the kept share of the layers alone;
+pessimistic, the LM head (never skipped) plus the kept share of the rest, the head's share
+taken from the target preset's weights. Cache moves and the accept walk are not counted, in
+any row. **Estimates**: no two-level round was captured at this shape.
+
+  python3 bench/two_level_replay.py --step-costs bench/results/llama8b-1b-replayed-graphed_tree.json \\
+      --chain bench/results/mechanisms-run15-64prompts.acceptance.stock_graphed.json \\
+      --tree bench/results/mechanisms-run15-64prompts.acceptance.mech-graphed_tree.json \\
+      --two-level bench/results/mechanisms-run15-64prompts.acceptance.mech-graphed_two_level.json \\
+      --out bench/results/two-level-replay-8b-run15.json
+"""
+from __future__ import annotations
+
+import argparse
+from typing import Sequence
+
+from specpilot.bench.replay import AcceptanceProfile, replay
+from specpilot.bench.shapes import ShapePreset, parse_shapes
+from specpilot.bench.step_costs import read_step_costs
+from specpilot.bench.stored_forwards import StoredForwards, positive_counts, write_estimate
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
+from specpilot.runtime.tree_plan import TreePlan
+
+
+def head_share(preset: ShapePreset) -> float:
+    """The LM head's share of the weights one forward streams (every layer's linears + the head)."""
+    h, q, kv = preset.hidden, preset.heads * preset.head_dim, preset.kv_heads * preset.head_dim
+    layer = 2 * h * q + 2 * h * kv + 3 * h * preset.intermediate
+    head = h * preset.vocab
+    return head / (preset.layers * layer + head)
+
+
+def tree_size(topology) -> tuple:
+    """(nodes N, depth D) of a tree topology."""
+    plan = TreePlan.build(topology)
+    return len(plan.shape.depths), len(plan.levels)
+
+
+class TreeForwards(StoredForwards):
+    """Stored forwards that price a tree's verification as the target's forward of N + 1."""
+
+    def verify(self, batch: int, topology) -> float:
+        if isinstance(topology, Chain):
+            return super().verify(batch, topology)
+        nodes, _ = tree_size(topology)
+        return self.target(batch, nodes + 1)
+
+
+class TwoLevelForwards(StoredForwards):
+    """Stored forwards that price a tree's verification as two-level's: a cheap forward of
+    N + 1 tokens (`cheap` of the target's) and the full target's of D + 1."""
+
+    def __init__(self, costs, cheap: float):
+        super().__init__(costs)
+        self.cheap = cheap
+
+    def verify(self, batch: int, topology) -> float:
+        if isinstance(topology, Chain):
+            raise SpecPilotError("two-level verification prunes a tree, not a chain")
+        nodes, depth = tree_size(topology)
+        return self.cheap * self.target(batch, nodes + 1) + self.target(batch, depth + 1)
+
+
+def _profile(path: str, want_tree: bool) -> AcceptanceProfile:
+    profile = AcceptanceProfile.load(path)
+    if want_tree == isinstance(profile.topology, Chain):
+        raise SpecPilotError(f"{path}: a {'tree' if want_tree else 'chain'} profile is needed, "
+                             f"this one is of {profile.topology}")
+    return profile
+
+
+def run(args: argparse.Namespace) -> dict:
+    costs, doc = read_step_costs(args.step_costs)
+    target, _ = parse_shapes(doc.get("settings", {}).get("shapes", args.shapes))
+    head = head_share(target)
+    chain, tree = _profile(args.chain, False), _profile(args.tree, True)
+    two_level = _profile(args.two_level, True)
+    cheap = {"optimistic": args.kept, "pessimistic": head + (1 - head) * args.kept}
+    systems = [("chain(4)", chain, {"-": TreeForwards(costs)}),
+               ("tree", tree, {"-": TreeForwards(costs)}),
+               ("two-level, measured prune", two_level,
+                {p: TwoLevelForwards(costs, c) for p, c in cheap.items()}),
+               ("two-level, perfect prune", tree,
+                {p: TwoLevelForwards(costs, c) for p, c in cheap.items()})]
+    rows, log = [], {}
+    for batch in args.batch_sizes:
+        for name, profile, pricings in systems:
+            for pricing, forwards in pricings.items():
+                figure = replay(profile, forwards, batch)
+                rows.append({"batch": batch, "system": name, "topology": str(profile.topology),
+                             "pricing": pricing, "speedup_vs_ar": figure.speedup,
+                             "mean_accepted": figure.mean_accepted,
+                             "round_ms": 1e3 * figure.spec_seconds / figure.spec_steps})
+                log.update(forwards.take_log())
+    return {"kind": "two-level-replay", "label": "estimate from stored step costs",
+            "settings": {**vars(args), "head_share": head, "cheap_share": cheap},
+            "step_costs_environment": doc.get("environment"), "priced_from_others": log,
+            "rows": rows}
+
+
+def table(rows: Sequence[dict]) -> str:
+    lines = ["batch  system                      topology          pricing      x AR   accepted  round ms"]
+    for r in rows:
+        lines.append(f"{r['batch']:5d}  {r['system']:26s}  {r['topology']:16s}  {r['pricing']:11s}"
+                     f"  {r['speedup_vs_ar']:5.2f}  {r['mean_accepted']:8.2f}  {r['round_ms']:8.3f}")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--step-costs", required=True,
+                    help="a `specpilot bench --shapes` result with per-width target and drafter "
+                         "costs")
+    ap.add_argument("--chain", required=True, help="the stock chain(4) acceptance profile")
+    ap.add_argument("--tree", required=True, help="a static tree's acceptance profile")
+    ap.add_argument("--two-level", required=True, help="a two-level acceptance profile")
+    ap.add_argument("--kept", type=float, default=0.5,
+                    help="the share of the target's layers the cheap path keeps (0.5: 6 of 12, "
+                         "as the measured profile's Program)")
+    ap.add_argument("--shapes", default="llama-3.1-8b:llama-3.2-1b",
+                    help="the presets, where the step-cost file does not name them")
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 4, 16, 64])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if not 0 < args.kept < 1:
+        ap.error(f"--kept must be between 0 and 1, got {args.kept}")
+    return write_estimate(run, args, table)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
