@@ -11,12 +11,15 @@ Rows per batch size, each profile replayed in padded lock-step batches
                               (the target's kept layers) chose
   two-level, perfect prune    the tree's profile under two-level pricing: the cheap path always
                               keeps the full target's path (an upper bound on what it keeps)
-A two-level round is priced as the tree's drafting + a cheap forward of N + 1 tokens + the full
-target's forward of D + 1 tokens (D the tree's depth). The cheap forward is the target's stored
-forward of N + 1 tokens scaled by what it runs: optimistic, the kept share of the layers alone;
-pessimistic, the LM head (never skipped) plus the kept share of the rest, the head's share
-taken from the target preset's weights. Cache moves and the accept walk are not counted, in
-any row. **Estimates**: no two-level round was captured at this shape.
+Every round's drafter catch-up is priced at 2 tokens, as the graphed rounds feed it (the
+previous and the last token). A two-level round is priced as the tree's drafting + a cheap
+forward of N + 1 tokens + the full target's forward of D + 1 tokens (D the tree's depth). The
+cheap forward is the target's stored forward of N + 1 tokens scaled by what it runs: "with
+head", the LM head (the runtime never skips it) plus the kept share of the layers, the head's
+share taken from the target preset's weights; "lower bound", the kept share alone, as if the
+head were skipped too. Cache moves and the accept walks (two-level has two, and a cheap cache
+to move) are not counted, in any row. **Estimates**: no two-level round was captured at this
+shape.
 
   python3 bench/two_level_replay.py --step-costs bench/results/llama8b-1b-replayed-graphed_tree.json \\
       --chain bench/results/mechanisms-run15-64prompts.acceptance.stock_graphed.json \\
@@ -27,7 +30,7 @@ any row. **Estimates**: no two-level round was captured at this shape.
 from __future__ import annotations
 
 import argparse
-from typing import Sequence
+from typing import Optional, Sequence
 
 from specpilot.bench.replay import AcceptanceProfile, replay
 from specpilot.bench.shapes import ShapePreset, parse_shapes
@@ -36,6 +39,9 @@ from specpilot.bench.stored_forwards import StoredForwards, positive_counts, wri
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.tree_plan import TreePlan
+
+# The graphed rounds' drafter catch-up: the previous and the last token, every round.
+GRAPHED_CATCH_UP = 2
 
 
 def head_share(preset: ShapePreset) -> float:
@@ -77,22 +83,30 @@ class TwoLevelForwards(StoredForwards):
         return self.cheap * self.target(batch, nodes + 1) + self.target(batch, depth + 1)
 
 
-def _profile(path: str, want_tree: bool) -> AcceptanceProfile:
+def _profile(path: str, want_tree: bool, two_level: Optional[bool] = None) -> AcceptanceProfile:
+    """The profile at `path`, refused by name where its topology is not of the kind wanted, or
+    where the system it names (if any) is, or is not, two-level against `two_level`."""
     profile = AcceptanceProfile.load(path)
     if want_tree == isinstance(profile.topology, Chain):
         raise SpecPilotError(f"{path}: a {'tree' if want_tree else 'chain'} profile is needed, "
                              f"this one is of {profile.topology}")
+    system = profile.source.get("system") if isinstance(profile.source, dict) else None
+    if two_level is not None and system is not None and ("two_level" in system) != two_level:
+        raise SpecPilotError(f"{path}: a {'two-level' if two_level else 'static tree'} profile "
+                             f"is needed, this one is of the system {system}")
     return profile
 
 
 def run(args: argparse.Namespace) -> dict:
     costs, doc = read_step_costs(args.step_costs)
-    target, _ = parse_shapes(doc.get("settings", {}).get("shapes", args.shapes))
+    settings = doc.get("settings")
+    shapes = settings.get("shapes", args.shapes) if isinstance(settings, dict) else args.shapes
+    target, _ = parse_shapes(shapes)
     head = head_share(target)
-    chain, tree = _profile(args.chain, False), _profile(args.tree, True)
-    two_level = _profile(args.two_level, True)
-    cheap = {"optimistic": args.kept, "pessimistic": head + (1 - head) * args.kept}
-    systems = [("chain(4)", chain, {"-": TreeForwards(costs)}),
+    chain = _profile(args.chain, False)
+    tree, two_level = _profile(args.tree, True, False), _profile(args.two_level, True, True)
+    cheap = {"with head": head + (1 - head) * args.kept, "lower bound": args.kept}
+    systems = [(str(chain.topology), chain, {"-": TreeForwards(costs)}),
                ("tree", tree, {"-": TreeForwards(costs)}),
                ("two-level, measured prune", two_level,
                 {p: TwoLevelForwards(costs, c) for p, c in cheap.items()}),
@@ -102,14 +116,15 @@ def run(args: argparse.Namespace) -> dict:
     for batch in args.batch_sizes:
         for name, profile, pricings in systems:
             for pricing, forwards in pricings.items():
-                figure = replay(profile, forwards, batch)
+                figure = replay(profile, forwards, batch, catch_up=GRAPHED_CATCH_UP)
                 rows.append({"batch": batch, "system": name, "topology": str(profile.topology),
                              "pricing": pricing, "speedup_vs_ar": figure.speedup,
                              "mean_accepted": figure.mean_accepted,
                              "round_ms": 1e3 * figure.spec_seconds / figure.spec_steps})
                 log.update(forwards.take_log())
     return {"kind": "two-level-replay", "label": "estimate from stored step costs",
-            "settings": {**vars(args), "head_share": head, "cheap_share": cheap},
+            "settings": {**vars(args), "shapes": shapes, "catch_up": GRAPHED_CATCH_UP,
+                         "head_share": head, "cheap_share": cheap},
             "step_costs_environment": doc.get("environment"), "priced_from_others": log,
             "rows": rows}
 

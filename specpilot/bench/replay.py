@@ -31,7 +31,7 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 from specpilot.ir.errors import IRError, SpecPilotError
 from specpilot.ir.topology import DynamicTree, Topology, topology_from_json
@@ -210,9 +210,12 @@ def cycled_queue(profile: AcceptanceProfile, batch: int) -> Tuple[List[int], Lis
     return order, decode
 
 
-def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
+def replay(profile: AcceptanceProfile, costs, batch: int,
+           catch_up: Optional[int] = None) -> ReplayFigure:
     """Replay `profile` at batch size `batch` with `costs` (a StepCosts or anything with
-    target/drafter/verify/accept(batch, ...) -> seconds)."""
+    target/drafter/verify/accept(batch, ...) -> seconds). `catch_up` prices every step's
+    drafter catch-up at that width instead of the eager loop's (the graphed rounds feed the
+    drafter a fixed 2 tokens, the previous and the last, whatever was accepted)."""
     batches = cycled_batches(len(profile.accepted_lengths), batch)
     ar_step = costs.target(batch, 1)
     step_seconds, graphed = spec_step_cost(costs, batch, profile.topology)
@@ -222,7 +225,7 @@ def replay(profile: AcceptanceProfile, costs, batch: int) -> ReplayFigure:
         seqs = [profile.accepted_lengths[r] for r in rows]
         widths = [1] * batch
         for s in range(max(len(q) for q in seqs)):
-            spec_seconds += step_seconds(max(widths))
+            spec_seconds += step_seconds(catch_up if catch_up is not None else max(widths))
             # A row still active next step re-feeds what it committed; a finished row pads with 1.
             widths = [q[s] + 1 if s + 1 < len(q) else 1 for q in seqs]
             spec_steps += 1

@@ -1,7 +1,8 @@
 """bench/two_level_replay.py end to end on hand-made profiles and step costs: every row's
-speedup worked out here by hand (a tree's verification is the target at N + 1 tokens; two-level's
-is a cheap share of that plus the target at D + 1; the LM head's share from the zoo-gpu-small
-preset's weights), and bad inputs refused by file name."""
+speedup and round worked out here by hand (a 2-token drafter catch-up every round; a tree's
+verification is the target at N + 1 tokens; two-level's is a cheap share of that plus the target
+at D + 1; the LM head's share from the zoo-gpu-small preset's weights), and profiles of the
+wrong kind refused by file name."""
 import json
 
 import pytest
@@ -23,11 +24,12 @@ def _profile(path, topology, accepted, new_tokens):
 
 def _inputs(tmp_path):
     tree = {"kind": "tree", "branching": [2, 1]}          # 2 + 2 = 4 nodes, depth 2
+    pruned = {"kind": "tree", "branching": [3]}           # 3 nodes, depth 1
     return ["--step-costs", write_step_costs(tmp_path / "c.json", TARGET, DRAFTER, shapes=SHAPES),
             "--chain", _profile(tmp_path / "chain.json", {"kind": "chain", "k": 4}, [[4, 4]],
                                 [11]),
             "--tree", _profile(tmp_path / "tree.json", tree, [[2, 2]], [7]),
-            "--two-level", _profile(tmp_path / "two.json", tree, [[1, 1, 1]], [7]),
+            "--two-level", _profile(tmp_path / "two.json", pruned, [[1, 1, 1]], [7]),
             "--batch-sizes", "1"]
 
 
@@ -35,43 +37,53 @@ def test_every_row_by_hand(tmp_path):
     out = tmp_path / "out.json"
     assert load_bench_script("two_level_replay").main(_inputs(tmp_path) + ["--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    got = {(r["system"], r["pricing"]): r["speedup_vs_ar"] for r in doc["rows"]}
+    got = {(r["system"], r["pricing"]): (r["speedup_vs_ar"], r["round_ms"]) for r in doc["rows"]}
     # zoo-gpu-small: a layer streams 2·1024·1024 (q, o) + 2·1024·256 (k, v) + 3·1024·3072
     # weights, 12 layers; the head 1024·8192.
     layer = 2 * 1024 * 1024 + 2 * 1024 * 256 + 3 * 1024 * 3072
     head = 1024 * 8192 / (12 * layer + 1024 * 8192)
     assert doc["settings"]["head_share"] == pytest.approx(head)
-    # chain(4), accepted (4, 4), 10 tokens: each round drafts 3 levels of 1 after the catch-up
-    # (width 1, then 5) and verifies 5 tokens; plain AR takes 10 steps of 1.1.
-    chain = (0.21 + 3 * 0.21 + 1.5) + (0.25 + 3 * 0.21 + 1.5)
-    # tree([2, 1]), accepted (2, 2), 6 tokens: catch-up 1 then 3, one level of 2 drafted, the
-    # target over 4 + 1 tokens.
-    drafting = [0.21 + 0.22, 0.23 + 0.22]
-    tree = sum(drafting) + 2 * 1.5
-    # two-level: cheap * target(5) + target(3); perfect prune = the tree's rounds.
-    def two_level(cheap):
-        return cheap * 1.5 + 1.3
-    measured_drafting = (0.21 + 0.22) + 2 * (0.22 + 0.22)   # accepted (1, 1, 1): catch-up 1, 2, 2
-    want = {("chain(4)", "-"): 11.0 / chain, ("tree", "-"): 6.6 / tree}
-    for pricing, cheap in (("optimistic", 0.5), ("pessimistic", head + (1 - head) * 0.5)):
-        want[("two-level, perfect prune", pricing)] = 6.6 / (sum(drafting) + 2 * two_level(cheap))
-        want[("two-level, measured prune", pricing)] = 6.6 / (measured_drafting
-                                                               + 3 * two_level(cheap))
-    assert got == pytest.approx(want)
-    assert got[("two-level, perfect prune", "optimistic")] < got[("tree", "-")]
+    # Every round's catch-up feeds the drafter 2 tokens: drafter(1, 2) = 0.22.
+    # chain(4), accepted (4, 4), 10 tokens: 3 more drafter steps of 1 token, the target over 5;
+    # plain AR takes 10 steps of 1.1.
+    chain = 0.22 + 3 * 0.21 + 1.5
+    # tree([2, 1]), accepted (2, 2), 6 tokens: one level of 2 drafted, the target over 4 + 1.
+    tree = 0.22 + 0.22 + 1.5
+    # two-level: cheap * target(N + 1) + target(D + 1). Perfect prune: tree([2, 1])'s rounds
+    # (N + 1 = 5, D + 1 = 3). Measured prune: tree([3]), 3 rounds (N + 1 = 4, D + 1 = 2, no
+    # level drafted after the catch-up).
+    want = {("chain(4)", "-"): (11.0 / (2 * chain), chain), ("tree", "-"): (6.6 / (2 * tree), tree)}
+    for pricing, cheap in (("lower bound", 0.5), ("with head", head + (1 - head) * 0.5)):
+        perfect = 0.22 + 0.22 + cheap * 1.5 + 1.3
+        measured = 0.22 + cheap * 1.4 + 1.2
+        want[("two-level, perfect prune", pricing)] = (6.6 / (2 * perfect), perfect)
+        want[("two-level, measured prune", pricing)] = (6.6 / (3 * measured), measured)
+    assert set(got) == set(want)
+    for key, (speedup, seconds) in want.items():
+        assert got[key] == pytest.approx((speedup, 1e3 * seconds)), key
     assert doc["label"].startswith("estimate")
+    assert doc["settings"]["shapes"] == SHAPES
 
 
-@pytest.mark.parametrize("swap,message", [("--tree", "a tree profile is needed"),
-                                          ("--two-level", "a tree profile is needed")])
-def test_a_chain_profile_where_a_tree_is_needed_is_refused_by_name(tmp_path, capsys, swap,
-                                                                     message):
+@pytest.mark.parametrize("swap,given,message", [
+    ("--tree", "--chain", "a tree profile is needed"),
+    ("--two-level", "--chain", "a tree profile is needed"),
+    ("--two-level", "--tree", "a two-level profile is needed"),
+    ("--tree", "--two-level", "a static tree profile is needed")])
+def test_a_profile_of_the_wrong_kind_is_refused_by_name(tmp_path, capsys, swap, given, message):
     args = _inputs(tmp_path)
-    args[args.index(swap) + 1] = args[args.index("--chain") + 1]
+    # The profiles name the systems that measured them, as the bench writes them.
+    for flag, system in (("--tree", "mech:graphed_tree"), ("--two-level", "mech:graphed_two_level")):
+        path = args[args.index(flag) + 1]
+        doc = json.loads(open(path).read())
+        doc["source"] = {"system": system}
+        open(path, "w").write(json.dumps(doc))
+    wrong = args[args.index(given) + 1]
+    args[args.index(swap) + 1] = wrong
     out = tmp_path / "out.json"
     assert load_bench_script("two_level_replay").main(args + ["--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert message in err and "chain.json" in err
+    assert message in err and wrong in err
     assert not out.exists()
 
 
