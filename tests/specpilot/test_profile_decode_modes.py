@@ -2,6 +2,7 @@
 off a GPU (compiled blocks on the CPU) whose rows say the mode and how many graphs each block
 compiled."""
 import json
+import math
 
 import pytest
 import torch
@@ -33,7 +34,10 @@ def test_a_layers_profile_reports_its_mode_and_graph_counts(tmp_path):
         torch.set_num_threads(threads)
     (row,) = json.loads(out.read_text())["rows"]
     assert row["fast_ops"] and row["fast_ops_mode"] == "layers"
-    assert row["first_forward_s"] > 0 and row["ar_step_gpu_s"] > 0 and row["round_wall_s"] > 0
+    assert row["first_forward_s"] > 0 and row["ar_step_gpu_s"] > 0
+    # A difference of two wall times (a long and a short run): off a GPU, on a busy machine, it
+    # can come out negative, so only its presence is checked here.
+    assert math.isfinite(row["round_wall_s"]) and row["rounds"] > 0
     for role in ("target", "drafter"):
         graphs = row["compiled_graphs"][role]
         layer = [n for name, n in graphs.items() if name.startswith("decoder_layer")]
