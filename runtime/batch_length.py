@@ -245,7 +245,7 @@ class BatchLengthPolicy:
     def admit(self, row: int, alone: bool = False) -> None:
         """Request `row` is a newcomer (continuous refill): its estimates start from the
         averages per round of every request so far (the optimistic prior before any), and its
-        history as OFF_AFTER_ROUNDS rounds at those averages (nothing before any). `alone` (no
+        history as `off_after` rounds at those averages (nothing before any). `alone` (no
         other request is in the batch): the batch starts anew, as a padded batch would
         (optimistic, speculating, the turn-off unsettled); with one slot every request is
         judged on its own rounds. Stream-ordered tensor operations, no host sync."""
@@ -258,7 +258,7 @@ class BatchLengthPolicy:
                                              torch.full_like(rounds, float(self.cap)))
         self.rejected_avg[row] = torch.where(seen, self.workload[1] / counted,
                                              torch.zeros_like(rounds))
-        # Its history starts as OFF_AFTER_ROUNDS average rounds of the workload (the span a
+        # Its history starts as `off_after` average rounds of the workload (the span a
         # padded batch waits before it judges): a bound from no evidence at all would hold a
         # useless drafter on for every newcomer, and its own first rounds are its poorest.
         prior = torch.where(seen, self.off_after / counted, torch.zeros_like(rounds))
@@ -278,7 +278,7 @@ class BatchLengthPolicy:
         """The next round's length (int64, 0-dim): the rows in `ran` that drafted take in `n`
         accepted of `drafted`; then the length that would finish the `active` requests
         (`remaining` tokens each) soonest (or serve them fastest), or 0 for good once plain
-        steps would, from the `OFF_AFTER_ROUNDS`-th round of the batch on, by both the recent
+        steps would, from the `off_after`-th round of the batch on, by both the recent
         and an upper bound on the whole-history one."""
         ran = ran & (drafted > 0)
         accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)

@@ -339,7 +339,8 @@ class GraphedChainDecoder:
         by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
         if context < 1 or context + 2 * (self.span + 1) > self.capacity:
             raise CapacityError(f"a timing context of {context} does not fit a cache of "
-                                f"{self.capacity} slots with chains of {self.k}")
+                                f"{self.capacity} slots with rounds of {self.span} draft "
+                                f"slots")
         replay = self._runner(False, rounds=1)
         self._reset()
         self.length.fill_(context)
@@ -363,8 +364,9 @@ class GraphedChainDecoder:
             self.policy.reset()
 
     def _prefill(self, prompts, limits: List[int]) -> torch.Tensor:
-        """Prefill the target, and the drafter where this batch runs it (`drafter_prefilled`),
-        with every prompt (rows past the prompts repeat the first one and stay inactive);
+        """Prefill the target, and the other `_prefill_models` (the drafter, a two-level
+        decoder's cheap verifier) where this batch runs them (`drafter_prefilled`), with every
+        prompt (rows past the prompts repeat the first one and stay inactive);
         returns the target's first argmax per row."""
         n, dev = len(prompts), self.device
         rows = [list(p) for p in prompts] + [list(prompts[0])] * (self.batch - n)

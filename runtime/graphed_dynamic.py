@@ -158,8 +158,10 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         path = torch.where(at.any(dim=2), at.to(torch.int64).argmax(dim=2),
                            torch.full_like(ref, -1))                       # [B, D] node or -1
         committed = torch.cat([self.last[:, None], ref], dim=1)            # root + the path
-        self._commit_forced_path(base, logits, path, depth)
+        self._move_path(base, path, ((self.tcache, path),))               # the target's K/V
+        self._commit_forced_path(logits, path, depth)
         # The drafter's K/V of what was committed (it drafted other tokens where it disagreed),
-        # so that the next forced round grows the tree it would grow on the reference.
+        # so that the next forced round grows the tree it would grow on the reference: written
+        # afresh, not moved.
         pos = base[:, None] + self.chain[:self.k + 1]
         self.drafter.forward(committed, pos, pos, self._mask(pos), self.dcache)

@@ -116,29 +116,23 @@ def round_span(topology) -> int:
     return dynamic_span(topology) if isinstance(topology, DynamicTree) else topology.num_nodes
 
 
-def refill_tree_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
-                        capture: bool = True, rounds_per_replay: Optional[int] = None):
-    """The refill decoder of a draft tree `topology` (static or dynamic)."""
-    if isinstance(topology, DynamicTree):
-        return GraphedDynamicTreeRefillDecoder(target, drafter, batch, capacity, topology,
-                                               eos_ids, capture,
-                                               rounds_per_replay=rounds_per_replay)
-    return GraphedTreeRefillDecoder(target, drafter, batch, capacity, topology.shape(), eos_ids,
-                                    capture, rounds_per_replay=rounds_per_replay)
-
-
 def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
-                    capture: bool = True, **chain_options):
-    """The graphed decoder of `topology`: chain, static tree or dynamic tree (`chain_options`,
-    such as adaptive lengths, go to the chain decoder)."""
+                    capture: bool = True, refill: bool = False,
+                    rounds_per_replay: Optional[int] = None, **chain_options):
+    """The graphed decoder of `topology`: chain, static tree or dynamic tree, padded or (with
+    `refill`) refilling slots from a queue. `chain_options`, such as adaptive lengths, go to
+    chain decoders only (tree lengths do not adapt)."""
     if isinstance(topology, DynamicTree):
-        return GraphedDynamicTreeDecoder(target, drafter, batch, capacity, topology, eos_ids,
-                                         capture=capture)
+        cls = GraphedDynamicTreeRefillDecoder if refill else GraphedDynamicTreeDecoder
+        return cls(target, drafter, batch, capacity, topology, eos_ids, capture=capture,
+                   rounds_per_replay=rounds_per_replay)
     if not isinstance(topology, Chain):
-        return GraphedTreeDecoder(target, drafter, batch, capacity, topology.shape(), eos_ids,
-                                  capture=capture)
-    return GraphedChainDecoder(target, drafter, batch, capacity, topology.k, eos_ids,
-                               capture=capture, **chain_options)
+        cls = GraphedTreeRefillDecoder if refill else GraphedTreeDecoder
+        return cls(target, drafter, batch, capacity, topology.shape(), eos_ids,
+                   capture=capture, rounds_per_replay=rounds_per_replay)
+    cls = GraphedRefillDecoder if refill else GraphedChainDecoder
+    return cls(target, drafter, batch, capacity, topology.k, eos_ids, capture=capture,
+               rounds_per_replay=rounds_per_replay, **chain_options)
 
 
 class DecoderKey(NamedTuple):
@@ -196,16 +190,10 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
                                          topology.shape(), program.verify.prune.keep_layers,
                                          pair.eos_ids, capture)
-    elif refill and isinstance(topology, Chain):     # adaptive or of length k
-        decoder = GraphedRefillDecoder(pair.target, pair.drafter, batch, capacity, k,
-                                       pair.eos_ids, capture=capture, adaptive=adaptive,
-                                       length_cap=cap)
-    elif refill:                # trees: fixed (`rounds_refusal`)
-        decoder = refill_tree_decoder(pair.target, pair.drafter, batch, capacity, topology,
-                                      pair.eos_ids, capture)
-    else:
+    else:                       # trees: fixed lengths (`rounds_refusal`)
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
-                                  pair.eos_ids, capture, adaptive=adaptive, length_cap=cap)
+                                  pair.eos_ids, capture, refill=refill, adaptive=adaptive,
+                                  length_cap=cap)
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder

@@ -23,8 +23,9 @@ step runs fewer kernels than a padded decoder's: those of a refill decoder with 
 with refill), and of an adaptive one once speculation is off.
 
 Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
-draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the batch's length serves its tokens per
-unit of time, not the makespan of its current requests (a refilled batch has no tail), a
+draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the
+batch's length serves its tokens per unit of time, not the makespan of its current requests
+(a refilled batch has no tail), a
 newcomer's estimates start from the averages of the requests before it, and speculation turns
 off for the rest of the call once plain steps would serve the batch faster by every estimate
 (runtime/batch_length.py): the drafter's cache is not kept up after that. Once the queue is
@@ -53,7 +54,8 @@ from .speculative import SpecResult
 class GraphedRefillDecoder(GraphedChainDecoder):
     """`GraphedChainDecoder` (chains of fixed length k or adaptive lengths up to k, or k = 0
     for plain steps) whose `generate` and `force` take any number of prompts and keep the
-    batch's `batch` slots busy: a slot whose request is done takes the next one."""
+    batch's `batch` slots busy: a slot whose request is done takes the next one. Its host loop
+    and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).

@@ -216,16 +216,16 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                             (at_depth + 1 + self.ranks[None, :]) % vocab)
         logits = self._verify_tree(base, nodes)
         path = self.forced_path[None, :].expand(ref.shape[0], -1)
-        self._commit_forced_path(base, logits, path, torch.full_like(self.count, depth))
+        self._compact(base, path)
+        self._commit_forced_path(logits, path, torch.full_like(self.count, depth))
 
-    def _commit_forced_path(self, base: torch.Tensor, logits: torch.Tensor, path: torch.Tensor,
-                            depth: torch.Tensor, drafter_path: Optional[torch.Tensor] = None):
+    def _commit_forced_path(self, logits: torch.Tensor, path: torch.Tensor, depth: torch.Tensor):
         """Forced mode, after verifying a tree with the reference on `path` [B, D] (its node at
-        each depth, -1 past a row's `depth` [B]): the target's proposals along it written, its
-        K/V compacted, and each row's next depth + 1 reference tokens committed."""
+        each depth, -1 past a row's `depth` [B]) and compacting the caches along it (before
+        this: the move reads which rows ran the round): the target's proposals along it
+        written, and each row's next depth + 1 reference tokens committed."""
         rows = torch.cat([torch.zeros_like(depth)[:, None], 1 + path.clamp(min=0)], dim=1)
         if self.record_margins:
             self._round_margins = top2_margin(logits).gather(1, rows)
         self._write(torch.argmax(logits, dim=-1).gather(1, rows), depth)
-        self._compact(base, path, drafter_path)
         self._commit_forced(depth)

@@ -70,7 +70,9 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
         base = self._base()
         nodes = self._draft_tree(base)
         path, path_len = self._cheap_path(base, nodes)
-        drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)), torch.zeros_like(path))
+        # Past a short path the drafts repeat some node: the cap at the path's length below
+        # keeps them from being accepted, and the causal mask from the tokens before them.
+        drafts = nodes.gather(1, path.clamp(min=0))
         g = self._verify(drafts)                 # the full target, root + the path as a chain
         n = torch.minimum(self._accepted(drafts, g), path_len)
         self._move_path(base, path, ((self.dcache, path), (self.ccache, path)))

@@ -43,7 +43,7 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
     assert report.passed, report.format()
 
 
-def _mixed_requests(tmp_path, seed, drafter_seed):
+def _limited_requests(tmp_path, seed, drafter_seed):
     """(target, drafter (the target itself where the seeds agree), seven prompts, per-request
     limits that end them apart, greedy AR of 20 tokens) on the GPU in float32."""
     folder = make_checkpoint(tmp_path, "llama3", seed=seed)
@@ -74,7 +74,7 @@ def _captured_equals_eager(build, prompts, limits, reference):
 def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed,
                                                                monkeypatch):
     monkeypatch.setenv("SPECPILOT_FAST_OPS", mode)
-    target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 93, drafter_seed)
+    target, drafter, prompts, limits, reference = _limited_requests(tmp_path, 93, drafter_seed)
     # One set of round costs and one replay size for both, so that both choose the same
     # lengths at the same rounds.
     options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=4)
@@ -96,11 +96,14 @@ def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_pat
     options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9, 2.2], rounds_per_replay=4)
     eager = GraphedRefillDecoder(target, drafter, 4, 64, 4, capture=False, **options)
     graphed = GraphedRefillDecoder(target, drafter, 4, 64, 4, capture=True, **options)
+    drafter_forwards = []
     for _ in range(3):
         want, got = eager.generate(prompts, 24), graphed.generate(prompts, 24)
         assert got.tokens == want.tokens == reference.tokens
         assert got.accepted_lengths == want.accepted_lengths
         assert got.stats == want.stats and got.drafter_forwards == want.drafter_forwards
+        drafter_forwards.append(got.drafter_forwards)
+    assert drafter_forwards[0] > 0 and drafter_forwards[1] > 0     # learned from, not off
     assert got.stats == {"rounds_chain_0": got.target_forwards - 1, "refills": 0}
     assert got.drafter_forwards == 0
 
@@ -109,13 +112,13 @@ def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_pat
 @pytest.mark.parametrize("drafter_seed", [98, 99])      # the target itself; another model
 def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_path, tree,
                                                                           drafter_seed):
-    from specpilot.runtime.graphed_program import refill_tree_decoder
+    from specpilot.runtime.graphed_program import graphed_decoder
 
-    target, drafter, prompts, limits, reference = _mixed_requests(tmp_path, 98, drafter_seed)
+    target, drafter, prompts, limits, reference = _limited_requests(tmp_path, 98, drafter_seed)
     # One replay size for both: the rounds counted per length are whole replays.
     graphed = _captured_equals_eager(
-        lambda capture: refill_tree_decoder(target, drafter, 3, 64, tree, capture=capture,
-                                            rounds_per_replay=4),
+        lambda capture: graphed_decoder(target, drafter, 3, 64, tree, capture=capture,
+                                        refill=True, rounds_per_replay=4),
         prompts, limits, reference)
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))
