@@ -35,8 +35,8 @@
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
 # SYSTEMS (the bench phases' --systems; all by default), EXTREMES_ARGS (more options of
-# bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s), RESULTS (default
-# /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
+# bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
+# RESULTS (default /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
 # Each phase's output goes to $OUT/<phase>.log; results (JSON, markdown, PNG) under $RESULTS.
 # Packages the GPU machine lacks are installed from wheels in .whl/ (git-ignored; carry it),

@@ -25,7 +25,7 @@ from specpilot.bench.oracle_replay import replay_oracle
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import AcceptanceProfile, replay
 from specpilot.bench.step_costs import StepCosts, read_step_costs
-from specpilot.bench.stored_forwards import positive_counts
+from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.search.run_folder import write_json_atomic
 
@@ -53,14 +53,13 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         costs, source = read_step_costs(args.step_costs)
-        batches = args.batch_sizes
         profiles = {path: AcceptanceProfile.load(path) for path in args.profiles}
     except (OSError, KeyError, ValueError, SpecPilotError) as exc:
         print(f"oracle_lengths: {exc}", file=sys.stderr)
         return 2
     results = []
     for path, profile in profiles.items():
-        for b in batches:
+        for b in args.batch_sizes:
             row = dict(profile=path, batch_size=b, **rows_for(profile, costs, b))
             results.append(row)
             print(f"{os.path.basename(path)} b{b}: " + "  ".join(

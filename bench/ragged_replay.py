@@ -81,16 +81,18 @@ from typing import Dict, List, Optional, Sequence
 
 from specpilot.bench.environment import environment
 from specpilot.bench.mechanism_programs import ridge_capped_budget
-from specpilot.bench.replay import REPLAYED, AcceptanceProfile, ProfileError, replay
+from specpilot.bench.replay import AcceptanceProfile, ProfileError, replay
 from specpilot.bench.request_adaptive_replay import (BOUNDS, Round, adaptive_rows,
                                                      padded_round_seconds)
 from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
-from specpilot.bench.stored_forwards import PackedCosts, positive_counts, write_estimate
+from specpilot.bench.estimate_io import ESTIMATE_LABEL as LABEL
+from specpilot.bench.estimate_io import check_batches, measured_on, write_estimate
+from specpilot.bench.stored_forwards import PackedCosts
+from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.adaptive_draft import DRAFT_STEP_COST
 
-LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
 PRICING = ("sum of stored per-width forwards, never a measured graphed round; padded: every "
            "forward over all B rows at the widest row's width (catch-up = widest previous "
            "commit, max L - 1 drafter(B, 1) levels, target(B, max L + 1)); ragged: a packed "
@@ -192,10 +194,7 @@ def run(args) -> dict:
     k = profile.topology.k
     stored = sorted(set(costs.target_costs) & set(costs.drafter_costs))
     batches = args.batch_sizes or stored
-    missing = [b for b in batches if b not in costs.target_costs or b not in costs.drafter_costs]
-    if missing:
-        raise SpecPilotError(f"{args.step_costs} has no target/drafter costs at batch "
-                             f"{missing} (stored: {stored})")
+    check_batches(costs, batches, stored, args.step_costs)
     if isinstance(args.token_budget, int) and args.token_budget < max(batches):
         raise SpecPilotError(f"--token-budget {args.token_budget} is below batch size "
                              f"{max(batches)}: every request verifies at least its root")
@@ -219,23 +218,18 @@ def run(args) -> dict:
                            "ragged_over_padded_adaptive": ragged["speedup_vs_padded_adaptive"],
                            "ragged_over_chain": ragged["speedup_vs_ar"] / chain["speedup_vs_ar"]}
         summary.append(line)
-    settings = doc.get("settings", {}) if isinstance(doc, dict) else {}
     return {"label": LABEL, "kind": "ragged-replay",
             "environment": environment("cpu", [sys.argv[0], *args.argv]),
             "settings": {"acceptance": args.acceptance, "step_costs": args.step_costs,
                          "batch_sizes": list(batches), "token_budget": args.token_budget,
                          "draft_cost": args.draft_cost, "bounds": bounds,
                          "ridge_budgets": {str(b): r for b, r in ridge.items()}},
-            "step_costs_measured_on": {key: settings.get(key) for key in
-                                       ("shapes", "device", "dtype", "scale", "context")},
-            "step_costs_gpu": (doc.get("environment") or {}).get("gpu"),
+            **measured_on(doc),
             "profile": {"topology": str(profile.topology),
                         "requests": len(profile.accepted_lengths),
                         "mean_accepted": profile.mean_accepted, "source": profile.source},
             "pricing": PRICING, "rows": rows, "summary": summary,
             "round_check": round_checks(costs, priced, batches)}
-
-
 
 
 def _budget(text: str):

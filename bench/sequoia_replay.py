@@ -28,8 +28,9 @@ measured round beside the round this pricing gives it: how far the pricing is of
 Tree choice (Sequoia, runtime/sequoia.py `best_tree`): for every depth limit and size up to the
 budget, the best tree under the rank profile's per-depth, per-rank acceptance (which assumes
 independent depths), scored by expected tokens per round over its priced round at this batch
-size (catch-up at its full depth + 1); the figures reported are the replay's, not the model's. The tree is
-shaped on the profile it is replayed on (in-sample); `--holdout` shapes on the even-numbered
+size (catch-up at its full depth + 1); the figures reported are the replay's, not the model's.
+The tree is shaped on the profile it is replayed on (in-sample); `--holdout` shapes on the
+even-numbered
 requests and replays every system on the odd-numbered ones.
 """
 from __future__ import annotations
@@ -40,17 +41,18 @@ import sys
 from typing import List, Optional, Sequence
 
 from specpilot.bench.environment import environment
-from specpilot.bench.replay import REPLAYED, replay, spec_step_seconds
+from specpilot.bench.replay import replay, spec_step_seconds
 from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
-from specpilot.bench.stored_forwards import (StoredForwards, positive_counts,
-                                             write_estimate)
+from specpilot.bench.estimate_io import ESTIMATE_LABEL as LABEL
+from specpilot.bench.estimate_io import check_batches, measured_on, write_estimate
+from specpilot.bench.stored_forwards import StoredForwards
+from specpilot.cli_common import positive_counts
 from specpilot.cost.acceptance import MAX_RANK, RankProfile
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import MAX_DRAFT_LENGTH, Chain
 from specpilot.runtime.sequoia import RankTrace, best_tree, profile_from_trace
 from specpilot.runtime.tree_plan import TreePlan
 
-LABEL = f"{REPLAYED}; estimated from stored per-width step costs, not a measured captured round"
 ACCEPT_MODES = ("none", "chain")
 PRICING = ("one round = drafter(B, catch-up width) + drafter(B, width) per tree level but the last "
            "+ target verification (+ accept/commit with --accept chain); chain and trees alike, "
@@ -81,15 +83,13 @@ class PricedCosts(StoredForwards):
         self.chain, self.accept_mode = chain, accept
 
     def verify(self, batch: int, topology) -> float:
-        """A chain's causal target forward of k + 1; a tree's priced as the same forward of
-        N + 1 tokens, even where a tree-mask verification is stored (like for like)."""
-        if isinstance(topology, Chain):
-            return super().verify(batch, topology)
-        n = topology.num_nodes
-        self.log[f"verify({batch}, {n}-node tree)"] = (
-            f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
-            "tree-mask verification, where there is one, is not used)")
-        return self.target(batch, n + 1)
+        """As StoredForwards prices it, a tree's pricing logged."""
+        if not isinstance(topology, Chain):
+            n = topology.num_nodes
+            self.log[f"verify({batch}, {n}-node tree)"] = (
+                f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
+                "tree-mask verification, where there is one, is not used)")
+        return super().verify(batch, topology)
 
     def accept(self, batch: int, topology) -> float:
         if self.accept_mode == "none":
@@ -120,11 +120,10 @@ def replay_row(system: str, topology, ranks: RankProfile, priced: PricedCosts,
     fig = replay(ranks.to_profile(topology), priced, batch)
     priced_from = priced.take_log()
     plain = priced.costs.target(batch, 1)
-    plan = TreePlan.build(topology)
     per_round = fig.spec_seconds / fig.spec_steps
     return {"system": system, "batch_size": batch, "topology": str(topology),
-            "nodes": topology.num_nodes, "depth": plan.shape.max_depth,
-            "level_widths": [len(level) for level in plan.levels],
+            "nodes": topology.num_nodes, "depth": topology.depth,
+            "level_widths": list(topology.level_widths()),
             "tokens_per_round": fig.mean_accepted,
             "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
             "plain_step_ms": plain * 1e3, "speedup_vs_ar": fig.speedup,
@@ -138,10 +137,7 @@ def run(args) -> dict:
     chain = Chain(args.chain)
     stored_batches = sorted(costs.target_costs)
     batches = args.batch_sizes or stored_batches
-    missing = [b for b in batches if b not in costs.target_costs or b not in costs.drafter_costs]
-    if missing:
-        raise SpecPilotError(f"{args.step_costs} has no target/drafter costs at batch "
-                             f"{missing} (stored: {stored_batches})")
+    check_batches(costs, batches, stored_batches, args.step_costs)
     if args.accept == "chain" and any(b not in costs.accept_costs.get(str(chain), {})
                                       for b in batches):
         raise SpecPilotError(f"{args.step_costs} stores no {chain} accept/commit cost at every "
@@ -178,16 +174,13 @@ def run(args) -> dict:
             row["speedup_vs_chain"] = row["speedup_vs_ar"] / chain_row["speedup_vs_ar"]
             rows.append(row)
     checks = round_checks(costs, replay_on, priced, batches)
-    settings = doc.get("settings", {}) if isinstance(doc, dict) else {}
     return {"label": LABEL, "kind": "sequoia-replay",
             "environment": environment("cpu", [sys.argv[0], *args.argv]),
             "settings": {"ranks": args.ranks, "step_costs": args.step_costs,
                          "sizes": list(args.sizes), "chain": args.chain,
                          "batch_sizes": list(batches), "max_depth": max_depth,
                          "accept": args.accept, "holdout": args.holdout},
-            "step_costs_measured_on": {k: settings.get(k) for k in
-                                       ("shapes", "device", "dtype", "scale", "context")},
-            "step_costs_gpu": (doc.get("environment") or {}).get("gpu"),
+            **measured_on(doc),
             "profile": {"requests_shaped_on": len(shape_on.ranks),
                         "requests_replayed": len(replay_on.ranks),
                         "source": ranks.source,
@@ -221,8 +214,6 @@ def round_checks(costs: StepCosts, ranks: RankProfile, priced: PricedCosts,
                 priced.take_log()
             out.append(check)
     return out
-
-
 
 
 def _table(rows: Sequence[dict]) -> str:

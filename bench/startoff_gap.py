@@ -44,6 +44,7 @@ class PhaseClock:
         self.marks = {}
 
     def install(self, decoder):
+        self.marks = {}             # a wrapped call that did not fire must not read old marks
         start, loop = decoder._start, graphed_chain.replay_until_done
 
         def timed_start(*a, **k):

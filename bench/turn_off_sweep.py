@@ -26,7 +26,7 @@ from specpilot.bench.adaptive_replay import replay_adaptive
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts, read_step_costs
-from specpilot.bench.stored_forwards import positive_counts
+from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
@@ -47,10 +47,10 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
                host_lag: Tuple[int, int] = (1, 1)) -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each rounds-before-a-
-    turn-off in `off_after` (runtime/batch_length.OFF_AFTER_ROUNDS is the rule's). `host_lag`:
-    when the padded replays apply a chosen length (adaptive_replay.replay_adaptive: (4, 2) as
-    the graphed host loop does); refill's replay has no such model and applies it at the next
-    round."""
+    turn-off in `off_after` (runtime/batch_length.OFF_AFTER_ROUNDS is the rule's). `host_lag`
+    (adaptive_replay.replay_adaptive): when the padded replays apply a chosen length, (1, 1)
+    from the next round, (4, 2) as the graphed host loop does (replays of 4 rounds, the length
+    chosen two replays back); refill's replay applies it at the next round."""
     return [{"off_after": n,
              "cold": replay_adaptive(profile, costs, batch, host_lag=host_lag,
                                      off_after=n).speedup,

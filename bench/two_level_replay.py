@@ -21,7 +21,8 @@ head were skipped too. Cache moves and the accept walks (two-level has two, and 
 to move) are not counted, in any row. **Estimates**: no two-level round was captured at this
 shape.
 
-  python3 bench/two_level_replay.py --step-costs bench/results/llama8b-1b-replayed-graphed_tree.json \\
+  python3 bench/two_level_replay.py \\
+      --step-costs bench/results/llama8b-1b-replayed-graphed_tree.json \\
       --chain bench/results/mechanisms-run15-64prompts.acceptance.stock_graphed.json \\
       --tree bench/results/mechanisms-run15-64prompts.acceptance.mech-graphed_tree.json \\
       --two-level bench/results/mechanisms-run15-64prompts.acceptance.mech-graphed_two_level.json \\
@@ -32,13 +33,14 @@ from __future__ import annotations
 import argparse
 from typing import Optional, Sequence
 
+from specpilot.bench.estimate_io import ESTIMATE_LABEL, write_estimate
 from specpilot.bench.replay import AcceptanceProfile, replay
 from specpilot.bench.shapes import ShapePreset, parse_shapes
 from specpilot.bench.step_costs import read_step_costs
-from specpilot.bench.stored_forwards import StoredForwards, positive_counts, write_estimate
+from specpilot.bench.stored_forwards import StoredForwards
+from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
-from specpilot.runtime.tree_plan import TreePlan
 
 # The graphed rounds' drafter catch-up: the previous and the last token, every round.
 GRAPHED_CATCH_UP = 2
@@ -52,22 +54,6 @@ def head_share(preset: ShapePreset) -> float:
     return head / (preset.layers * layer + head)
 
 
-def tree_size(topology) -> tuple:
-    """(nodes N, depth D) of a tree topology."""
-    plan = TreePlan.build(topology)
-    return len(plan.shape.depths), len(plan.levels)
-
-
-class TreeForwards(StoredForwards):
-    """Stored forwards that price a tree's verification as the target's forward of N + 1."""
-
-    def verify(self, batch: int, topology) -> float:
-        if isinstance(topology, Chain):
-            return super().verify(batch, topology)
-        nodes, _ = tree_size(topology)
-        return self.target(batch, nodes + 1)
-
-
 class TwoLevelForwards(StoredForwards):
     """Stored forwards that price a tree's verification as two-level's: a cheap forward of
     N + 1 tokens (`cheap` of the target's) and the full target's of D + 1."""
@@ -79,8 +65,8 @@ class TwoLevelForwards(StoredForwards):
     def verify(self, batch: int, topology) -> float:
         if isinstance(topology, Chain):
             raise SpecPilotError("two-level verification prunes a tree, not a chain")
-        nodes, depth = tree_size(topology)
-        return self.cheap * self.target(batch, nodes + 1) + self.target(batch, depth + 1)
+        return (self.cheap * self.target(batch, topology.num_nodes + 1)
+                + self.target(batch, topology.depth + 1))
 
 
 def _profile(path: str, want_tree: bool, two_level: Optional[bool] = None) -> AcceptanceProfile:
@@ -106,8 +92,8 @@ def run(args: argparse.Namespace) -> dict:
     chain = _profile(args.chain, False)
     tree, two_level = _profile(args.tree, True, False), _profile(args.two_level, True, True)
     cheap = {"with head": head + (1 - head) * args.kept, "lower bound": args.kept}
-    systems = [(str(chain.topology), chain, {"-": TreeForwards(costs)}),
-               ("tree", tree, {"-": TreeForwards(costs)}),
+    systems = [(str(chain.topology), chain, {"-": StoredForwards(costs)}),
+               ("tree", tree, {"-": StoredForwards(costs)}),
                ("two-level, measured prune", two_level,
                 {p: TwoLevelForwards(costs, c) for p, c in cheap.items()}),
                ("two-level, perfect prune", tree,
@@ -122,7 +108,7 @@ def run(args: argparse.Namespace) -> dict:
                              "mean_accepted": figure.mean_accepted,
                              "round_ms": 1e3 * figure.spec_seconds / figure.spec_steps})
                 log.update(forwards.take_log())
-    return {"kind": "two-level-replay", "label": "estimate from stored step costs",
+    return {"kind": "two-level-replay", "label": ESTIMATE_LABEL,
             "settings": {**vars(args), "shapes": shapes, "catch_up": GRAPHED_CATCH_UP,
                          "head_share": head, "cheap_share": cheap},
             "step_costs_environment": doc.get("environment"), "priced_from_others": log,
@@ -130,10 +116,12 @@ def run(args: argparse.Namespace) -> dict:
 
 
 def table(rows: Sequence[dict]) -> str:
-    lines = ["batch  system                      topology          pricing      x AR   accepted  round ms"]
+    lines = ["batch  system                      topology          pricing      x AR   accepted"
+             "  round ms"]
     for r in rows:
-        lines.append(f"{r['batch']:5d}  {r['system']:26s}  {r['topology']:16s}  {r['pricing']:11s}"
-                     f"  {r['speedup_vs_ar']:5.2f}  {r['mean_accepted']:8.2f}  {r['round_ms']:8.3f}")
+        lines.append(f"{r['batch']:5d}  {r['system']:26s}  {r['topology']:16s}  "
+                     f"{r['pricing']:11s}  {r['speedup_vs_ar']:5.2f}  {r['mean_accepted']:8.2f}"
+                     f"  {r['round_ms']:8.3f}")
     return "\n".join(lines)
 
 

@@ -1,8 +1,10 @@
-"""Argument helpers shared by the subcommands that load a model pair and a Program."""
+"""Argument helpers shared by the subcommands that load a model pair and a Program, and by the
+bench scripts (counts)."""
 from __future__ import annotations
 
+import argparse
 import os
-from typing import Optional
+from typing import List, Optional
 
 from specpilot.ir import load_program, stock_program
 from specpilot.ir.errors import SpecPilotError
@@ -28,6 +30,18 @@ def positive_int(text: str) -> int:
 
 
 positive_int.__name__ = "positive integer"
+
+
+def positive_counts(text: str) -> List[int]:
+    """A comma-separated list of counts >= 1 (batch sizes, node budgets), for argparse; kept in
+    the order given."""
+    try:
+        counts = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected counts like 1,4,16, got {text!r}") from None
+    if not counts or any(c < 1 for c in counts):
+        raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
+    return counts
 
 
 def resolve_program(args, device: str):

@@ -52,7 +52,7 @@ def ragged_round_seconds(priced: PackedCosts, r: Round) -> float:
 
 
 def play_request_batch(agree: Sequence[List[bool]], decode: Sequence[int], k: int, budget: int,
-               draft_cost: float) -> Tuple[List[Round], List[List[int]], List[List[int]]]:
+                       draft_cost: float) -> Tuple[List[Round], List[List[int]], List[List[int]]]:
     """The rounds of one lock-step batch under the per-request rule (a fresh estimate for each
     request, as in the runtime); returns (rounds, each slot's lengths, each slot's accepted
     drafts per round it ran)."""
@@ -96,7 +96,8 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
         decode = [profile.new_tokens[r] - 1 for r in rows]
         tokens += sum(decode)
         ar_steps += max(decode)
-        rounds, lengths, got = play_request_batch([maps[r] for r in rows], decode, k, budget, draft_cost)
+        rounds, lengths, got = play_request_batch([maps[r] for r in rows], decode, k, budget,
+                                                  draft_cost)
         for slot in range(batch):
             if number * batch + slot < count:           # not the cycled repeats
                 committed += len(got[slot])

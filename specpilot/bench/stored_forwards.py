@@ -2,19 +2,13 @@
 (specpilot/bench/step_costs.py), for estimates made off the GPU (bench/sequoia_replay.py,
 bench/ragged_replay.py): a width that was not measured is padded up to the next stored width,
 or, past the widest, split into stored ones (achievable, so an upper bound; nothing is
-extrapolated), and every such pricing is logged. Never a measured graphed round. Also the two
-scripts' shared command-line pieces."""
+extrapolated), and every such pricing is logged. Never a measured graphed round."""
 from __future__ import annotations
 
-import argparse
 import math
-import sys
-from pathlib import Path
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.topology import Chain
-from specpilot.search.run_folder import write_json_atomic
 
 from .step_costs import StepCosts
 
@@ -38,9 +32,10 @@ class StoredForwards:
         return log
 
     def verify(self, batch: int, topology) -> float:
-        if not isinstance(topology, Chain):
-            raise SpecPilotError(f"only chains are priced here, not {topology}")
-        return self.target(batch, topology.k + 1)
+        """A chain's causal target forward of k + 1 tokens; a tree's priced as the causal
+        forward of its N + 1 tokens (a stored tree-mask verification, where there is one, is
+        not used: like for like)."""
+        return self.target(batch, topology.num_nodes + 1)
 
     def accept(self, batch: int, topology) -> float:
         self.log["accept/commit"] = NOT_COUNTED
@@ -132,29 +127,3 @@ class PackedCosts(StoredForwards):
 
 def _span(pair: Sequence[int]) -> str:
     return str(pair[0]) if pair[0] == pair[1] else f"{pair[0]}..{pair[1]}"
-
-
-def positive_counts(text: str) -> List[int]:
-    """A comma-separated list of counts >= 1 (batch sizes, node budgets), for argparse."""
-    try:
-        counts = [int(s) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected counts like 1,4,16, got {text!r}") from None
-    if not counts or any(c < 1 for c in counts):
-        raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
-    return counts
-
-
-def write_estimate(run: Callable[[argparse.Namespace], dict], args: argparse.Namespace,
-                   table: Callable[[Sequence[dict]], str]) -> int:
-    """An estimate script's end: `run(args)` written to `args.out` (atomically) and its rows
-    printed with `table`; 2 with the error where the inputs are refused."""
-    try:
-        doc = run(args)
-    except SpecPilotError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        return 2
-    write_json_atomic(Path(args.out), doc)
-    print(table(doc["rows"]))
-    print(args.out)
-    return 0
