@@ -132,6 +132,25 @@ def program_of(s, *transformations, batch: int):
     return replace(program, batch=replace(program.batch, max_batch_size=batch))
 
 
+def run_program_graphed(s, program, decoder_class):
+    """Run `program` on the graphed runtime over pair_setup `s` (rounds eager, no decoder kept
+    from before): its decoder is a `decoder_class`, its output greedy AR and its forcing
+    clean. Returns (the decoder, the result) for the caller's own checks."""
+    from specpilot.runtime.decoder import ModelPair
+    from specpilot.runtime.graphed_program import (decoder_for, force_graphed,
+                                                   release_decoders, run_graphed)
+
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert type(decoder) is decoder_class
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
+    return decoder, r
+
+
 def fill_with_noise(cache):
     """Random K/V in every slot of `cache` (where a run must neither read nor write); returns a
     function telling, per K and V tensor, whether it still holds exactly that noise."""

@@ -128,7 +128,7 @@ def test_forcing_checks_the_trees_the_drafter_chooses_and_catches_a_wrong_mask()
     # Forced rounds log each row's tree depth (the reference tokens it committed, less one):
     # four nodes, at most two a level, make a tree two or three deep.
     logged = decoder.accepted[:, :len(s["prompts"])]
-    assert set(logged[logged >= 0].tolist()) <= {2, 3}
+    assert (logged >= 0).any() and set(logged[logged >= 0].tolist()) <= {2, 3}
     # The drafter grew each tree on the reference: its cache holds the K/V of prompt +
     # reference (all but each row's last token), as an eager prefill of them computes it.
     rows = [list(p) + list(t) for p, t in zip(s["prompts"], ref.tokens)]

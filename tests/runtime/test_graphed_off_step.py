@@ -67,9 +67,25 @@ def test_a_refill_off_step_is_the_plain_step_with_a_smaller_log():
     padded_log, refill_log = _ops_of_the_log(plain, True), _ops_of_the_log(refill, True)
     assert refill_ops + padded_log == plain_ops + refill_log
     assert sum(refill_log.values()) < sum(padded_log.values())
-    # A speculative round's log (plain=False) is the full per-row one: it writes entries.
-    assert _ops_of_the_log(refill, False)["aten.scatter_"] == 1
-    assert refill_log["aten.scatter_"] == 0
+
+
+def test_a_refill_plain_log_only_counts_the_round_and_a_full_one_writes_entries():
+    prompts, _, refill = _plain_and_adaptive(GraphedRefillDecoder)
+    refill.generate(prompts, 4)
+    refill.active.copy_(torch.tensor([True, False, True, True]))     # rows that run the round
+    ran = refill.active.clone()
+    accepted = torch.where(ran, 0, -1)
+    log, rows, index = refill.accepted.clone(), refill.row_round.clone(), refill.round_index.clone()
+    refill._log_round(accepted, plain=True)
+    assert torch.equal(refill.accepted, log)                           # no entry written
+    assert torch.equal(refill.row_round, rows + ran) and refill.round_index == index + 1
+    # A speculative round's log (plain=False) writes each running row's entry at its counter.
+    refill._log_round(accepted, plain=False)
+    at = rows + ran
+    for row in range(4):
+        want = 0 if ran[row] else log[at[row], row]
+        assert refill.accepted[at[row], row] == want
+    assert torch.equal(refill.row_round, rows + 2 * ran)
 
 
 def test_an_off_batch_stays_off_and_keeps_the_ar_output():

@@ -200,6 +200,7 @@ def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
                                   adaptive=True)
     padded = GraphedChainDecoder(s["target"], useless, 4, 48, 4, s["eos"], capture=False,
                                  adaptive=True)
+    drafter_forwards = []
     for call in range(3):
         r = refill.generate(prompts[:4], MAX_NEW)
         p = padded.generate(prompts[:4], MAX_NEW)
@@ -207,6 +208,9 @@ def test_with_no_queue_the_batch_remembers_the_workload_as_a_padded_batch():
         assert r.accepted_lengths == p.accepted_lengths
         assert {k: c for k, c in r.stats.items() if k != "refills"} == p.stats
         assert r.drafter_forwards == p.drafter_forwards
+        drafter_forwards.append(r.drafter_forwards)
+    # The first two calls speculated (the memory learned from them); the third started off.
+    assert drafter_forwards[0] > 0 and drafter_forwards[1] > 0
     assert list(p.stats) == ["rounds_chain_0"] and r.drafter_forwards == 0
     memory = refill.policy.memory
     remembered = (list(memory.counts), list(memory.first_judged), memory.started_off_in_a_row)

@@ -1,5 +1,5 @@
 """Load a script of bench/ (not a package) as a module, for the tests that run it end to end,
-and write the step costs such scripts read."""
+and write the step costs and acceptance profiles such scripts read."""
 import importlib.util
 import json
 import os
@@ -28,4 +28,13 @@ def write_step_costs(path, target, drafter, accept=None, shapes="hand:made", gpu
                           "target": keyed(target), "drafter": keyed(drafter),
                           "verify_trees": {}, "accept": accept or {}, "graphed_rounds": {}}}
     path.write_text(json.dumps(doc))
+    return str(path)
+
+
+def write_profile(path, topology: dict, accepted, new_tokens, source=None) -> str:
+    """An acceptance profile at `path` (`topology` as ir.topology JSON, per request the drafts
+    accepted each round and the new tokens); returns the path as a string."""
+    path.write_text(json.dumps({"format": "specpilot-acceptance-profile", "version": 1,
+                                "topology": topology, "accepted_lengths": accepted,
+                                "new_tokens": new_tokens, "source": source or {"hand": True}}))
     return str(path)

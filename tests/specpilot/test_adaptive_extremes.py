@@ -19,9 +19,10 @@ def test_refill_with_one_batch_runs_as_the_padded_adaptive_decoder(tmp_path):
     out = tmp_path / "extremes.json"
     # Three calls of four requests each (a warm-up and two timed): the workload memory has
     # eight requests after two, enough to start the third off.
-    assert load_bench_script("adaptive_extremes").main(["--scale", "0.0625", "--batch-sizes", "4", "--prompt-len", "6",
-                           "--new-tokens", str(NEW), "--repeats", "2",
-                           "--systems", "adaptive,adaptive+refill", "--out", str(out)]) == 0
+    script = load_bench_script("adaptive_extremes")
+    assert script.main(["--scale", "0.0625", "--batch-sizes", "4", "--prompt-len", "6",
+                        "--new-tokens", str(NEW), "--repeats", "2",
+                        "--systems", "adaptive,adaptive+refill", "--out", str(out)]) == 0
     rows = json.loads(out.read_text())["rows"]
     by = {(r["drafter"], r["system"]): r for r in rows}
     assert set(by) == {("-", "plain AR"), ("useless", "adaptive"),
@@ -46,6 +47,7 @@ def test_refill_with_one_batch_runs_as_the_padded_adaptive_decoder(tmp_path):
 @pytest.mark.parametrize("flag,value", [("--systems", "adaptive,tree"), ("--drafters", "half")])
 def test_unknown_systems_and_drafters_are_refused(tmp_path, flag, value, capsys):
     with pytest.raises(SystemExit):
-        load_bench_script("adaptive_extremes").main([flag, value, "--out", str(tmp_path / "x.json")])
+        load_bench_script("adaptive_extremes").main([flag, value,
+                                                     "--out", str(tmp_path / "x.json")])
     assert value.split(",")[-1] in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()

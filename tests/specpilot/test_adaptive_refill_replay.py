@@ -13,7 +13,7 @@ from specpilot.cost.refill_schedule import refill_steps
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 
-from test_adaptive_replay import costs, profile_from_agreement
+from replay_setup import chain_round_costs, profile_from_agreement
 
 
 def _profile(seed, p, requests=9):
@@ -25,7 +25,7 @@ def _profile(seed, p, requests=9):
 @pytest.mark.parametrize("batch", [1, 3, 4])
 def test_held_at_the_longest_chain_it_is_the_fixed_chain_with_refill(batch):
     profile = _profile(batch, 0.7)
-    flat = costs([batch], 1e-3, [2e-3] * 4)          # every length costs the same: k wins
+    flat = chain_round_costs([batch], 1e-3, [2e-3] * 4)   # every length costs the same: k wins
     got = replay_adaptive_refill(profile, flat, batch, turn_off=False)
     fixed = replay_refill(profile, flat, batch)
     rounds = [len(profile.accepted_lengths[r % 9]) for r in range(-(-9 // batch) * batch)]
@@ -38,7 +38,7 @@ def test_held_at_the_longest_chain_it_is_the_fixed_chain_with_refill(batch):
 @pytest.mark.parametrize("batch", [2, 4])
 def test_a_drafter_that_would_lose_costs_at_most_the_rounds_before_the_turn_off(batch):
     profile = _profile(50 + batch, 0.1, requests=12)
-    dear = costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    dear = chain_round_costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
     fixed = replay_refill(profile, dear, batch)
     got = replay_adaptive_refill(profile, dear, batch)
     assert fixed.speedup < 0.8 and got.speedup > fixed.speedup
@@ -50,7 +50,7 @@ def test_a_drafter_that_would_lose_costs_at_most_the_rounds_before_the_turn_off(
 
 def test_the_shapes_bench_adds_the_combined_rows_against_the_padded_ar():
     profile = _profile(7, 0.6, requests=5)
-    c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3, 2.5e-3])
+    c = chain_round_costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3, 2.5e-3])
     rows, figures = replay_rows(profile, c, [1, 4], adaptive=True, refill=True)
     name = "spec chain(4), adaptive lengths, refill, pessimistic"
     got = next(r for r in rows if r["system"] == name and r["batch_size"] == 4)

@@ -13,31 +13,7 @@ from specpilot.bench.step_costs import StepCosts
 from specpilot.ir.topology import Chain, Tree
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 
-
-def profile_from_agreement(k, maps):
-    """The chain(k) profile a greedy decoder with this per-position agreement would record."""
-    lengths, tokens = [], []
-    for agree in maps:
-        row, position = [], 0
-        while position < len(agree):
-            a = 0
-            while a < k and position + a < len(agree) and agree[position + a]:
-                a += 1
-            row.append(a)
-            position += a + 1
-        lengths.append(row)
-        tokens.append(position + 1)
-    return AcceptanceProfile(Chain(k), lengths, tokens)
-
-
-def costs(batch_sizes, ar, rounds):
-    """StepCosts with a plain step of `ar` seconds and a graphed chain(L) round of rounds[L-1]."""
-    c = StepCosts(context=64, graphed=True)
-    for b in batch_sizes:
-        c.target_costs[b] = {1: ar * (1 + 0.01 * b)}
-        for n, seconds in enumerate(rounds, start=1):
-            c.round_costs.setdefault(str(Chain(n)), {})[b] = seconds * (1 + 0.01 * b)
-    return c
+from replay_setup import chain_round_costs, profile_from_agreement
 
 
 def test_agreement_is_read_off_the_rounds():
@@ -58,7 +34,7 @@ def test_a_rule_held_at_the_longest_chain_replays_the_fixed_chain(batch):
     read = agreement_maps(profile)
     assert all(m[p] for r, m in zip(read, maps) for p in range(len(m)) if r[p])
     assert sum(map(sum, read)) > 0.5 * sum(map(sum, maps))
-    flat = costs([batch], 1e-3, [2e-3] * 4)          # every length costs the same: k wins
+    flat = chain_round_costs([batch], 1e-3, [2e-3] * 4)   # every length costs the same: k wins
     fixed = replay(profile, flat, batch)
     adaptive = replay_adaptive(profile, flat, batch, turn_off=False)
     assert adaptive.spec_steps == fixed.spec_steps
@@ -72,7 +48,7 @@ def test_a_batch_that_would_lose_turns_speculation_off(batch):
     rnd = random.Random(100 + batch)
     maps = [[rnd.random() < 0.15 for _ in range(rnd.randint(40, 90))] for _ in range(9)]
     profile = profile_from_agreement(4, maps)
-    dear = costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    dear = chain_round_costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
     fixed = replay(profile, dear, batch)
     adaptive = replay_adaptive(profile, dear, batch)
     assert fixed.speedup < 0.8                       # the fixed chain loses to plain AR ...
@@ -90,7 +66,7 @@ def test_the_shapes_bench_adds_a_row_of_the_rule_per_batch_size():
     rnd = random.Random(7)
     profile = profile_from_agreement(3, [[rnd.random() < 0.6 for _ in range(40)]
                                          for _ in range(5)])
-    c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
+    c = chain_round_costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
     rows, figures = replay_rows(profile, c, [1, 4], adaptive=True)
     names = [(r["system"], r["batch_size"]) for r in rows]
     assert ("spec chain(3), adaptive lengths, pessimistic", 4) in names and len(rows) == 10
@@ -115,7 +91,7 @@ def test_the_two_replays_hold_the_rule_replayed_on_the_true_agreement(monkeypatc
     maps = [[rnd.random() < 0.75 for _ in range(rnd.randint(40, 80))] for _ in range(6)]
     profile = profile_from_agreement(4, maps)
     assert any(a == 4 for row in profile.accepted_lengths for a in row)
-    c = costs([1, 2], 1e-3, [1.3e-3, 1.6e-3, 1.9e-3, 2.2e-3])
+    c = chain_round_costs([1, 2], 1e-3, [1.3e-3, 1.6e-3, 1.9e-3, 2.2e-3])
     lower, upper = agreement_maps(profile), agreement_maps(profile, unknown_agrees=True)
     for r, m in zip(lower, maps):
         assert all(m[p] for p in range(len(m)) if r[p])          # never more than true
@@ -158,7 +134,7 @@ def test_a_replay_on_stored_step_costs_needs_no_measuring(tmp_path):
                                          for _ in range(4)])
     path = tmp_path / "profile.json"
     profile.save(str(path))
-    c = costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
+    c = chain_round_costs([1, 4], 1e-3, [1.6e-3, 1.9e-3, 2.2e-3])
     for b in (1, 4):
         c.target_costs[b].update({4: 1.5e-3})
         c.drafter_costs[b] = {1: 3e-4, 2: 3.5e-4}
@@ -200,7 +176,7 @@ def test_after_a_warm_up_a_batch_that_would_lose_runs_plain_steps_from_its_first
 
     assert START_OFF_AFTER == 8
     rnd = random.Random(30 + batch)
-    dear = costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    dear = chain_round_costs([batch], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
     bad = profile_from_agreement(4, [[rnd.random() < 0.05 for _ in range(60)]
                                      for _ in range(8)])
     cold, warm = replay_adaptive(bad, dear, batch), replay_adaptive(bad, dear, batch, warm=True)
@@ -208,7 +184,7 @@ def test_after_a_warm_up_a_batch_that_would_lose_runs_plain_steps_from_its_first
     assert warm.spec_seconds == pytest.approx(warm.ar_seconds) and warm.mean_accepted == 1.0
     good = profile_from_agreement(4, [[rnd.random() < 0.97 for _ in range(60)]
                                       for _ in range(8)])
-    cheap = costs([batch], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
+    cheap = chain_round_costs([batch], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
     speculating = replay_adaptive(good, cheap, batch)
     assert speculating.speedup > 1.3
     assert replay_adaptive(good, cheap, batch, warm=True).speedup == pytest.approx(
@@ -226,7 +202,7 @@ def test_the_host_lag_applies_a_length_two_replays_later_as_the_graphed_loop_doe
 
     assert OFF_AFTER_ROUNDS == 8
     profile = profile_from_agreement(4, [[False] * 60])
-    c = costs([1], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
+    c = chain_round_costs([1], 1e-3, [(1 + 0.8 * n) * 1e-3 for n in range(1, 5)])
     sec = round_costs_for(c, 1, 4)
     now = replay_adaptive(profile, c, 1)
     lagged = replay_adaptive(profile, c, 1, host_lag=(4, 2))

@@ -8,7 +8,7 @@ from specpilot.bench.oracle_replay import replay_oracle
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import replay
 from bench_script import load_bench_script
-from test_adaptive_replay import costs, profile_from_agreement
+from replay_setup import chain_round_costs, profile_from_agreement
 
 
 def test_a_hand_checked_request_takes_the_length_with_most_tokens_per_cost():
@@ -17,7 +17,7 @@ def test_a_hand_checked_request_takes_the_length_with_most_tokens_per_cost():
     # 1 / 1, 2 / 1.5, 3 / 1.8: two drafts. Round 2 at position 3, 2 tokens left: 1 / 1,
     # 2 / 1.5, 2 / 1.8: one draft, done. 3.3 plain steps for 5 tokens.
     profile = profile_from_agreement(2, [[True, True, False, True, False]])
-    c = costs([1], 1e-3, [1.5e-3, 1.8e-3])
+    c = chain_round_costs([1], 1e-3, [1.5e-3, 1.8e-3])
     got = replay_oracle(profile, c, 1)
     assert got.spec_steps == 2 and got.tokens == 5
     assert got.speedup == pytest.approx(5 / 3.3)
@@ -30,7 +30,7 @@ def test_a_perfect_drafter_runs_the_full_chain_and_a_useless_one_plain_steps(bat
     # is better served by a shorter chain, as it would be otherwise.
     rnd = random.Random(batch)
     lengths = [5 * rnd.randint(4, 12) for _ in range(7)]
-    c = costs([batch], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
+    c = chain_round_costs([batch], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
     perfect = profile_from_agreement(4, [[True] * n for n in lengths])
     useless = profile_from_agreement(4, [[False] * n for n in lengths])
     assert replay_oracle(perfect, c, batch).spec_seconds == pytest.approx(
@@ -45,7 +45,7 @@ def test_a_perfect_drafter_runs_the_full_chain_and_a_useless_one_plain_steps(bat
 def test_a_request_ending_mid_chain_takes_a_shorter_last_round():
     profile = profile_from_agreement(4, [[True] * 7])          # 8 decode tokens: 5, then 3
     assert profile.new_tokens == [9]
-    c = costs([1], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
+    c = chain_round_costs([1], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
     # the fixed chain pays a second full round (2.2); the oracle two drafts (1.6: 3 / 1.6 beats
     # 2 / 1.3 and 3 / 1.9)
     assert replay(profile, c, 1).spec_seconds == pytest.approx(2 * 2.2e-3 * 1.01)
@@ -61,7 +61,7 @@ def test_the_oracle_script_writes_every_system_per_profile_and_batch(tmp_path):
                                          for _ in range(6)])
     path = tmp_path / "profile.json"
     profile.save(str(path))
-    c = costs([1, 2], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
+    c = chain_round_costs([1, 2], 1e-3, [(1 + 0.3 * n) * 1e-3 for n in range(1, 5)])
     source = tmp_path / "costs.json"
     source.write_text(json.dumps({"step_costs": c.to_json(), "environment": {"gpu": "x"}}))
     out = tmp_path / "oracle.json"

@@ -5,9 +5,11 @@ import json
 import math
 
 import pytest
-import torch
 
 from bench_script import load_bench_script
+from torch_threads import single_thread_fixture
+
+one_thread = single_thread_fixture()
 
 
 def test_fast_ops_modes_default_to_all_three_on_a_gpu_and_off_elsewhere():
@@ -23,15 +25,10 @@ def test_fast_ops_modes_default_to_all_three_on_a_gpu_and_off_elsewhere():
 @pytest.mark.slow
 def test_a_layers_profile_reports_its_mode_and_graph_counts(tmp_path):
     out = tmp_path / "profile.json"
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        script = load_bench_script("profile_decode")
-        assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--context", "16",
-                            "--new-tokens", "8", "--device", "cpu", "--fast-ops", "layers",
-                            "--out", str(out)]) == 0
-    finally:
-        torch.set_num_threads(threads)
+    script = load_bench_script("profile_decode")
+    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--context", "16",
+                        "--new-tokens", "8", "--device", "cpu", "--fast-ops", "layers",
+                        "--out", str(out)]) == 0
     (row,) = json.loads(out.read_text())["rows"]
     assert row["fast_ops"] and row["fast_ops_mode"] == "layers"
     assert row["first_forward_s"] > 0 and row["ar_step_gpu_s"] > 0

@@ -13,17 +13,14 @@ from specpilot.bench.request_adaptive_replay import (Round, padded_round_seconds
 from specpilot.bench.step_costs import StepCosts
 from specpilot.bench.stored_forwards import PackedCosts
 
-from bench_script import load_bench_script, write_step_costs
-from test_adaptive_replay import profile_from_agreement
+from bench_script import load_bench_script, write_profile, write_step_costs
+from replay_setup import profile_from_agreement
 
 
 def _write_profile(path, accepted, new_tokens, k=4, kind="chain"):
     topology = {"kind": "chain", "k": k} if kind == "chain" else {"kind": "tree",
                                                                   "branching": [2, 1]}
-    path.write_text(json.dumps({"format": "specpilot-acceptance-profile", "version": 1,
-                                "topology": topology, "accepted_lengths": accepted,
-                                "new_tokens": new_tokens, "source": {"hand": True}}))
-    return str(path)
+    return write_profile(path, topology, accepted, new_tokens)
 
 
 # target(b, w) = 1 + 0.5 (b - 1) + 0.1 w, drafter(b, w) = 0.2 + 0.1 (b - 1) + 0.01 w
@@ -33,8 +30,8 @@ DRAFTER = {b: {w: 0.2 + 0.1 * (b - 1) + 0.01 * w for w in range(1, 6)} for b in 
 
 def _run(tmp_path, profile, costs, *extra):
     out = tmp_path / "out.json"
-    rc = load_bench_script("ragged_replay").main(["--acceptance", profile, "--step-costs", costs, "--out", str(out),
-                         *extra])
+    rc = load_bench_script("ragged_replay").main(["--acceptance", profile, "--step-costs", costs,
+                                                  "--out", str(out), *extra])
     assert rc == 0
     return json.loads(out.read_text())
 

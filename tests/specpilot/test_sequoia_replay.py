@@ -9,7 +9,7 @@ import random
 
 import pytest
 
-from bench_script import load_bench_script, write_step_costs
+from bench_script import load_bench_script, write_profile, write_step_costs
 
 OUT_OF_TREE = 16        # a stored rank of 16: not among the drafter's top 16, in no tree
 
@@ -34,8 +34,9 @@ DRAFTER = {w: 0.2 for w in range(1, 18)}               # flat: catch-up width do
 
 def _run(tmp_path, ranks_path, costs_path, *extra):
     out = tmp_path / "out.json"
-    rc = load_bench_script("sequoia_replay").main(["--ranks", ranks_path, "--step-costs", costs_path,
-                         "--out", str(out), *extra])
+    rc = load_bench_script("sequoia_replay").main(["--ranks", ranks_path,
+                                                   "--step-costs", costs_path,
+                                                   "--out", str(out), *extra])
     assert rc == 0
     return json.loads(out.read_text())
 
@@ -138,16 +139,14 @@ def test_missing_widths_are_padded_or_split_and_logged():
 def test_bad_inputs_are_refused_by_file_name(tmp_path, capsys):
     costs = _write_costs(tmp_path / "c.json", TARGET, DRAFTER)
     ranks = _write_ranks(tmp_path / "r.json", [[0, 0, 1]])
-    chain_profile = tmp_path / "chain-profile.json"
-    chain_profile.write_text(json.dumps({"format": "specpilot-acceptance-profile", "version": 1,
-                                         "topology": {"kind": "chain", "k": 4},
-                                         "accepted_lengths": [[1]], "new_tokens": [3]}))
+    chain_profile = write_profile(tmp_path / "chain-profile.json", {"kind": "chain", "k": 4},
+                                  [[1]], [3])
     not_costs = tmp_path / "not-costs.json"
     not_costs.write_text(json.dumps({"rows": []}))
     missing = str(tmp_path / "missing.json")
     module = load_bench_script("sequoia_replay")
     for ranks_path, costs_path, named in ((missing, costs, missing),
-                                          (str(chain_profile), costs, str(chain_profile)),
+                                          (chain_profile, costs, chain_profile),
                                           (ranks, str(not_costs), str(not_costs)),
                                           (ranks, missing, missing)):
         rc = module.main(["--ranks", ranks_path, "--step-costs", costs_path,

@@ -8,7 +8,7 @@ import pytest
 
 from bench_script import load_bench_script
 from specpilot.bench.adaptive_replay import replay_adaptive
-from test_adaptive_replay import costs, profile_from_agreement
+from replay_setup import chain_round_costs, profile_from_agreement
 from torch_threads import single_thread_fixture
 
 one_thread = single_thread_fixture()
@@ -23,7 +23,7 @@ def test_the_sweep_replays_each_candidate(tmp_path):
                                          for _ in range(8)])
     path = tmp_path / "profile.json"
     profile.save(str(path))
-    c = costs([1, 4], 1e-3, [(1.2 + 0.2 * n) * 1e-3 for n in range(1, 5)])
+    c = chain_round_costs([1, 4], 1e-3, [(1.2 + 0.2 * n) * 1e-3 for n in range(1, 5)])
     source = tmp_path / "costs.json"
     source.write_text(json.dumps({"step_costs": c.to_json()}))
     out = tmp_path / "sweep.json"

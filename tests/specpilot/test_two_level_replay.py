@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench_script import load_bench_script, write_step_costs
+from bench_script import load_bench_script, write_profile, write_step_costs
 
 # batch 1 only: target(1, w) = 1 + 0.1 w, drafter(1, w) = 0.2 + 0.01 w
 TARGET = {1: {w: 1.0 + 0.1 * w for w in range(1, 17)}}
@@ -15,21 +15,18 @@ DRAFTER = {1: {w: 0.2 + 0.01 * w for w in range(1, 7)}}
 SHAPES = "zoo-gpu-small:zoo-gpu-small-drafter"
 
 
-def _profile(path, topology, accepted, new_tokens):
-    path.write_text(json.dumps({"format": "specpilot-acceptance-profile", "version": 1,
-                                "topology": topology, "accepted_lengths": accepted,
-                                "new_tokens": new_tokens, "source": {"hand": True}}))
-    return str(path)
-
-
 def _inputs(tmp_path):
+    """The script's inputs, each profile naming the system that measured it, as the bench
+    writes them."""
     tree = {"kind": "tree", "branching": [2, 1]}          # 2 + 2 = 4 nodes, depth 2
     pruned = {"kind": "tree", "branching": [3]}           # 3 nodes, depth 1
     return ["--step-costs", write_step_costs(tmp_path / "c.json", TARGET, DRAFTER, shapes=SHAPES),
-            "--chain", _profile(tmp_path / "chain.json", {"kind": "chain", "k": 4}, [[4, 4]],
-                                [11]),
-            "--tree", _profile(tmp_path / "tree.json", tree, [[2, 2]], [7]),
-            "--two-level", _profile(tmp_path / "two.json", pruned, [[1, 1, 1]], [7]),
+            "--chain", write_profile(tmp_path / "chain.json", {"kind": "chain", "k": 4},
+                                     [[4, 4]], [11], {"system": "stock_graphed"}),
+            "--tree", write_profile(tmp_path / "tree.json", tree, [[2, 2]], [7],
+                                    {"system": "mech:graphed_tree"}),
+            "--two-level", write_profile(tmp_path / "two.json", pruned, [[1, 1, 1]], [7],
+                                         {"system": "mech:graphed_two_level"}),
             "--batch-sizes", "1"]
 
 
@@ -61,7 +58,7 @@ def test_every_row_by_hand(tmp_path):
     assert set(got) == set(want)
     for key, (speedup, seconds) in want.items():
         assert got[key] == pytest.approx((speedup, 1e3 * seconds)), key
-    assert doc["label"].startswith("estimate")
+    assert "estimated from stored per-width step costs" in doc["label"]
     assert doc["settings"]["shapes"] == SHAPES
 
 
@@ -72,12 +69,6 @@ def test_every_row_by_hand(tmp_path):
     ("--tree", "--two-level", "a static tree profile is needed")])
 def test_a_profile_of_the_wrong_kind_is_refused_by_name(tmp_path, capsys, swap, given, message):
     args = _inputs(tmp_path)
-    # The profiles name the systems that measured them, as the bench writes them.
-    for flag, system in (("--tree", "mech:graphed_tree"), ("--two-level", "mech:graphed_two_level")):
-        path = args[args.index(flag) + 1]
-        doc = json.loads(open(path).read())
-        doc["source"] = {"system": system}
-        open(path, "w").write(json.dumps(doc))
     wrong = args[args.index(given) + 1]
     args[args.index(swap) + 1] = wrong
     out = tmp_path / "out.json"
@@ -89,5 +80,5 @@ def test_a_profile_of_the_wrong_kind_is_refused_by_name(tmp_path, capsys, swap, 
 
 def test_kept_share_out_of_range_is_refused(tmp_path):
     with pytest.raises(SystemExit):
-        load_bench_script("two_level_replay").main(_inputs(tmp_path) + ["--kept", "1.5",
-                                                                       "--out", "x.json"])
+        load_bench_script("two_level_replay").main(
+            _inputs(tmp_path) + ["--kept", "1.5", "--out", str(tmp_path / "x.json")])
