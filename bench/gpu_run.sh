@@ -26,8 +26,10 @@
 #   profile8b  the same at Llama-3.1-8B / 3.2-1B shapes, per-op against whole-layer fast path
 #   extremes   bench/adaptive_extremes.py: graphed adaptive lengths with a useless and a perfect
 #              drafter against plain AR and the fixed chain (no trained pair needed)
-#   startoffgap  bench/startoff_gap.py: a started-off adaptive batch against plain AR, and plain
-#              AR with 8 cache slots more, interleaved, split into phases (no trained pair needed)
+#   startoffgap  bench/startoff_gap.py: started-off adaptive batches (padded, refill) against
+#              plain AR, and plain AR with 8 cache slots more, interleaved, split into phases
+#              (random weights: no trained pair needed)
+#   startoffpair the same on the trained pair ($PAIR) and its HumanEval prompts, at batch 64
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -113,6 +115,9 @@ phase() {
     startoffgap)
         step startoffgap timeout 300 python3 bench/startoff_gap.py \
             --out "$RESULTS/startoff-gap.json" ;;
+    startoffpair)
+        step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --pairs 20 \
+            --out "$RESULTS/startoff-gap-pair.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \
             --max-new-tokens 64 --batch-sizes 1,16 --repeats 1 --out-dir "$RESULTS" --name smoke ;;

@@ -158,9 +158,6 @@ class BatchLengthPolicy:
         value for replays that weigh the choice, bench/turn_off_sweep.py)."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
-        if round_costs is not None and len(round_costs) != cap + 1:
-            raise SpecPilotError(f"round_costs needs one cost per length 0..{cap}, got "
-                                 f"{len(round_costs)}")
         if objective not in ("makespan", "throughput"):
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
@@ -168,9 +165,9 @@ class BatchLengthPolicy:
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
-        self.round_cost = torch.tensor(list(round_costs) if round_costs is not None
-                                       else model_round_costs(cap, check_draft_cost(draft_cost)),
-                                       **f32)
+        self.round_cost = torch.empty(cap + 1, **f32)
+        self.set_round_costs(list(round_costs) if round_costs is not None
+                             else model_round_costs(cap, check_draft_cost(draft_cost)))
         self.off = torch.zeros((), dtype=torch.bool, device=device)
         # The length last chosen: kept through rounds where no request is active (refilled
         # slots wait for the host), where every length would look alike.
@@ -190,6 +187,17 @@ class BatchLengthPolicy:
         # drain from their start (padded ones, and refill calls with no queue), whose makespan
         # the slowest request decides.
         self.memory = WorkloadMemory() if turn_off else None
+        self._started_off = False       # this batch, by `start`
+
+    def set_round_costs(self, costs: Sequence[float]) -> None:
+        """The cost of a round of each length 0..cap (in plain steps, or any one unit), on the
+        device for the rounds and on the host for `start`."""
+        if len(costs) != self.cap + 1:
+            raise SpecPilotError(f"round_costs needs one cost per length 0..{self.cap}, got "
+                                 f"{len(costs)}")
+        self.round_cost_host = torch.tensor([float(c) for c in costs], dtype=torch.float32)
+        self._plain_wins: Dict[float, bool] = {}      # `start`'s decisions at these costs
+        self.round_cost.copy_(self.round_cost_host)
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""
@@ -200,13 +208,15 @@ class BatchLengthPolicy:
         chain), speculating."""
         self.workload.zero_()
         self.draining.zero_()
+        self._started_off = False
         self._restart()
 
     def remember_batch(self) -> None:
         """Keep the whole-history counts of the batch that has just run, and what its first
         turn-off decision judged each request by (runtime/workload_memory.py). Reads them on
         the host: call once a batch is done, before anything resets the policy."""
-        if self.memory is not None:
+        # A batch the memory started off ran no speculative round: nothing to read back.
+        if self.memory is not None and not self._started_off:
             self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist(),
                             self.first_judged.tolist())
 
@@ -221,11 +231,16 @@ class BatchLengthPolicy:
         alpha = self.memory.slowest_acceptance(requests)
         off = False
         if alpha is not None:             # the batch-length rule, for that one request
-            one = dict(device=self.round_cost.device)
-            spans = times_per_token(torch.full((1,), alpha, dtype=self.round_cost.dtype, **one),
-                                    torch.ones(1, dtype=torch.bool, **one), self.round_cost)
-            off = bool(shortest(spans)[1])
+            # On the host, and once per acceptance: a started-off batch must cost what a plain
+            # batch costs, and device operations read back here would add launches and a sync.
+            if alpha not in self._plain_wins:
+                cost = self.round_cost_host
+                spans = times_per_token(torch.full((1,), alpha, dtype=cost.dtype),
+                                        torch.ones(1, dtype=torch.bool), cost)
+                self._plain_wins[alpha] = bool(shortest(spans)[1])
+            off = self._plain_wins[alpha]
         self.memory.started(off)
+        self._started_off = off
         if off:
             self.off.fill_(True)
         return 0 if off else self.cap

@@ -325,8 +325,7 @@ class GraphedChainDecoder:
         if not self._measure_costs:
             return
         timed = {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
-        self.policy.round_cost.copy_(torch.tensor(
-            measure_round_costs(timed, self._reset, self.device)))
+        self.policy.set_round_costs(measure_round_costs(timed, self._reset, self.device))
         self._measure_costs = False
 
     def _lengths(self) -> List[int]:

@@ -11,7 +11,8 @@ import torch
 from mechanism_setup import MAX_NEW, ContraryDrafter, fill_with_noise, pair_setup
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
-from specpilot.runtime.workload_memory import EXPLORE_AFTER, START_OFF_AFTER
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.workload_memory import EXPLORE_AFTER, EXPLORE_AFTER_MAX, START_OFF_AFTER
 
 COSTS = [1.0, 1.4, 1.8, 2.0, 2.4]
 
@@ -63,6 +64,33 @@ def test_one_barely_agreeing_request_in_a_workload_of_64_starts_a_batch_of_64_of
         assert _starts_off(counts, 64, costs) == off
         assert _policy(counts, 64, costs).start(64) == (0 if off else 4)
         assert _policy(counts, 1, costs).start(1) == 4       # the median request speculates
+
+
+def test_the_start_decision_runs_on_the_host():
+    """A started-off batch must cost what a plain batch costs, so `start` decides from host
+    copies. On the meta device a tensor holds no values: reading one back raises, so a decision
+    that read the device could not be made there at all, nor could a started-off batch's end
+    read its (empty) counts back. The decisions equal the CPU policy's, and round costs set
+    later (as a decoder's timing sets them) are the ones decided by."""
+    rnd, started_off = random.Random(3), 0
+    for _ in range(4):
+        counts = [(rnd.uniform(0, 40), rnd.uniform(0, 40)) for _ in range(24)]
+        for costs in (COSTS, [1.0, 1.1, 1.15, 1.2, 1.25]):
+            meta = BatchLengthPolicy(8, 4, "meta", 0.0, round_costs=[9.0] * 5)
+            meta.set_round_costs(costs)
+            meta.memory.add([a for a, _ in counts], [r for _, r in counts])
+            for requests in (1, 8):
+                meta.reset()
+                first = meta.start(requests)
+                assert first == _policy(counts, 8, costs).start(requests)
+                assert (first == 0) == _starts_off(counts, requests, costs)
+                if first == 0:      # nor does its end read anything back: it ran no round
+                    meta.remember_batch()
+                    started_off += 1
+    assert started_off > 0
+    assert meta.round_cost.device.type == "meta"
+    with pytest.raises(SpecPilotError, match="one cost per length 0..4"):
+        meta.set_round_costs(COSTS[:4])
 
 
 def _run_rounds(policy, accepted_per_round, remaining=200):
@@ -130,12 +158,38 @@ def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
     assert policy.start(4) == 4
     policy.memory.add([0.0], [30.0])
     started = []
-    for _ in range(2 * EXPLORE_AFTER + 2):
+    for _ in range(7 * EXPLORE_AFTER + 4):
         policy.reset()
         started.append(policy.start(4) == 0)
-    # off, EXPLORE_AFTER times in a row; then one batch speculates and refreshes the memory
-    assert started[:EXPLORE_AFTER + 1] == [True] * EXPLORE_AFTER + [False]
-    assert started[EXPLORE_AFTER + 1:] == [True] * EXPLORE_AFTER + [False]
+    # off, EXPLORE_AFTER times in a row; then one batch speculates and refreshes the memory;
+    # each exploration that only confirms the workload doubles the wait before the next
+    waits = [EXPLORE_AFTER, 2 * EXPLORE_AFTER, 4 * EXPLORE_AFTER]
+    assert started[:sum(waits) + 3] == sum(([True] * w + [False] for w in waits), [])
+    assert started[sum(waits) + 3:] == [True]
+
+
+def test_the_wait_before_exploring_is_bounded_and_resets_when_the_workload_changes():
+    policy = _policy([(0.0, 30.0)] * 8)
+    for _ in range(2000):       # started off, exploring ever more rarely
+        policy.reset()
+        policy.start(4)
+    memory = policy.memory
+    assert memory.explore_after == EXPLORE_AFTER_MAX
+    while memory.started_off_in_a_row < EXPLORE_AFTER_MAX:
+        policy.reset()
+        assert policy.start(4) == 0
+    policy.reset()
+    assert policy.start(4) == 4                         # the exploration
+    memory.add([200.0] * 256, [1.0] * 256)              # its requests agreed: the workload changed
+    policy.reset()
+    assert policy.start(4) == 4                         # started on by the workload itself
+    assert memory.explore_after == EXPLORE_AFTER
+    memory.add([0.0] * 256, [30.0] * 256)               # and back: off, exploring after 8 again
+    started = []
+    for _ in range(EXPLORE_AFTER + 1):
+        policy.reset()
+        started.append(policy.start(4) == 0)
+    assert started == [True] * EXPLORE_AFTER + [False]
 
 
 @pytest.mark.parametrize("useful", [False, True])

@@ -6,6 +6,7 @@ import json
 import pytest
 
 from bench_script import load_bench_script
+from hf_factory import make_checkpoint
 from torch_threads import single_thread_fixture
 
 one_thread = single_thread_fixture()
@@ -19,17 +20,27 @@ def test_the_gap_script_times_a_started_off_batch_against_plain_ar(tmp_path):
     script = load_bench_script("startoff_gap")
     assert script.main(SMALL + ["--pairs", "3", "--split-pairs", "2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert doc["adaptive_started_off"] is True
+    assert doc["adaptive_started_off"] == {"adaptive": True, "adaptive + refill": True}
     rows = {r["system"]: r for r in doc["rows"]}
-    assert set(rows) == {"plain AR", "adaptive", "plain AR, +8 slots"}
+    assert set(rows) == {"plain AR", "adaptive", "adaptive + refill", "plain AR, +8 slots"}
+    for name in ("adaptive", "adaptive + refill"):       # every timed call, whole and split
+        assert rows[name]["calls_started_off"] == [True] * 5
     for row in rows.values():
         assert len(row["call_ms"]) == 3 and all(t > 0 for t in row["call_ms"])
         phases = row["phase_ms_median"]
-        assert set(phases) == {"start", "rounds", "finish"}
+        assert set(phases) == set(script.PHASES)
         assert all(v >= 0 for v in phases.values())
+        assert phases["rounds"] > phases["finish"]          # 30 steps against a read-back
+    # plain AR has no length policy: no start decision, the phase between reset and prefill
+    assert rows["plain AR"]["phase_ms_median"]["start decision"] == 0
+    assert rows["adaptive"]["phase_ms_median"]["start decision"] > 0
+    assert "calls_started_off" not in rows["plain AR"]
     for row in rows.values():
         assert row["x_plain_ar"] == pytest.approx(
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
+        assert row["call_ms_mean"] == pytest.approx(sum(row["call_ms"]) / 3)
+        assert row["x_plain_ar_mean"] == pytest.approx(
+            rows["plain AR"]["call_ms_mean"] / row["call_ms_mean"])
     assert rows["plain AR"]["x_plain_ar"] == 1.0
     # the splitting is undone: the module's loop is the real one again
     import specpilot.runtime.graphed_chain as graphed_chain
@@ -42,3 +53,27 @@ def test_bad_counts_are_refused(tmp_path, bad):
     with pytest.raises(SystemExit):
         load_bench_script("startoff_gap").main(SMALL + bad + ["--out", str(tmp_path / "x.json")])
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_pair_mode_uses_the_pairs_drafter_and_workload(tmp_path):
+    """--pair: the trained pair's own drafter (here another tiny checkpoint) and the first
+    --batch prompts of --workload; the adaptive decoders start off only where their memory
+    says so, and the run says which timed calls did."""
+    root = tmp_path / "pair"
+    make_checkpoint(root, "llama3", name="target", seed=51, hidden_size=64,
+                    intermediate_size=128)
+    make_checkpoint(root, "llama3", name="drafter", seed=52, hidden_size=64,
+                    intermediate_size=128)
+    (tmp_path / "prompts.txt").write_text("w3 w14 w15 w92\nw35 w89 w79\nw1 w2\n")
+    out = tmp_path / "gap.json"
+    assert load_bench_script("startoff_gap").main(
+        ["--pair", str(root), "--workload", str(tmp_path / "prompts.txt"), "--batch", "2",
+         "--new-tokens", "12", "--pairs", "2", "--split-pairs", "1", "--extra-slots", "0",
+         "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    rows = {r["system"]: r for r in doc["rows"]}
+    assert set(rows) == {"plain AR", "adaptive", "adaptive + refill"}
+    for name in ("adaptive", "adaptive + refill"):
+        flags = rows[name]["calls_started_off"]
+        assert len(flags) == 3 and doc["adaptive_started_off"][name] == all(flags)
+    assert doc["settings"]["pair"] == str(root) and doc["settings"]["batch"] == 2
