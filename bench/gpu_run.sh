@@ -30,6 +30,8 @@
 #              plain AR, and plain AR with 8 cache slots more, interleaved, split into phases
 #              (random weights: no trained pair needed)
 #   startoffpair the same on the trained pair ($PAIR) and its HumanEval prompts, at batch 64
+#   costtruth    bench/round_cost_truth.py on the trained pair: the adaptive rule's round prices
+#              against fixed-length decoders' real rounds, and adaptive decoders priced each way
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -115,6 +117,9 @@ phase() {
     startoffgap)
         step startoffgap timeout 300 python3 bench/startoff_gap.py \
             --out "$RESULTS/startoff-gap.json" ;;
+    costtruth)
+        step costtruth timeout 400 python3 bench/round_cost_truth.py --pair "$PAIR" \
+            --out "$RESULTS/round-cost-truth.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --pairs 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;

@@ -37,7 +37,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .adaptive_draft import upper_acceptance
+from specpilot.ir.errors import SpecPilotError
+
+from .adaptive_draft import OFF_CONFIDENCE, upper_acceptance
 
 # The most recent requests remembered (their whole-history counts, and separately their first
 # turn-off judgements: a request too short to be judged has counts but no judgement, so the two
@@ -54,7 +56,13 @@ class WorkloadMemory:
     """Accepted drafts and rejections of the most recent finished requests, and the acceptance
     their batch's first turn-off decision judged them by (host floats)."""
 
-    def __init__(self):
+    def __init__(self, confidence: float = OFF_CONFIDENCE):
+        """`confidence`: standard deviations above each remembered request's mean acceptance
+        at which its whole history is judged (as the batch rule judges a turn-off; 0: at the
+        mean)."""
+        if not 0.0 <= confidence < float("inf"):
+            raise SpecPilotError(f"confidence must be finite and >= 0, got {confidence}")
+        self.confidence = float(confidence)
         self.counts: List[Tuple[float, float]] = []
         self.first_judged: List[float] = []
         self.started_off_in_a_row = 0
@@ -97,7 +105,8 @@ class WorkloadMemory:
         found = []
         if len(self.counts) >= START_OFF_AFTER:
             counts = torch.tensor(self.counts, dtype=torch.float64)
-            found.append(_quantile(upper_acceptance(counts[:, 0], counts[:, 1]), q))
+            found.append(_quantile(upper_acceptance(counts[:, 0], counts[:, 1],
+                                                    self.confidence), q))
         if len(self.first_judged) >= START_OFF_AFTER:
             found.append(_quantile(torch.tensor(self.first_judged, dtype=torch.float64), q))
         return min(found, default=None)

@@ -12,7 +12,8 @@ from mechanism_setup import MAX_NEW, ContraryDrafter, fill_with_noise, pair_setu
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.workload_memory import EXPLORE_AFTER, EXPLORE_AFTER_MAX, START_OFF_AFTER
+from specpilot.runtime.workload_memory import (EXPLORE_AFTER, EXPLORE_AFTER_MAX, START_OFF_AFTER,
+                                               WorkloadMemory)
 
 COSTS = [1.0, 1.4, 1.8, 2.0, 2.4]
 
@@ -214,3 +215,22 @@ def test_a_decoder_stops_learning_a_useless_drafter_again_and_keeps_a_perfect_on
         assert any(k != "rounds_chain_0" for k in runs[1].stats)
         assert list(runs[2].stats) == ["rounds_chain_0"] and runs[2].drafter_forwards == 0
         assert all(untouched())
+
+
+def test_the_whole_history_is_judged_at_the_confidence_asked():
+    """At confidence 0 a remembered request counts at its Beta(a + 1, r + 1) mean: the memory's
+    figure is the remembered q-quantile of those means (float64, by hand); by default at the
+    batch rule's upper bound, which is higher. A negative confidence is refused."""
+    rnd = random.Random(8)
+    counts = [(float(rnd.randint(0, 90)), float(rnd.randint(1, 90))) for _ in range(40)]
+    for requests in (1, 4, 64):
+        q = 1.0 - 0.5 ** (1.0 / requests)
+        means = [(a + 1.0) / (a + r + 2.0) for a, r in counts]
+        expected = float(np.quantile(means, q, method="lower"))
+        at_mean, default = WorkloadMemory(0.0), WorkloadMemory()
+        for memory in (at_mean, default):
+            memory.add([a for a, _ in counts], [r for _, r in counts])
+        assert at_mean.slowest_acceptance(requests) == pytest.approx(expected, rel=1e-12)
+        assert default.slowest_acceptance(requests) > expected
+    with pytest.raises(SpecPilotError, match="confidence"):
+        WorkloadMemory(-1.0)

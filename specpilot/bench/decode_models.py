@@ -1,0 +1,43 @@
+"""The models and prompts of a bench script that times graphed decoders: a trained pair with the
+first prompts of its workload, or random-weight shape presets with random prompts (and a
+useless drafter)."""
+from __future__ import annotations
+
+import argparse
+
+import torch
+
+from specpilot.bench.shapes import random_pair
+
+
+def add_model_arguments(ap: argparse.ArgumentParser) -> None:
+    """The options `decode_models` reads."""
+    ap.add_argument("--shapes", default="zoo-gpu-small:zoo-gpu-small-drafter",
+                    help="random-weight shape presets TARGET:DRAFTER (without --pair)")
+    ap.add_argument("--pair", metavar="DIR",
+                    help="a trained pair (target/ and drafter/) instead of random weights: its "
+                         "own drafter and the first prompts of --workload")
+    ap.add_argument("--workload", default="humaneval", help="with --pair: humaneval or a file")
+    ap.add_argument("--prompt-len", type=int, default=64, help="random prompts' length")
+    ap.add_argument("--scale", type=float, default=1.0,
+                    help="random-weight shapes scaled down (to check a script off a GPU)")
+
+
+def decode_models(args, count: int):
+    """(target, drafter, prompts, eos ids, graphs) for `count` prompts, by the options of
+    `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager."""
+    graphs = torch.cuda.is_available()
+    if args.pair:
+        from specpilot.bench.pair_bench import pair_dirs
+        from specpilot.bench.workload import encode_prompts
+        from specpilot.runtime.decoder import load_pair
+
+        pair = load_pair(*pair_dirs(args.pair), "bfloat16" if graphs else "float32",
+                         "cuda" if graphs else "cpu")
+        prompts = encode_prompts(pair, args.workload, count)
+        return pair.target, pair.drafter, prompts, list(pair.eos_ids), graphs
+    target, useless, graphs = random_pair(args.shapes, args.scale)
+    gen = torch.Generator().manual_seed(0)
+    prompts = torch.randint(0, target.config.vocab_size, (count, args.prompt_len),
+                            generator=gen).tolist()
+    return target, useless, prompts, [], graphs

@@ -1,0 +1,69 @@
+"""bench/round_cost_truth.py off a GPU at a small scale: costs priced four ways, adaptive
+decoders priced by each timed against plain AR, and the pieces checked by hand: the timing of
+replays against a clock that the replays advance, and the state the active timing starts from."""
+import json
+
+import pytest
+import torch
+
+from bench_script import load_bench_script
+from torch_threads import single_thread_fixture
+
+one_thread = single_thread_fixture()
+
+SMALL = ["--scale", "0.0625", "--prompt-len", "6", "--new-tokens", "20", "--k", "3"]
+
+
+def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
+    out = tmp_path / "truth.json"
+    script = load_bench_script("round_cost_truth")
+    assert script.main(SMALL + ["--batch-sizes", "2", "--calls", "2", "--out", str(out)]) == 0
+    (b,) = json.loads(out.read_text())["batches"]
+    assert b["batch"] == 2 and b["context"] == 6 + 10
+    assert set(b["costs"]) == {"true", "captured", "inactive", "active"}
+    for costs in b["costs"].values():
+        assert len(costs) == 4 and costs[0] == 1.0 and all(c > 0 for c in costs)
+    # the true costs are rounds phases per round over plain AR's per step
+    ms = b["ms_per_round"]
+    assert b["costs"]["true"] == pytest.approx([ms[str(n)] / ms["0"] for n in range(4)])
+    assert b["rounds"]["0"] == 20        # plain AR: one step per token after the prefill's
+    # uncaptured, the decoder prices rounds by its model 1 + L / 4
+    assert b["costs"]["captured"] == pytest.approx([1.0, 1.25, 1.5, 1.75])
+    rows = {r["system"]: r for r in b["rows"]}
+    assert list(rows) == ["plain AR", "adaptive, captured costs", "adaptive, true costs",
+                          "adaptive, active costs", "adaptive, captured costs, memory at the mean",
+                          "adaptive, true costs, memory at the mean"]
+    for row in rows.values():
+        assert len(row["call_ms"]) == 2
+        assert row["x_plain_ar"] == pytest.approx(
+            rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
+    assert "calls_started_off" not in rows["plain AR"]
+    assert all(len(r["calls_started_off"]) == 2 for name, r in rows.items() if name != "plain AR")
+
+
+def test_timed_costs_are_each_lengths_best_time_over_the_plain_steps(monkeypatch):
+    script = load_bench_script("round_cost_truth")
+    clock, calls, resets = [0.0], [], []
+    monkeypatch.setattr(script.time, "perf_counter", lambda: clock[0])
+
+    def replay_of(n):
+        def replay():           # n + 1 units, every other call twice that (a slow one)
+            calls.append(n)
+            clock[0] += (n + 1) * (1 + len(calls) % 2)
+        return replay
+    costs = script.timed_costs({n: replay_of(n) for n in (2, 0, 1)}, lambda: resets.append(1))
+    assert costs == pytest.approx([1.0, 2.0, 3.0])
+    assert calls == [0] * 6 + [1] * 6 + [2] * 6     # in length order, one untimed first
+    assert len(resets) == 4                         # before each length, and after the last
+
+
+def test_the_active_timing_starts_every_row_at_the_context():
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+    from specpilot.bench.shapes import random_pair
+
+    target, drafter, _ = random_pair("zoo-gpu-small:zoo-gpu-small-drafter", 0.0625)
+    dec = GraphedChainDecoder(target, drafter, 3, 64, 2, capture=False, adaptive=True)
+    load_bench_script("round_cost_truth").all_active(dec, 17)()
+    assert dec.length.tolist() == [17] * 3 and dec.active.tolist() == [True] * 3
+    assert dec.count.tolist() == [1] * 3 and dec.limit.tolist() == [dec.width] * 3
+    assert torch.equal(dec.accepted, torch.full_like(dec.accepted, -1))     # a fresh log
