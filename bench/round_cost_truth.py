@@ -13,7 +13,9 @@ Per batch size this script measures:
 - inactive / active costs: the same replays timed again by the decoder's own timing, every row
   inactive (as the decoder does) or active at `--context` positions;
 
-then runs adaptive decoders priced each way interleaved with plain AR, and two more whose workload
+and saves the fixed chain(k)'s acceptance profile (`<out>.b<batch>.chain<k>.acceptance.json`, for
+replaying the rule on this workload: specpilot/bench/adaptive_replay.py). It then runs adaptive
+decoders priced each way interleaved with plain AR, and two more whose workload
 memory judges remembered requests at their mean acceptance rather than at an upper bound: ×
 plain AR (median and mean of the calls), which calls the memory started off, and the rounds of
 each length.
@@ -32,7 +34,9 @@ from typing import Callable, Dict, List
 from specpilot.bench.decode_models import add_model_arguments, decode_models
 from specpilot.bench.environment import environment
 from specpilot.bench.phase_clock import PhaseClock, one_call, sync
+from specpilot.bench.replay import AcceptanceProfile
 from specpilot.cli_common import positive_counts
+from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import measure_round_costs
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.workload_memory import WorkloadMemory
@@ -77,22 +81,26 @@ def all_active(decoder: GraphedChainDecoder, context: int) -> Callable[[], None]
 
 
 def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
-    """(cost per length over plain AR's step, ms per round per length, rounds per length) from
-    fixed-length decoders' rounds phases, interleaved."""
+    """(cost per length over plain AR's step, ms per round per length, rounds per length, the
+    chain(k) decoder's acceptance profile) from fixed-length decoders' rounds phases,
+    interleaved."""
     batch = len(prompts)
     fixed = {n: GraphedChainDecoder(target, drafter if n else None, batch, capacity, n, eos,
                                     capture=graphs) for n in range(k + 1)}
-    rounds = {}
+    rounds, last = {}, None
     for n, dec in fixed.items():
         for _ in range(WARM_CALLS - 1):
-            rounds[n] = rounds_run(dec.generate(prompts, new))
+            last = dec.generate(prompts, new)
+            rounds[n] = rounds_run(last)
     ms = {n: [] for n in fixed}
     clock = PhaseClock()
     for _ in range(calls):
         for n, dec in fixed.items():
             ms[n].append(one_call(dec, prompts, new, clock)[1]["rounds"] * 1e3 / rounds[n])
     per_round = {n: statistics.median(v) for n, v in ms.items()}
-    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds
+    chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
+                              {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch})
+    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain
 
 
 def interleaved(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
@@ -126,8 +134,11 @@ def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
     longest = max(len(p) for p in prompts)
     capacity = longest + new + 2 * k + 2
     context = args.context or longest + new // 2
-    truth, per_round, rounds = true_costs(target, drafter, prompts, eos, capacity, k, new,
-                                          args.calls, graphs)
+    truth, per_round, rounds, chain = true_costs(target, drafter, prompts, eos, capacity, k,
+                                                 new, args.calls, graphs)
+    # The fixed chain's acceptance, for replaying the length rule on this very workload.
+    profile = Path(args.out).with_suffix(f".b{batch}.chain{k}.acceptance.json")
+    write_json_atomic(profile, chain.to_json())
     captured = GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
                                    adaptive=True)
     captured.generate(prompts, new)             # times its rounds at the first call
@@ -163,6 +174,7 @@ def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
               + (f"  started off {sum(off)} of {len(off)}" if off is not None else "")
               + f"  {r['last_warm_up_stats']}", flush=True)
     return {"batch": batch, "context": context, "capacity": capacity,
+            "chain_profile": profile.name,
             "ms_per_round": {str(n): v for n, v in per_round.items()},
             "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs, "rows": rows}
 

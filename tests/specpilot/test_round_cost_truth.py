@@ -8,6 +8,8 @@ import torch
 
 from bench_script import load_bench_script
 from torch_threads import single_thread_fixture
+from specpilot.bench.replay import AcceptanceProfile
+from specpilot.ir.topology import Chain
 
 one_thread = single_thread_fixture()
 
@@ -29,6 +31,15 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
     assert b["rounds"]["0"] == 20        # plain AR: one step per token after the prefill's
     # uncaptured, the decoder prices rounds by its model 1 + L / 4
     assert b["costs"]["captured"] == pytest.approx([1.0, 1.25, 1.5, 1.75])
+    # the fixed chain(3)'s acceptance is saved as a profile the replays read
+    profile = AcceptanceProfile.load(str(tmp_path / b["chain_profile"]))
+    assert b["chain_profile"] == "truth.b2.chain3.acceptance.json"
+    assert profile.topology == Chain(3) and len(profile.accepted_lengths) == 2
+    assert profile.new_tokens == [20, 20]
+    assert all(0 <= n <= 3 for row in profile.accepted_lengths for n in row)
+    # rounds of a padded batch: its longest request's, each committing accepted + 1 tokens
+    assert max(len(row) for row in profile.accepted_lengths) <= b["rounds"]["3"]
+    assert all(sum(n + 1 for n in row) >= 19 for row in profile.accepted_lengths)
     rows = {r["system"]: r for r in b["rows"]}
     assert list(rows) == ["plain AR", "adaptive, captured costs", "adaptive, true costs",
                           "adaptive, active costs", "adaptive, captured costs, memory at the mean",
