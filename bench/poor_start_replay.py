@@ -1,0 +1,118 @@
+"""Whether the length rule's first turn-off decision, made on each request's first rounds, throws
+away speculation that pays over the whole batch. The rule (runtime/batch_length.py) may turn a
+batch off for good from its OFF_AFTER_ROUNDS-th round on, and the workload memory then starts
+later batches off from what those truncated histories show (runtime/workload_memory.py); a
+request whose first rounds are poor and its later ones good can turn a whole workload off.
+
+Replays each stored chain(k) profile at each batch size two ways: its first B requests as the
+whole workload (one batch, as bench/round_cost_truth.py and a compile time theirs) and the whole
+profile in batches of B. Rows: the fixed chain(k) in padded lock-step, and the adaptive rule
+(specpilot/bench/adaptive_replay.py, warm, with the graphed loop's host lag; pessimistic /
+optimistic), × padded plain AR, priced with the round costs bench/round_cost_truth.py measured
+("true" costs; a batch size it did not measure takes the nearest one's). For the first B
+requests, each one's per-draft acceptance over its first OFF_AFTER_ROUNDS rounds and over all.
+
+  python3 bench/poor_start_replay.py --truth bench/results/round-cost-truth-run18.json \\
+      --profiles bench/results/mechanisms-run13-64prompts.acceptance.stock_graphed.json \\
+      --out bench/results/poor-start-replay.json
+
+A replay: nothing is measured here but the profiles and costs it reads.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Dict, List
+
+from specpilot.bench.adaptive_replay import replay_adaptive
+from specpilot.bench.environment import environment
+from specpilot.bench.replay import AcceptanceProfile, cycled_batches
+from specpilot.cli_common import positive_counts
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
+from specpilot.search.run_folder import write_json_atomic
+
+
+class TrueCosts:
+    """Round costs in plain steps per batch size, as `replay_adaptive` reads step costs."""
+
+    def __init__(self, by_batch: Dict[int, List[float]]):
+        self.by_batch = by_batch
+
+    def _at(self, batch: int) -> List[float]:
+        return self.by_batch[min(self.by_batch, key=lambda b: (abs(b - batch), b))]
+
+    def target(self, batch: int, width: int) -> float:
+        return self._at(batch)[0]
+
+    def round(self, batch: int, topology) -> float:
+        return self._at(batch)[topology.k]
+
+
+def read_truth(path: str) -> Dict[int, List[float]]:
+    doc = json.loads(Path(path).read_text())
+    return {b["batch"]: b["costs"]["true"] for b in doc["batches"]}
+
+
+def fixed_chain(profile: AcceptanceProfile, batch: int, costs: TrueCosts) -> float:
+    """× padded AR of the fixed chain(k) in padded lock-step: a batch runs as many rounds as its
+    longest-running request."""
+    batches = cycled_batches(len(profile.accepted_lengths), batch)
+    ar = sum(max(profile.new_tokens[r] - 1 for r in rows) for rows in batches)
+    rounds = sum(max(len(profile.accepted_lengths[r]) for r in rows) for rows in batches)
+    return ar * costs.target(batch, 1) / (rounds * costs.round(batch, profile.topology))
+
+
+def acceptance(rows: List[int], k: int) -> float:
+    """Per-draft acceptance of chain(k) rounds: accepted drafts over accepted + rejections."""
+    accepted, rejected = sum(rows), sum(1 for n in rows if n < k)
+    return accepted / (accepted + rejected) if accepted + rejected else float("nan")
+
+
+def first(profile: AcceptanceProfile, count: int) -> AcceptanceProfile:
+    return AcceptanceProfile(profile.topology, profile.accepted_lengths[:count],
+                             profile.new_tokens[:count], profile.source)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--truth", required=True, help="a bench/round_cost_truth.py result")
+    ap.add_argument("--profiles", nargs="+", required=True, help="chain(k) acceptance profiles")
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 4, 16, 64])
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    by_batch = read_truth(args.truth)
+    if not by_batch:
+        ap.error(f"--truth {args.truth} holds no batch's round costs")
+    costs = TrueCosts(by_batch)
+    rows = []
+    for path in args.profiles:
+        profile = AcceptanceProfile.load(path)
+        k = profile.topology.k
+        for batch in args.batch_sizes:
+            for workload, prof in (("first", first(profile, batch)), ("all", profile)):
+                adaptive = [replay_adaptive(prof, costs, batch, unknown_agrees=optimistic,
+                                            warm=True, host_lag=(4, 2)).speedup
+                            for optimistic in (False, True)]
+                row = {"profile": Path(path).name, "batch": batch, "workload": workload,
+                       "requests": len(prof.accepted_lengths),
+                       "fixed_chain": fixed_chain(prof, batch, costs),
+                       "adaptive_pessimistic": adaptive[0], "adaptive_optimistic": adaptive[1]}
+                if workload == "first":
+                    row["acceptance_first_rounds"] = [
+                        acceptance(r[:OFF_AFTER_ROUNDS], k) for r in prof.accepted_lengths]
+                    row["acceptance_whole"] = [acceptance(r, k) for r in prof.accepted_lengths]
+                rows.append(row)
+                print(f"{row['profile'][:44]:44s} b{batch:<3d} {workload:5s} "
+                      f"chain({k}) {row['fixed_chain']:.3f}  adaptive "
+                      f"{adaptive[0]:.3f} / {adaptive[1]:.3f}", flush=True)
+    doc = {"environment": environment("cpu"), "settings": vars(args),
+           "off_after_rounds": OFF_AFTER_ROUNDS, "costs": {str(b): c for b, c in
+                                                           costs.by_batch.items()},
+           "rows": rows}
+    write_json_atomic(Path(args.out), doc)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
