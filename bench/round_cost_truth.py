@@ -69,17 +69,6 @@ def timed_costs(replays: Dict[int, Callable[[], None]], reset: Callable[[], None
     return [best[n] / best[0] for n in sorted(best)]
 
 
-def all_active(decoder: GraphedChainDecoder, context: int) -> Callable[[], None]:
-    """A reset that leaves every row active after `context` positions of (stale) cache."""
-    def reset():
-        decoder._reset()
-        decoder.length.fill_(context)
-        decoder.count.fill_(1)
-        decoder.limit.fill_(decoder.width)
-        decoder.active.fill_(True)
-    return reset
-
-
 def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     """(cost per length over plain AR's step, ms per round per length, rounds per length, the
     chain(k) decoder's acceptance profile) from fixed-length decoders' rounds phases,
@@ -148,7 +137,8 @@ def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
     timer = ((lambda reset: measure_round_costs(replays, reset, captured.device)) if graphs
              else (lambda reset: timed_costs(replays, reset)))
     costs = {"true": truth, "captured": captured.policy.round_cost_host.tolist(),
-             "inactive": timer(captured._reset), "active": timer(all_active(captured, context))}
+             "inactive": timer(captured._reset),
+             "active": timer(lambda: captured.reset_all_active(context))}
     for name, values in costs.items():
         print(f"batch {batch:3d} {name:9s} costs " + " ".join(f"{c:.3f}" for c in values),
               flush=True)

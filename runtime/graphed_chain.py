@@ -341,12 +341,17 @@ class GraphedChainDecoder:
                                 f"{self.capacity} slots with rounds of {self.span} draft "
                                 f"slots")
         replay = self._runner(False, rounds=1)
+        self.reset_all_active(context)
+        return replay
+
+    def reset_all_active(self, context: int) -> None:
+        """`_reset`, then every row active after `context` positions of (stale) cache with
+        room for its whole output: a state to time unforced rounds in."""
         self._reset()
         self.length.fill_(context)
         self.count.fill_(1)
         self.limit.fill_(self.width)
         self.active.fill_(True)
-        return replay
 
     def _reset(self) -> None:
         """Every request inactive and the round log, status and length policy as before a

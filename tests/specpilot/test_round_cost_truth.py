@@ -1,6 +1,7 @@
 """bench/round_cost_truth.py off a GPU at a small scale: costs priced four ways, adaptive
 decoders priced by each timed against plain AR, and the pieces checked by hand: the timing of
-replays against a clock that the replays advance, and the state the active timing starts from."""
+replays against a clock that the replays advance, and the state the active timing starts from
+(the decoder's `reset_all_active`)."""
 import json
 
 import pytest
@@ -74,7 +75,7 @@ def test_the_active_timing_starts_every_row_at_the_context():
 
     target, drafter, _ = random_pair("zoo-gpu-small:zoo-gpu-small-drafter", 0.0625)
     dec = GraphedChainDecoder(target, drafter, 3, 64, 2, capture=False, adaptive=True)
-    load_bench_script("round_cost_truth").all_active(dec, 17)()
+    dec.reset_all_active(17)
     assert dec.length.tolist() == [17] * 3 and dec.active.tolist() == [True] * 3
     assert dec.count.tolist() == [1] * 3 and dec.limit.tolist() == [dec.width] * 3
     assert torch.equal(dec.accepted, torch.full_like(dec.accepted, -1))     # a fresh log
