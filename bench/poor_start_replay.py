@@ -29,6 +29,8 @@ from specpilot.bench.adaptive_replay import replay_adaptive
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile, cycled_batches
 from specpilot.cli_common import positive_counts
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
@@ -50,8 +52,14 @@ class TrueCosts:
 
 
 def read_truth(path: str) -> Dict[int, List[float]]:
-    doc = json.loads(Path(path).read_text())
-    return {b["batch"]: b["costs"]["true"] for b in doc["batches"]}
+    """{batch: true round costs, L = 0..k} of a round_cost_truth result; a SpecPilotError if
+    the file is missing or not such a result."""
+    try:
+        doc = json.loads(Path(path).read_text())
+        return {int(b["batch"]): [float(c) for c in b["costs"]["true"]] for b in doc["batches"]}
+    except (OSError, ValueError, KeyError, TypeError) as exc:
+        raise SpecPilotError(f"--truth {path}: not a bench/round_cost_truth.py result "
+                             f"({type(exc).__name__}: {exc})") from None
 
 
 def fixed_chain(profile: AcceptanceProfile, batch: int, costs: TrueCosts) -> float:
@@ -81,13 +89,22 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 4, 16, 64])
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    by_batch = read_truth(args.truth)
+    try:
+        by_batch = read_truth(args.truth)
+        profiles = [(path, AcceptanceProfile.load(path)) for path in args.profiles]
+    except SpecPilotError as exc:
+        ap.error(str(exc))
     if not by_batch:
         ap.error(f"--truth {args.truth} holds no batch's round costs")
+    for path, profile in profiles:
+        if not isinstance(profile.topology, Chain):
+            ap.error(f"{path}: a chain(k) profile is needed, not {profile.topology}")
+        if any(len(c) <= profile.topology.k for c in by_batch.values()):
+            ap.error(f"{path}: chain({profile.topology.k}) needs round costs up to that length; "
+                     f"--truth has {min(len(c) for c in by_batch.values()) - 1}")
     costs = TrueCosts(by_batch)
     rows = []
-    for path in args.profiles:
-        profile = AcceptanceProfile.load(path)
+    for path, profile in profiles:
         k = profile.topology.k
         for batch in args.batch_sizes:
             for workload, prof in (("first", first(profile, batch)), ("all", profile)):

@@ -60,7 +60,7 @@ the batch size as they really are. Without a GPU it is the model 1 + c L (`model
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -196,7 +196,8 @@ class BatchLengthPolicy:
             raise SpecPilotError(f"round_costs needs one cost per length 0..{self.cap}, got "
                                  f"{len(costs)}")
         self.round_cost_host = torch.tensor([float(c) for c in costs], dtype=torch.float32)
-        self._plain_wins: Dict[float, bool] = {}      # `start`'s decisions at these costs
+        # `start`'s last decision at these costs: (acceptance, whether plain steps win)
+        self._plain_wins: Tuple[Optional[float], bool] = (None, False)
         self.round_cost.copy_(self.round_cost_host)
 
     def lengths(self) -> List[int]:
@@ -208,17 +209,17 @@ class BatchLengthPolicy:
         chain), speculating."""
         self.workload.zero_()
         self.draining.zero_()
-        self._started_off = False
         self._restart()
 
     def remember_batch(self) -> None:
         """Keep the whole-history counts of the batch that has just run, and what its first
-        turn-off decision judged each request by (runtime/workload_memory.py). Reads them on
-        the host: call once a batch is done, before anything resets the policy."""
+        turn-off decision judged each request by, and whether it turned off
+        (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
+        anything resets the policy."""
         # A batch the memory started off ran no speculative round: nothing to read back.
         if self.memory is not None and not self._started_off:
             self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist(),
-                            self.first_judged.tolist())
+                            self.first_judged.tolist(), turned_off=bool(self.off))
 
     def start(self, requests: int) -> int:
         """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
@@ -233,12 +234,12 @@ class BatchLengthPolicy:
         if alpha is not None:             # the batch-length rule, for that one request
             # On the host, and once per acceptance: a started-off batch must cost what a plain
             # batch costs, and device operations read back here would add launches and a sync.
-            if alpha not in self._plain_wins:
+            if self._plain_wins[0] != alpha:
                 cost = self.round_cost_host
                 spans = times_per_token(torch.full((1,), alpha, dtype=cost.dtype),
                                         torch.ones(1, dtype=torch.bool), cost)
-                self._plain_wins[alpha] = bool(shortest(spans)[1])
-            off = self._plain_wins[alpha]
+                self._plain_wins = (alpha, bool(shortest(spans)[1]))
+            off = self._plain_wins[1]
         self.memory.started(off)
         self._started_off = off
         if off:
@@ -254,6 +255,7 @@ class BatchLengthPolicy:
         self.rejected_total.zero_()
         self.first_judged.fill_(-1.0)
         self.off.zero_()
+        self._started_off = False       # a restarted batch speculates: its counts are news
         self.chosen.fill_(self.cap)
         self.rounds.zero_()
 

@@ -27,9 +27,13 @@ it off there: it would only have paid the rounds before.
 A batch that starts off learns nothing new, so after `EXPLORE_AFTER` such batches in a row one
 batch speculates again, which refreshes what is remembered if the workload has changed. That
 exploring batch pays the rounds before its turn-off (on an H200, at the pair's shapes with
-random weights and batch 64, one call in nine ran 5 % slower: 0.5 % over the nine). Each time an exploration only
-confirms that speculation loses (the next batch starts off again) the wait before the next one
-doubles, up to `EXPLORE_AFTER_MAX`; a batch that the remembered workload starts on sets it back.
+random weights and batch 64, the exploring call ran 5-6 % slower: about 0.5 % over ten calls).
+Each exploring batch that turns itself off (it only confirms that speculation loses) doubles
+the wait before the next, up to `EXPLORE_AFTER_MAX`; one that speculates to its end, or a batch
+the remembered workload starts on, sets it back to `EXPLORE_AFTER`. The exploration is judged
+by what its own batch did, not by the next start decision: one batch adds few requests to the
+256 remembered, so the decision may stay off for several explorations after the workload has
+changed, and those must not lengthen the wait.
 """
 from __future__ import annotations
 
@@ -68,16 +72,21 @@ class WorkloadMemory:
         self.started_off_in_a_row = 0
         self.explore_after = EXPLORE_AFTER
         self._exploring = False     # the start being decided is an exploration
-        self._explored = False      # the batch last started was one
+        self._explored = False      # the batch last started was one, not yet added
         # slowest_acceptance per batch size, until the memory changes: a started-off batch
         # adds nothing, and its start should cost what a plain batch's costs
         self._slowest: Dict[int, Optional[float]] = {}
 
     def add(self, accepted: Sequence[float], rejected: Sequence[float],
-            first_judged: Sequence[float] = ()) -> None:
+            first_judged: Sequence[float] = (), turned_off: Optional[bool] = None) -> None:
         """The counts of a finished batch's requests, and the acceptance its first turn-off
         decision judged each by; rows with none (no request, no speculative round, no such
-        decision: a value below 0) are skipped."""
+        decision: a value below 0) are skipped. `turned_off`: whether the batch turned
+        speculation off (what an exploring batch found; None: not told)."""
+        if self._explored and turned_off is not None:
+            self.explore_after = (min(2 * self.explore_after, EXPLORE_AFTER_MAX) if turned_off
+                                  else EXPLORE_AFTER)
+        self._explored = False
         counts = [(a, r) for a, r in zip(accepted, rejected) if a + r > 0]
         judged = [a for a in first_judged if a >= 0.0]
         if counts or judged:        # a batch started off ran no speculative round: no news
@@ -92,7 +101,8 @@ class WorkloadMemory:
         acceptance and the acceptance the first turn-off decision would judge it by, each
         counted where at least `START_OFF_AFTER` requests are remembered (plain steps win for
         one request at either exactly when they win at the lower, as E(L) grows with alpha);
-        None where neither is, or while a batch is due to speculate again."""
+        None where neither is, or while a batch is due to speculate again. Ask once per start
+        decision, then tell `started`: asking marks whether this start is an exploration."""
         self._exploring = self.started_off_in_a_row >= self.explore_after
         if self._exploring:
             return None
@@ -112,12 +122,10 @@ class WorkloadMemory:
         return min(found, default=None)
 
     def started(self, off: bool) -> None:
-        """A batch started with speculation off (or on): counted toward the next exploration,
-        whose wait doubles where the last one was followed by a batch started off, and is
-        `EXPLORE_AFTER` again where the workload itself started a batch on."""
+        """A batch started with speculation off (or on): counted toward the next exploration.
+        A batch the workload itself started on sets the wait back to `EXPLORE_AFTER`; an
+        exploring one is judged when `add` tells what it did."""
         if off:
-            if self.started_off_in_a_row == 0 and self._explored:
-                self.explore_after = min(2 * self.explore_after, EXPLORE_AFTER_MAX)
             self.started_off_in_a_row += 1
         else:
             if not self._exploring:

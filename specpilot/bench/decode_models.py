@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from specpilot.bench.shapes import random_pair
+from specpilot.ir.errors import SpecPilotError
 
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
@@ -25,17 +26,22 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
 
 def decode_models(args, count: int):
     """(target, drafter, prompts, eos ids, graphs) for `count` prompts, by the options of
-    `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager."""
+    `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager. A
+    SpecPilotError where the workload has too few prompts or the pair folder is unusable."""
     graphs = torch.cuda.is_available()
     if args.pair:
         from specpilot.bench.pair_bench import pair_dirs
-        from specpilot.bench.workload import encode_prompts
+        from specpilot.prompts import workload_prompts
         from specpilot.runtime.decoder import load_pair
 
+        texts = workload_prompts(args.workload, count)
+        if len(texts) < count:
+            raise SpecPilotError(f"the largest batch needs {count} prompts, but workload "
+                                 f"{args.workload!r} has {len(texts)}")
         pair = load_pair(*pair_dirs(args.pair), "bfloat16" if graphs else "float32",
                          "cuda" if graphs else "cpu")
-        prompts = encode_prompts(pair, args.workload, count)
-        return pair.target, pair.drafter, prompts, list(pair.eos_ids), graphs
+        return (pair.target, pair.drafter, [pair.encode(t) for t in texts],
+                list(pair.eos_ids), graphs)
     target, useless, graphs = random_pair(args.shapes, args.scale)
     gen = torch.Generator().manual_seed(0)
     prompts = torch.randint(0, target.config.vocab_size, (count, args.prompt_len),

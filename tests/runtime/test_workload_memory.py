@@ -94,6 +94,22 @@ def test_the_start_decision_runs_on_the_host():
         meta.set_round_costs(COSTS[:4])
 
 
+def test_new_round_costs_change_the_remembered_decision():
+    """`start` remembers its last decision; round costs set anew (a decoder timing its rounds)
+    must be decided by, not the decision made at the old ones."""
+    counts = [(50.0, 50.0)] * 8         # acceptance about 0.5: one draft commits 1.5 tokens
+    cheap, dear = [1.0, 1.2, 1.5, 1.8, 2.1], [1.0, 1.9, 2.3, 2.6, 2.9]
+    policy = _policy(counts, costs=cheap)
+    assert policy.start(4) == 4
+    policy.set_round_costs(dear)
+    policy.reset()
+    assert _starts_off(counts, 4, dear) and not _starts_off(counts, 4, cheap)
+    assert policy.start(4) == 0
+    policy.set_round_costs(cheap)
+    policy.reset()
+    assert policy.start(4) == 4
+
+
 def _run_rounds(policy, accepted_per_round, remaining=200):
     """Rounds of chain(4) on `policy`: accepted_per_round[t][i] drafts of request i accepted
     in round t, every request active."""
@@ -148,8 +164,19 @@ def test_a_batch_started_off_records_no_first_judgement():
         policy.next(zero, zero, torch.ones(4, dtype=torch.bool), torch.full((4,), 100),
                     torch.ones(4, dtype=torch.bool))
     assert policy.first_judged.tolist() == [-1.0] * 4
-    policy.remember_batch()
+    policy.remember_batch()             # (a started-off batch is not even read back)
     assert policy.memory.first_judged == []
+
+
+def _batch(policy, turns_off: bool = True) -> bool:
+    """One padded batch of 4 as far as the memory sees it: started, and where it speculates,
+    ended turned off (or not) with no round counted. Returns whether it started off."""
+    policy.reset()
+    started_off = policy.start(4) == 0
+    if not started_off:
+        policy.off.fill_(turns_off)
+    policy.remember_batch()
+    return started_off
 
 
 def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
@@ -158,39 +185,36 @@ def test_too_few_requests_keep_a_batch_speculating_and_off_is_explored_again():
     assert len(policy.memory.counts) == START_OFF_AFTER - 1     # a row without a round: skipped
     assert policy.start(4) == 4
     policy.memory.add([0.0], [30.0])
-    started = []
-    for _ in range(7 * EXPLORE_AFTER + 4):
-        policy.reset()
-        started.append(policy.start(4) == 0)
+    started = [_batch(policy) for _ in range(7 * EXPLORE_AFTER + 4)]
     # off, EXPLORE_AFTER times in a row; then one batch speculates and refreshes the memory;
-    # each exploration that only confirms the workload doubles the wait before the next
+    # each exploring batch that turns itself off doubles the wait before the next
     waits = [EXPLORE_AFTER, 2 * EXPLORE_AFTER, 4 * EXPLORE_AFTER]
     assert started[:sum(waits) + 3] == sum(([True] * w + [False] for w in waits), [])
     assert started[sum(waits) + 3:] == [True]
 
 
-def test_the_wait_before_exploring_is_bounded_and_resets_when_the_workload_changes():
-    policy = _policy([(0.0, 30.0)] * 8)
+def test_the_wait_before_exploring_is_bounded_and_resets_when_an_exploration_pays():
+    policy = _policy([(0.0, 30.0)] * 256)
     for _ in range(2000):       # started off, exploring ever more rarely
-        policy.reset()
-        policy.start(4)
+        _batch(policy)
     memory = policy.memory
     assert memory.explore_after == EXPLORE_AFTER_MAX
     while memory.started_off_in_a_row < EXPLORE_AFTER_MAX:
-        policy.reset()
-        assert policy.start(4) == 0
+        assert _batch(policy)
+    # An exploration that speculates to its end: its four requests agreed well, too few among
+    # the 256 remembered to start the next batch on, yet the wait must not grow.
     policy.reset()
-    assert policy.start(4) == 4                         # the exploration
-    memory.add([200.0] * 256, [1.0] * 256)              # its requests agreed: the workload changed
-    policy.reset()
-    assert policy.start(4) == 4                         # started on by the workload itself
+    assert policy.start(4) == 4
+    policy.accepted_total.fill_(200.0)
+    policy.rejected_total.fill_(1.0)
+    policy.remember_batch()
     assert memory.explore_after == EXPLORE_AFTER
-    memory.add([0.0] * 256, [30.0] * 256)               # and back: off, exploring after 8 again
-    started = []
-    for _ in range(EXPLORE_AFTER + 1):
-        policy.reset()
-        started.append(policy.start(4) == 0)
+    started = [_batch(policy) for _ in range(EXPLORE_AFTER + 1)]
     assert started == [True] * EXPLORE_AFTER + [False]
+    # The workload itself changes: batches start on, and the wait stays at EXPLORE_AFTER.
+    memory.add([200.0] * 256, [1.0] * 256)
+    assert not _batch(policy, turns_off=False)
+    assert memory.explore_after == EXPLORE_AFTER
 
 
 @pytest.mark.parametrize("useful", [False, True])

@@ -57,3 +57,16 @@ def test_a_truth_file_without_costs_is_refused(tmp_path):
         load_bench_script("poor_start_replay").main(
             ["--truth", str(bad), "--profiles", str(path), "--out", str(tmp_path / "o.json")])
     assert not (tmp_path / "o.json").exists()
+
+
+@pytest.mark.parametrize("case", ["missing", "short costs"])
+def test_bad_inputs_are_refused_before_anything_runs(tmp_path, case):
+    truth, path, _ = _files(tmp_path)
+    if case == "missing":
+        truth = tmp_path / "nowhere.json"
+    else:   # costs up to one draft only: chain(2) cannot be priced
+        truth.write_text(json.dumps({"batches": [{"batch": 2, "costs": {"true": COSTS[:2]}}]}))
+    with pytest.raises(SystemExit):
+        load_bench_script("poor_start_replay").main(
+            ["--truth", str(truth), "--profiles", str(path), "--out", str(tmp_path / "o.json")])
+    assert not (tmp_path / "o.json").exists()

@@ -79,3 +79,16 @@ def test_the_active_timing_starts_every_row_at_the_context():
     assert dec.length.tolist() == [17] * 3 and dec.active.tolist() == [True] * 3
     assert dec.count.tolist() == [1] * 3 and dec.limit.tolist() == [dec.width] * 3
     assert torch.equal(dec.accepted, torch.full_like(dec.accepted, -1))     # a fresh log
+
+
+def test_an_active_timing_context_that_does_not_fit_is_refused():
+    from specpilot.runtime.errors import CapacityError
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+    from specpilot.bench.shapes import random_pair
+
+    target, drafter, _ = random_pair("zoo-gpu-small:zoo-gpu-small-drafter", 0.0625)
+    dec = GraphedChainDecoder(target, drafter, 2, 40, 3, capture=False, adaptive=True)
+    for context in (0, 40 - 2 * 4 + 1):
+        with pytest.raises(CapacityError, match="timing context"):
+            dec.reset_all_active(context)
+    dec.reset_all_active(40 - 2 * 4)            # two rounds of 3 drafts just fit
