@@ -122,10 +122,15 @@ def interleaved(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -
     return rows
 
 
+def capacity_for(longest: int, args) -> int:
+    """Cache slots of every decoder here: the longest prompt, the new tokens and two rounds."""
+    return longest + args.new_tokens + 2 * args.k + 2
+
+
 def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
     batch, k, new = len(prompts), args.k, args.new_tokens
     longest = max(len(p) for p in prompts)
-    capacity = longest + new + 2 * k + 2
+    capacity = capacity_for(longest, args)
     context = args.context or longest + new // 2
     truth, per_round, rounds, chain = true_costs(target, drafter, prompts, eos, capacity, k,
                                                  new, args.calls, graphs)
@@ -190,9 +195,14 @@ def main(argv=None) -> int:
         ap.error("--k, --new-tokens and --calls must be at least 1, --context at least 0")
     try:
         target, drafter, prompts, eos, graphs = decode_models(args, max(batches))
-        results = [one_batch(args, target, drafter, prompts[:b], eos, graphs) for b in batches]
-    except SpecPilotError as exc:       # too few prompts, a --context that does not fit, ...
+    except SpecPilotError as exc:
         ap.error(str(exc))
+    for b in batches:       # before any GPU work: the active timing's context must fit
+        longest = max(len(p) for p in prompts[:b])
+        if args.context and args.context + 2 * (args.k + 1) > capacity_for(longest, args):
+            ap.error(f"--context {args.context} does not fit batch {b}'s cache of "
+                     f"{capacity_for(longest, args)} slots with rounds of {args.k} drafts")
+    results = [one_batch(args, target, drafter, prompts[:b], eos, graphs) for b in batches]
     doc = {"environment": environment(target.device.type), "settings": vars(args),
            "batches": results}
     write_json_atomic(Path(args.out), doc)

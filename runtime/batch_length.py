@@ -213,13 +213,16 @@ class BatchLengthPolicy:
 
     def remember_batch(self) -> None:
         """Keep the whole-history counts of the batch that has just run, and what its first
-        turn-off decision judged each request by, and whether it turned off
-        (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
+        turn-off decision judged each request by, and whether it turned off where it ran long
+        enough to (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
         anything resets the policy."""
         # A batch the memory started off ran no speculative round: nothing to read back.
         if self.memory is not None and not self._started_off:
+            off, rounds = torch.stack([self.off.to(torch.int64), self.rounds]).tolist()
+            # Whether it turned off tells something only once it could have (`off_after`).
+            verdict = bool(off) if rounds >= self.off_after else None
             self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist(),
-                            self.first_judged.tolist(), turned_off=bool(self.off))
+                            self.first_judged.tolist(), turned_off=verdict)
 
     def start(self, requests: int) -> int:
         """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
@@ -255,7 +258,7 @@ class BatchLengthPolicy:
         self.rejected_total.zero_()
         self.first_judged.fill_(-1.0)
         self.off.zero_()
-        self._started_off = False       # a restarted batch speculates: its counts are news
+        self._started_off = False       # (for `reset`: a new batch is not started off yet)
         self.chosen.fill_(self.cap)
         self.rounds.zero_()
 

@@ -336,19 +336,23 @@ class GraphedChainDecoder:
         """A callable running one unforced round with every row active after `context`
         positions of (stale) cache, for measuring a round's cost; each call moves every row on
         by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
+        self._check_timing_context(context)
         replay = self._runner(False, rounds=1)
         self.reset_all_active(context)
         return replay
+
+    def _check_timing_context(self, context: int) -> None:
+        if context < 1 or context + 2 * (self.span + 1) > self.capacity:
+            raise CapacityError(f"a timing context of {context} does not fit a cache of "
+                                f"{self.capacity} slots with rounds of {self.span} draft "
+                                f"slots")
 
     def reset_all_active(self, context: int) -> None:
         """`_reset`, then every row active after `context` positions of (stale) cache with
         room for its whole output: a state to time unforced rounds in. A CapacityError unless
         two rounds fit after `context` (rows past the cache clamp their positions, so later
         rounds stay inside it, but no longer time what a decode there would)."""
-        if context < 1 or context + 2 * (self.span + 1) > self.capacity:
-            raise CapacityError(f"a timing context of {context} does not fit a cache of "
-                                f"{self.capacity} slots with rounds of {self.span} draft "
-                                f"slots")
+        self._check_timing_context(context)
         self._reset()
         self.length.fill_(context)
         self.count.fill_(1)

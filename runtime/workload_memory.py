@@ -30,7 +30,8 @@ exploring batch pays the rounds before its turn-off (on an H200, at the pair's s
 random weights and batch 64, the exploring call ran 5-6 % slower: about 0.5 % over ten calls).
 Each exploring batch that turns itself off (it only confirms that speculation loses) doubles
 the wait before the next, up to `EXPLORE_AFTER_MAX`; one that speculates to its end, or a batch
-the remembered workload starts on, sets it back to `EXPLORE_AFTER`. The exploration is judged
+the remembered workload starts on, sets it back to `EXPLORE_AFTER`. One that ends before it
+could turn off (fewer rounds than the rule waits for) leaves the wait as it is. The exploration is judged
 by what its own batch did, not by the next start decision: one batch adds few requests to the
 256 remembered, so the decision may stay off for several explorations after the workload has
 changed, and those must not lengthen the wait.
@@ -82,7 +83,8 @@ class WorkloadMemory:
         """The counts of a finished batch's requests, and the acceptance its first turn-off
         decision judged each by; rows with none (no request, no speculative round, no such
         decision: a value below 0) are skipped. `turned_off`: whether the batch turned
-        speculation off (what an exploring batch found; None: not told)."""
+        speculation off (what an exploring batch found; None: not told, or it ended before it
+        could have)."""
         if self._explored and turned_off is not None:
             self.explore_after = (min(2 * self.explore_after, EXPLORE_AFTER_MAX) if turned_off
                                   else EXPLORE_AFTER)

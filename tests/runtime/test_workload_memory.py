@@ -94,6 +94,34 @@ def test_the_start_decision_runs_on_the_host():
         meta.set_round_costs(COSTS[:4])
 
 
+def test_an_exploration_too_short_to_turn_off_leaves_the_wait():
+    """An exploring batch that ends before the rule could turn it off (fewer rounds than
+    OFF_AFTER_ROUNDS) found nothing: the wait neither doubles nor resets."""
+    policy = _policy([(0.0, 30.0)] * 8)
+    started = [_batch(policy, rounds=OFF_AFTER_ROUNDS - 1) for _ in range(3 * EXPLORE_AFTER + 2)]
+    assert started == ([True] * EXPLORE_AFTER + [False]) * 2 + [True] * EXPLORE_AFTER
+    assert policy.memory.explore_after == EXPLORE_AFTER     # two short explorations: no verdict
+    assert not _batch(policy)                   # the third explores and turns itself off
+    assert policy.memory.explore_after == 2 * EXPLORE_AFTER
+
+
+def test_a_decoder_reads_whether_its_exploring_batch_turned_off():
+    """On a real decoder (eager) with a drafter that is always wrong: two batches teach the
+    memory, eight start off, the ninth explores, turns itself off at its first chance, and the
+    wait before the next exploration doubles."""
+    s = pair_setup(4)
+    decoder = GraphedChainDecoder(s["target"], ContraryDrafter(s["target"]), 4, 48, 4, s["eos"],
+                                  capture=False, adaptive=True)
+    memory, calls = decoder.policy.memory, []
+    for _ in range(2 + EXPLORE_AFTER + 1):
+        r = decoder.generate(s["prompts"], MAX_NEW)
+        calls.append((r.drafter_forwards > 0, memory.explore_after))
+    assert calls[:2] == [(True, EXPLORE_AFTER)] * 2
+    assert calls[2:-1] == [(False, EXPLORE_AFTER)] * EXPLORE_AFTER
+    assert calls[-1] == (True, 2 * EXPLORE_AFTER)
+    assert r.tokens == s["reference"].tokens
+
+
 def test_new_round_costs_change_the_remembered_decision():
     """`start` remembers its last decision; round costs set anew (a decoder timing its rounds)
     must be decided by, not the decision made at the old ones."""
@@ -168,13 +196,15 @@ def test_a_batch_started_off_records_no_first_judgement():
     assert policy.memory.first_judged == []
 
 
-def _batch(policy, turns_off: bool = True) -> bool:
+def _batch(policy, turns_off: bool = True, rounds: int = OFF_AFTER_ROUNDS) -> bool:
     """One padded batch of 4 as far as the memory sees it: started, and where it speculates,
-    ended turned off (or not) with no round counted. Returns whether it started off."""
+    ended after `rounds` speculative rounds turned off (or not), with no draft counted.
+    Returns whether it started off."""
     policy.reset()
     started_off = policy.start(4) == 0
     if not started_off:
         policy.off.fill_(turns_off)
+        policy.rounds.fill_(rounds)
     policy.remember_batch()
     return started_off
 
@@ -207,6 +237,7 @@ def test_the_wait_before_exploring_is_bounded_and_resets_when_an_exploration_pay
     assert policy.start(4) == 4
     policy.accepted_total.fill_(200.0)
     policy.rejected_total.fill_(1.0)
+    policy.rounds.fill_(60)
     policy.remember_batch()
     assert memory.explore_after == EXPLORE_AFTER
     started = [_batch(policy) for _ in range(EXPLORE_AFTER + 1)]

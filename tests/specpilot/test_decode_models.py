@@ -4,6 +4,7 @@ without, random shapes with a drafter of their own."""
 import argparse
 
 import pytest
+import torch
 
 from hf_factory import make_checkpoint
 from specpilot.bench.decode_models import add_model_arguments, decode_models
@@ -19,7 +20,8 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path):
+def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # CPU models anywhere
     root = tmp_path / "pair"
     make_checkpoint(root, "llama3", name="target", seed=51, hidden_size=64,
                     intermediate_size=128)
@@ -36,7 +38,8 @@ def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path):
         decode_models(args, 4)
 
 
-def test_random_shapes_give_random_prompts_of_the_asked_length():
+def test_random_shapes_give_random_prompts_of_the_asked_length(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     args = _args(["--scale", "0.0625", "--prompt-len", "7"])
     target, drafter, prompts, eos, _ = decode_models(args, 3)
     assert drafter is not None and drafter is not target and eos == []

@@ -23,12 +23,19 @@ def test_a_split_call_is_the_call_and_leaves_no_wrapper(cls):
     decoder = cls(target, drafter, 3, 40, 2, capture=False, adaptive=True)
     before = decoder.generate(prompts, 12).tokens
     own, policy_own = dict(vars(decoder)), dict(vars(decoder.policy))
+    clock = PhaseClock()
+    restore = clock.install(decoder)
+    try:
+        split = decoder.generate(prompts, 12).tokens         # the wrapped call's own output
+    finally:
+        restore()
+    assert split == before
+    assert vars(decoder) == own and vars(decoder.policy) == policy_own
+    assert graphed_chain.replay_until_done is replay_until_done
     seconds, phases = one_call(decoder, prompts, 12, PhaseClock())
     assert list(phases) == list(PHASES) and all(v >= 0 for v in phases.values())
     assert sum(phases.values()) == pytest.approx(seconds)
     assert vars(decoder) == own and vars(decoder.policy) == policy_own
-    assert graphed_chain.replay_until_done is replay_until_done
-    assert decoder.generate(prompts, 12).tokens == before
 
 
 def test_a_decoder_without_a_policy_has_no_start_decision():

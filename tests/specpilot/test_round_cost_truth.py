@@ -92,3 +92,11 @@ def test_an_active_timing_context_that_does_not_fit_is_refused():
         with pytest.raises(CapacityError, match="timing context"):
             dec.reset_all_active(context)
     dec.reset_all_active(40 - 2 * 4)            # two rounds of 3 drafts just fit
+
+
+def test_a_context_that_does_not_fit_is_refused_before_any_decoding(tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        load_bench_script("round_cost_truth").main(
+            SMALL + ["--batch-sizes", "2", "--context", "1000", "--out", str(tmp_path / "o.json")])
+    assert "--context 1000 does not fit" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []           # not even a profile
