@@ -95,12 +95,16 @@ def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
 
 
 def interleaved(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
-    """Whole calls of every decoder in turn; rows × the first decoder (plain AR)."""
-    last, seconds = {}, {name: [] for name in decoders}
+    """Whole calls of every decoder in turn; rows × the first decoder (plain AR). Each row also
+    keeps its warm-up calls' rounds per length and, for an adaptive decoder, what its workload
+    memory holds at the end (each remembered request's accepted drafts and rejections, the
+    acceptance its batch's first turn-off decision judged it by): whether, and where, its
+    speculating batches turned off."""
+    warm_ups, seconds = {name: [] for name in decoders}, {name: [] for name in decoders}
     started_off = {name: [] for name, d in decoders.items() if d.policy is not None}
     for name, dec in decoders.items():
         for _ in range(WARM_CALLS):
-            last[name] = dec.generate(prompts, new)
+            warm_ups[name].append(dict(dec.generate(prompts, new).stats))
     for _ in range(calls):
         for name, dec in decoders.items():
             seconds[name].append(one_call(dec, prompts, new)[0])
@@ -111,15 +115,21 @@ def interleaved(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -
         rows.append({"system": name, "call_ms": [s * 1e3 for s in seconds[name]],
                      "call_ms_median": statistics.median(seconds[name]) * 1e3,
                      "call_ms_mean": statistics.fmean(seconds[name]) * 1e3,
-                     "last_warm_up_stats": dict(last[name].stats),
-                     **({"calls_started_off": started_off[name]} if name in started_off
-                        else {})})
+                     "warm_up_stats": warm_ups[name],
+                     **({"calls_started_off": started_off[name],
+                         "memory": _memory(decoders[name].policy.memory)}
+                        if name in started_off else {})})
     # tokens/s ratios where every decoder makes the same tokens: always with random weights;
     # on a trained pair in bf16 a near-tie may flip a token between decoders
     for row in rows:
         row["x_plain_ar"] = rows[0]["call_ms_median"] / row["call_ms_median"]
         row["x_plain_ar_mean"] = rows[0]["call_ms_mean"] / row["call_ms_mean"]
     return rows
+
+
+def _memory(memory) -> dict:
+    return {"counts": [list(c) for c in memory.counts], "first_judged": memory.first_judged,
+            "explore_after": memory.explore_after}
 
 
 def capacity_for(longest: int, args) -> int:
@@ -171,7 +181,7 @@ def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
         print(f"batch {batch:3d} {r['system']:44s} {r['x_plain_ar']:.4f}x "
               f"(mean {r['x_plain_ar_mean']:.4f}x)"
               + (f"  started off {sum(off)} of {len(off)}" if off is not None else "")
-              + f"  {r['last_warm_up_stats']}", flush=True)
+              + f"  warm-ups {r['warm_up_stats']}", flush=True)
     return {"batch": batch, "context": context, "capacity": capacity,
             "chain_profile": profile.name,
             "ms_per_round": {str(n): v for n, v in per_round.items()},

@@ -49,8 +49,17 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
         assert len(row["call_ms"]) == 2
         assert row["x_plain_ar"] == pytest.approx(
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
-    assert "calls_started_off" not in rows["plain AR"]
+    assert "calls_started_off" not in rows["plain AR"] and "memory" not in rows["plain AR"]
     assert all(len(r["calls_started_off"]) == 2 for name, r in rows.items() if name != "plain AR")
+    # plain AR's warm-ups ran 20 plain steps each; an adaptive decoder's first ones speculated,
+    # and its memory holds what they showed: requests with counted drafts
+    assert rows["plain AR"]["warm_up_stats"] == [{"rounds_chain_0": 20}] * 3
+    for name in ("adaptive, true costs", "adaptive, active costs"):
+        row = rows[name]
+        assert len(row["warm_up_stats"]) == 3
+        assert any(k != "rounds_chain_0" for k in row["warm_up_stats"][0])
+        counts = row["memory"]["counts"]
+        assert counts and all(a + r > 0 for a, r in counts)
 
 
 def test_timed_costs_are_each_lengths_best_time_over_the_plain_steps(monkeypatch):
