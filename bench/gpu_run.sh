@@ -29,9 +29,12 @@
 #   startoffgap  bench/startoff_gap.py: started-off adaptive batches (padded, refill) against
 #              plain AR, and plain AR with 8 cache slots more, interleaved, split into phases
 #              (random weights: no trained pair needed)
-#   startoffpair the same on the trained pair ($PAIR) and its HumanEval prompts, at batch 64
 #   costtruth    bench/round_cost_truth.py on the trained pair: the adaptive rule's round prices
-#              against fixed-length decoders' real rounds, and adaptive decoders priced each way
+#              against fixed-length decoders' real rounds (each batch's chain(4) profile saved as
+#              round-cost-truth.b<B>.chain4.acceptance.json), and adaptive decoders priced each
+#              way or with the memory at the mean, raced against plain AR
+#   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
+#              20 whole calls of each decoder
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -121,7 +124,7 @@ phase() {
         step costtruth timeout 400 python3 bench/round_cost_truth.py --pair "$PAIR" \
             --out "$RESULTS/round-cost-truth.json" ;;
     startoffpair)
-        step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --pairs 20 \
+        step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;
     smoke)
         step smoke timeout 300 python3 -m specpilot bench --pair "$PAIR" --prompts 4 \

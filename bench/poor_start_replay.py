@@ -5,11 +5,12 @@ later batches off from what those truncated histories show (runtime/workload_mem
 request whose first rounds are poor and its later ones good can turn a whole workload off.
 
 Replays each stored chain(k) profile at each batch size two ways: its first B requests as the
-whole workload (one batch, as bench/round_cost_truth.py and a compile time theirs) and the whole
-profile in batches of B. Rows: the fixed chain(k) in padded lock-step, and the adaptive rule
-(specpilot/bench/adaptive_replay.py, warm, with the graphed loop's host lag; pessimistic /
-optimistic), × padded plain AR, priced with the round costs bench/round_cost_truth.py measured
-("true" costs; a batch size it did not measure takes the nearest one's). For the first B
+whole workload (one batch of the first B prompts, as bench/round_cost_truth.py and a compile
+time their workloads) and the whole profile in batches of B. Rows: the fixed chain(k) in padded
+lock-step (`replay.replay`), and the adaptive rule (specpilot/bench/adaptive_replay.py, warm,
+with the graphed loop's host lag; pessimistic / optimistic), × padded plain AR, priced with the
+round costs bench/round_cost_truth.py measured ("true" costs; a batch size it did not measure
+takes the nearest one's). For the first B
 requests, each one's per-draft acceptance over its first OFF_AFTER_ROUNDS rounds and over all.
 
   python3 bench/poor_start_replay.py --truth bench/results/round-cost-truth-run18.json \\
@@ -27,7 +28,8 @@ from typing import Dict, List
 
 from specpilot.bench.adaptive_replay import replay_adaptive
 from specpilot.bench.environment import environment
-from specpilot.bench.replay import AcceptanceProfile, cycled_batches
+from specpilot.bench.replay import AcceptanceProfile, replay
+from specpilot.bench.step_costs import StepCosts
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
@@ -35,20 +37,11 @@ from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
 
-class TrueCosts:
-    """Round costs in plain steps per batch size, as `replay_adaptive` reads step costs."""
-
-    def __init__(self, by_batch: Dict[int, List[float]]):
-        self.by_batch = by_batch
-
-    def _at(self, batch: int) -> List[float]:
-        return self.by_batch[min(self.by_batch, key=lambda b: (abs(b - batch), b))]
-
-    def target(self, batch: int, width: int) -> float:
-        return self._at(batch)[0]
-
-    def round(self, batch: int, topology) -> float:
-        return self._at(batch)[topology.k]
+def costs_at(by_batch: Dict[int, List[float]], batches: List[int]) -> StepCosts:
+    """Graphed step costs at each of `batches`, from the measured batch size nearest it (the
+    smaller on a tie)."""
+    nearest = {b: by_batch[min(by_batch, key=lambda m: (abs(m - b), m))] for b in batches}
+    return StepCosts.of_chain_rounds(nearest)
 
 
 def read_truth(path: str) -> Dict[int, List[float]]:
@@ -60,15 +53,6 @@ def read_truth(path: str) -> Dict[int, List[float]]:
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SpecPilotError(f"--truth {path}: not a bench/round_cost_truth.py result "
                              f"({type(exc).__name__}: {exc})") from None
-
-
-def fixed_chain(profile: AcceptanceProfile, batch: int, costs: TrueCosts) -> float:
-    """× padded AR of the fixed chain(k) in padded lock-step: a batch runs as many rounds as its
-    longest-running request."""
-    batches = cycled_batches(len(profile.accepted_lengths), batch)
-    ar = sum(max(profile.new_tokens[r] - 1 for r in rows) for rows in batches)
-    rounds = sum(max(len(profile.accepted_lengths[r]) for r in rows) for rows in batches)
-    return ar * costs.target(batch, 1) / (rounds * costs.round(batch, profile.topology))
 
 
 def acceptance(rows: List[int], k: int) -> float:
@@ -102,7 +86,7 @@ def main(argv=None) -> int:
         if any(len(c) <= profile.topology.k for c in by_batch.values()):
             ap.error(f"{path}: chain({profile.topology.k}) needs round costs up to that length; "
                      f"--truth has {min(len(c) for c in by_batch.values()) - 1}")
-    costs = TrueCosts(by_batch)
+    costs = costs_at(by_batch, args.batch_sizes)
     rows = []
     for path, profile in profiles:
         k = profile.topology.k
@@ -113,7 +97,7 @@ def main(argv=None) -> int:
                             for optimistic in (False, True)]
                 row = {"profile": Path(path).name, "batch": batch, "workload": workload,
                        "requests": len(prof.accepted_lengths),
-                       "fixed_chain": fixed_chain(prof, batch, costs),
+                       "fixed_chain": replay(prof, costs, batch).speedup,
                        "adaptive_pessimistic": adaptive[0], "adaptive_optimistic": adaptive[1]}
                 if workload == "first":
                     row["acceptance_first_rounds"] = [
@@ -124,9 +108,8 @@ def main(argv=None) -> int:
                       f"chain({k}) {row['fixed_chain']:.3f}  adaptive "
                       f"{adaptive[0]:.3f} / {adaptive[1]:.3f}", flush=True)
     doc = {"environment": environment("cpu"), "settings": vars(args),
-           "off_after_rounds": OFF_AFTER_ROUNDS, "costs": {str(b): c for b, c in
-                                                           costs.by_batch.items()},
-           "rows": rows}
+           "off_after_rounds": OFF_AFTER_ROUNDS,
+           "costs": {str(b): c for b, c in by_batch.items()}, "rows": rows}
     write_json_atomic(Path(args.out), doc)
     return 0
 

@@ -79,14 +79,14 @@ import sys
 from dataclasses import replace
 from typing import Dict, List, Optional, Sequence
 
+from specpilot.agents.batching import ridge_capped_budget
+from specpilot.bench.adaptive_replay import READINGS
 from specpilot.bench.environment import environment
-from specpilot.bench.mechanism_programs import ridge_capped_budget
 from specpilot.bench.replay import AcceptanceProfile, ProfileError, replay
-from specpilot.bench.request_adaptive_replay import (BOUNDS, Round, adaptive_rows,
-                                                     padded_round_seconds)
-from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
 from specpilot.bench.estimate_io import ESTIMATE_LABEL as LABEL
 from specpilot.bench.estimate_io import check_batches, measured_on, write_estimate
+from specpilot.bench.request_adaptive_replay import Round, adaptive_rows, padded_round_seconds
+from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
 from specpilot.bench.stored_forwards import PackedCosts
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
@@ -200,7 +200,7 @@ def run(args) -> dict:
                              f"{max(batches)}: every request verifies at least its root")
     ridge = (ridge_budgets(doc, args.step_costs, batches, costs.context)
              if args.token_budget == "ridge" else {})
-    bounds = list(BOUNDS) if args.bound == "both" else [args.bound]
+    bounds = list(READINGS) if args.bound == "both" else [args.bound]
     priced = PackedCosts(costs)
     rows, summary = [], []
     for b in batches:
@@ -280,7 +280,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--draft-cost", type=_draft_cost, default=DRAFT_STEP_COST,
                    help=f"the length rule's drafter step cost relative to a verification "
                         f"(default {DRAFT_STEP_COST}, the runtime's)")
-    p.add_argument("--bound", choices=[*BOUNDS, "both"], default="both",
+    p.add_argument("--bound", choices=[*READINGS, "both"], default="both",
                    help="drafts after a fully accepted chain, never shown by the profile: "
                         "counted wrong (pessimistic), right (optimistic), or both replays")
     p.add_argument("--out", required=True)

@@ -13,179 +13,148 @@ Per batch size this script measures:
 - inactive / active costs: the same replays timed again by the decoder's own timing, every row
   inactive (as the decoder does) or active at `--context` positions;
 
-and saves the fixed chain(k)'s acceptance profile (`<out>.b<batch>.chain<k>.acceptance.json`, for
-replaying the rule on this workload: specpilot/bench/adaptive_replay.py; written as each batch
-size is done, so a run cut short keeps the profiles of the batch sizes it finished). It then runs adaptive
-decoders priced each way interleaved with plain AR, and two more whose workload
-memory judges remembered requests at their mean acceptance rather than at an upper bound: ×
-plain AR (median and mean of the calls), which calls the memory started off, and the rounds of
-each length.
+and saves the fixed chain(k)'s acceptance profile (`<out>.b<batch>.chain<k>.acceptance.json`,
+for replaying the rule on this workload: specpilot/bench/adaptive_replay.py; written as each
+batch size is done, so a run cut short keeps the profiles of the batch sizes it finished).
+It then races adaptive decoders against plain AR, interleaved: priced with the captured, true
+and active costs, and with captured or true costs while the workload memory judges requests
+at their mean acceptance rather than at an upper bound. Rows: × plain AR (median and mean of
+the calls), which calls the memory started off, every warm-up's rounds per length, and what
+the memory holds at the end.
 
-  python3 bench/round_cost_truth.py --pair /tmp/specpilot-pair --out bench/results/round-cost-truth.json
+  python3 bench/round_cost_truth.py --pair /tmp/specpilot-pair \
+      --out bench/results/round-cost-truth.json
 Off a GPU it runs uncaptured in float32 (to check the script, with --scale).
 """
 from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from pathlib import Path
-from typing import Callable, Dict, List
+from typing import Dict, List
 
-from specpilot.bench.decode_models import add_model_arguments, decode_models
+from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
 from specpilot.bench.environment import environment
-from specpilot.bench.phase_clock import PhaseClock, one_call, sync
+from specpilot.bench.phase_clock import PhaseClock, call_rows, interleaved_calls, warm_up
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import measure_round_costs
-from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.errors import CapacityError
+from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_context
 from specpilot.runtime.workload_memory import WorkloadMemory
 from specpilot.search.run_folder import write_json_atomic
 
 WARM_CALLS = 3      # before timing: capture, and (adaptive) the workload memory learns
 
 
-def rounds_run(result) -> int:
-    return sum(v for name, v in result.stats.items() if name.startswith("rounds_chain_"))
-
-
-def timed_costs(replays: Dict[int, Callable[[], None]], reset: Callable[[], None],
-                repeats: int = 5) -> List[float]:
-    """cost(L) over cost(0) for each length in `replays`: best of `repeats` wall-clock timed
-    replays after `reset` and one untimed replay (works captured or eager)."""
-    best = {}
-    for n, replay in sorted(replays.items()):
-        reset()
-        replay()
-        times = []
-        for _ in range(repeats):
-            sync()
-            t0 = time.perf_counter()
-            replay()
-            sync()
-            times.append(time.perf_counter() - t0)
-        best[n] = min(times)
-    reset()
-    return [best[n] / best[0] for n in sorted(best)]
+def rounds_run(stats: dict) -> int:
+    return sum(v for name, v in stats.items() if name.startswith("rounds_chain_"))
 
 
 def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     """(cost per length over plain AR's step, ms per round per length, rounds per length, the
-    chain(k) decoder's acceptance profile) from fixed-length decoders' rounds phases,
-    interleaved."""
+    chain(k) decoder's acceptance profile, the plain AR decoder) from fixed-length decoders'
+    rounds phases, interleaved."""
     batch = len(prompts)
     fixed = {n: GraphedChainDecoder(target, drafter if n else None, batch, capacity, n, eos,
                                     capture=graphs) for n in range(k + 1)}
-    rounds, last = {}, None
-    for n, dec in fixed.items():
-        for _ in range(WARM_CALLS - 1):
-            last = dec.generate(prompts, new)
-            rounds[n] = rounds_run(last)
-    ms = {n: [] for n in fixed}
-    clock = PhaseClock()
-    for _ in range(calls):
-        for n, dec in fixed.items():
-            ms[n].append(one_call(dec, prompts, new, clock)[1]["rounds"] * 1e3 / rounds[n])
-    per_round = {n: statistics.median(v) for n, v in ms.items()}
+    warm = warm_up(fixed, prompts, new, WARM_CALLS - 1)
+    rounds = {n: rounds_run(results[-1].stats) for n, results in warm.items()}
+    phases = interleaved_calls(fixed, prompts, new, calls, PhaseClock())
+    per_round = {n: statistics.median(p["rounds"] for p in runs) * 1e3 / rounds[n]
+                 for n, runs in phases.items()}
+    last = warm[k][-1]
+    source = {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch}
     chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
-                              {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch})
-    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain
+                              source)
+    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain, fixed[0]
 
 
-def interleaved(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
-    """Whole calls of every decoder in turn; rows × the first decoder (plain AR). Each row also
+def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
+    """Whole calls of every decoder in turn; rows x the first decoder (plain AR). Each row also
     keeps its warm-up calls' rounds per length and, for an adaptive decoder, what its workload
     memory holds at the end (each remembered request's accepted drafts and rejections, the
     acceptance its batch's first turn-off decision judged it by): whether, and where, its
     speculating batches turned off."""
-    warm_ups, seconds = {name: [] for name in decoders}, {name: [] for name in decoders}
-    started_off = {name: [] for name, d in decoders.items() if d.policy is not None}
-    for name, dec in decoders.items():
-        for _ in range(WARM_CALLS):
-            warm_ups[name].append(dict(dec.generate(prompts, new).stats))
-    for _ in range(calls):
-        for name, dec in decoders.items():
-            seconds[name].append(one_call(dec, prompts, new)[0])
-            if name in started_off:
-                started_off[name].append(dec.first_length == 0)
-    rows = []
-    for name in decoders:
-        rows.append({"system": name, "call_ms": [s * 1e3 for s in seconds[name]],
-                     "call_ms_median": statistics.median(seconds[name]) * 1e3,
-                     "call_ms_mean": statistics.fmean(seconds[name]) * 1e3,
-                     "warm_up_stats": warm_ups[name],
-                     **({"calls_started_off": started_off[name],
-                         "memory": _memory(decoders[name].policy.memory)}
-                        if name in started_off else {})})
-    # tokens/s ratios where every decoder makes the same tokens: always with random weights;
-    # on a trained pair in bf16 a near-tie may flip a token between decoders
+    warm = warm_up(decoders, prompts, new, WARM_CALLS)
+    started_off: Dict[str, List[bool]] = {}
+    rows = call_rows(interleaved_calls(decoders, prompts, new, calls, started_off=started_off))
     for row in rows:
-        row["x_plain_ar"] = rows[0]["call_ms_median"] / row["call_ms_median"]
-        row["x_plain_ar_mean"] = rows[0]["call_ms_mean"] / row["call_ms_mean"]
+        name = row["system"]
+        row["warm_up_stats"] = [dict(r.stats) for r in warm[name]]
+        if name in started_off:
+            memory = decoders[name].policy.memory
+            row["calls_started_off"] = started_off[name]
+            row["memory"] = {"counts": [list(c) for c in memory.counts],
+                             "first_judged": memory.first_judged,
+                             "explore_after": memory.explore_after}
     return rows
 
 
-def _memory(memory) -> dict:
-    return {"counts": [list(c) for c in memory.counts], "first_judged": memory.first_judged,
-            "explore_after": memory.explore_after}
-
-
-def capacity_for(longest: int, args) -> int:
-    """Cache slots of every decoder here: the longest prompt, the new tokens and two rounds."""
-    return longest + args.new_tokens + 2 * args.k + 2
-
-
-def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
+def price_rounds(args, target, drafter, prompts, eos, graphs):
+    """The true, captured and re-timed costs of each length at this batch, the fixed chain's
+    profile saved; returns (the batch's figures, the plain AR decoder, the adaptive decoder
+    that captured its costs)."""
     batch, k, new = len(prompts), args.k, args.new_tokens
-    longest = max(len(p) for p in prompts)
-    capacity = capacity_for(longest, args)
-    context = args.context or longest + new // 2
-    truth, per_round, rounds, chain = true_costs(target, drafter, prompts, eos, capacity, k,
-                                                 new, args.calls, graphs)
+    capacity = decoder_capacity(prompts, new, k)
+    context = args.context or max(len(p) for p in prompts) + new // 2
+    truth, per_round, rounds, chain, plain = true_costs(target, drafter, prompts, eos, capacity,
+                                                        k, new, args.calls, graphs)
     # The fixed chain's acceptance, for replaying the length rule on this very workload.
     profile = Path(args.out).with_suffix(f".b{batch}.chain{k}.acceptance.json")
     write_json_atomic(profile, chain.to_json())
     captured = GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
                                    adaptive=True)
     captured.generate(prompts, new)             # times its rounds at the first call
-    replays = {n: captured._runner(False, n) for n in sorted({0, *captured._lengths()})}
-    # On a GPU the decoder's own timing (CUDA events), so that "active" is what the decoder
-    # would price with an active reset; off a GPU, wall-clock timing.
-    timer = ((lambda reset: measure_round_costs(replays, reset, captured.device)) if graphs
-             else (lambda reset: timed_costs(replays, reset)))
+    replays = captured.round_replays()
     costs = {"true": truth, "captured": captured.policy.round_cost_host.tolist(),
-             "inactive": timer(captured._reset),
-             "active": timer(lambda: captured.reset_all_active(context))}
+             "inactive": measure_round_costs(replays, captured._reset, captured.device),
+             "active": measure_round_costs(replays, lambda: captured.reset_all_active(context),
+                                           captured.device)}
     for name, values in costs.items():
         print(f"batch {batch:3d} {name:9s} costs " + " ".join(f"{c:.3f}" for c in values),
               flush=True)
-    decoders = {"plain AR": GraphedChainDecoder(target, None, batch, capacity, 0, eos,
-                                                capture=graphs),
-                "adaptive, captured costs": captured}
-    for name in ("true", "active"):
-        decoders[f"adaptive, {name} costs"] = GraphedChainDecoder(
-            target, drafter, batch, capacity, k, eos, capture=graphs, adaptive=True,
-            round_costs=costs[name])
-    # The workload memory judging each remembered request at its mean acceptance, not at the
-    # upper bound the batch rule turns off by (runtime/workload_memory.py).
-    for name in ("captured", "true"):
+    figures = {"batch": batch, "context": context, "capacity": capacity,
+               "chain_profile": profile.name,
+               "ms_per_round": {str(n): v for n, v in per_round.items()},
+               "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs}
+    return figures, plain, captured
+
+
+def race_adaptive(args, target, drafter, prompts, eos, graphs, plain, captured, costs):
+    """Adaptive decoders priced with the captured, true and active costs, and with captured or
+    true costs while the memory judges requests at their mean, raced against plain AR."""
+    batch, k = len(prompts), args.k
+    capacity = decoder_capacity(prompts, args.new_tokens, k)
+
+    def adaptive(priced, confidence=None):
         dec = GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
-                                  adaptive=True, round_costs=costs[name])
-        dec.policy.memory = WorkloadMemory(confidence=0.0)
-        decoders[f"adaptive, {name} costs, memory at the mean"] = dec
-    rows = interleaved(decoders, prompts, new, args.calls)
+                                  adaptive=True, round_costs=costs[priced])
+        if confidence is not None:      # not the batch rule's upper bound
+            dec.policy.memory = WorkloadMemory(confidence=confidence)
+        return dec
+    decoders = {"plain AR": plain, "adaptive, captured costs": captured,
+                "adaptive, true costs": adaptive("true"),
+                "adaptive, active costs": adaptive("active"),
+                "adaptive, captured costs, memory at the mean": adaptive("captured", 0.0),
+                "adaptive, true costs, memory at the mean": adaptive("true", 0.0)}
+    rows = race(decoders, prompts, args.new_tokens, args.calls)
     for r in rows:
         off = r.get("calls_started_off")
         print(f"batch {batch:3d} {r['system']:44s} {r['x_plain_ar']:.4f}x "
               f"(mean {r['x_plain_ar_mean']:.4f}x)"
               + (f"  started off {sum(off)} of {len(off)}" if off is not None else "")
               + f"  warm-ups {r['warm_up_stats']}", flush=True)
-    return {"batch": batch, "context": context, "capacity": capacity,
-            "chain_profile": profile.name,
-            "ms_per_round": {str(n): v for n, v in per_round.items()},
-            "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs, "rows": rows}
+    return rows
+
+
+def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
+    figures, plain, captured = price_rounds(args, target, drafter, prompts, eos, graphs)
+    figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, plain,
+                                    captured, figures["costs"])
+    return figures
 
 
 def main(argv=None) -> int:
@@ -207,11 +176,13 @@ def main(argv=None) -> int:
         target, drafter, prompts, eos, graphs = decode_models(args, max(batches))
     except SpecPilotError as exc:
         ap.error(str(exc))
-    for b in batches:       # before any GPU work: the active timing's context must fit
-        longest = max(len(p) for p in prompts[:b])
-        if args.context and args.context + 2 * (args.k + 1) > capacity_for(longest, args):
-            ap.error(f"--context {args.context} does not fit batch {b}'s cache of "
-                     f"{capacity_for(longest, args)} slots with rounds of {args.k} drafts")
+    for b in batches:       # before any decoding: the active timing's context must fit
+        try:
+            if args.context:
+                check_timing_context(args.context, args.k,
+                                     decoder_capacity(prompts[:b], args.new_tokens, args.k))
+        except CapacityError as exc:
+            ap.error(f"--context, batch {b}: {exc}")
     results = [one_batch(args, target, drafter, prompts[:b], eos, graphs) for b in batches]
     doc = {"environment": environment(target.device.type), "settings": vars(args),
            "batches": results}

@@ -28,7 +28,6 @@ from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
@@ -36,12 +35,8 @@ from specpilot.search.run_folder import write_json_atomic
 def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCosts:
     """Step costs in plain steps: a plain step 1, a chain(L) round base + per_draft * L at
     every batch size (the shape of the 161M pair's graphed rounds on the H200)."""
-    costs = StepCosts(context=0, graphed=True)
-    for b in batch_sizes:
-        costs.target_costs[b] = {1: 1.0}
-        for n in range(1, k + 1):
-            costs.round_costs.setdefault(str(Chain(n)), {})[b] = base + per_draft * n
-    return costs
+    return StepCosts.of_chain_rounds(
+        {b: [1.0] + [base + per_draft * n for n in range(1, k + 1)] for b in batch_sizes})
 
 
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,

@@ -60,7 +60,8 @@ the batch size as they really are. Without a GPU it is the model 1 + c L (`model
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+import time
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -123,22 +124,31 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
                         device: torch.device) -> List[float]:
     """cost(L) for every length in `replays` (which must hold 0, the plain step): the best of a
     few timed replays of each, over the plain step's. `reset` puts the decoder in a state where
-    replays change nothing that a later prefill does not overwrite (every row inactive)."""
+    replays change nothing that a later prefill does not overwrite (every row inactive). Timed
+    with CUDA events on a GPU, with the host clock elsewhere (eager replays: a script's check)."""
+    cuda = torch.device(device).type == "cuda"
+    if cuda:
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     ms = {}
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     for n, replay in sorted(replays.items()):
         reset()
         replay()                                   # warm: the first replay uploads the graph
         best = float("inf")
         for _ in range(TIMING_REPEATS):
-            start.record()
-            replay()
-            end.record()
-            end.synchronize()
-            best = min(best, start.elapsed_time(end))
+            if cuda:
+                start.record()
+                replay()
+                end.record()
+                end.synchronize()
+                best = min(best, start.elapsed_time(end))
+            else:
+                t0 = time.perf_counter()
+                replay()
+                best = min(best, time.perf_counter() - t0)
         ms[n] = best
     reset()
-    torch.cuda.synchronize(device)
+    if cuda:
+        torch.cuda.synchronize(device)
     return [ms[n] / ms[0] for n in sorted(ms)]
 
 
@@ -196,8 +206,6 @@ class BatchLengthPolicy:
             raise SpecPilotError(f"round_costs needs one cost per length 0..{self.cap}, got "
                                  f"{len(costs)}")
         self.round_cost_host = torch.tensor([float(c) for c in costs], dtype=torch.float32)
-        # `start`'s last decision at these costs: (acceptance, whether plain steps win)
-        self._plain_wins: Tuple[Optional[float], bool] = (None, False)
         self.round_cost.copy_(self.round_cost_host)
 
     def lengths(self) -> List[int]:
@@ -209,20 +217,24 @@ class BatchLengthPolicy:
         chain), speculating."""
         self.workload.zero_()
         self.draining.zero_()
+        self._started_off = False       # until `start` says otherwise
         self._restart()
 
     def remember_batch(self) -> None:
-        """Keep the whole-history counts of the batch that has just run, and what its first
-        turn-off decision judged each request by, and whether it turned off where it ran long
-        enough to (runtime/workload_memory.py). Reads them on the host: call once a batch is done, before
-        anything resets the policy."""
+        """Keep the whole-history counts of the batch that has just run, what its first turn-off
+        decision judged each request by, and whether it turned off where it ran long enough to
+        (runtime/workload_memory.py). Reads them on the host in one read-back: call once a
+        batch is done, before anything resets the policy."""
         # A batch the memory started off ran no speculative round: nothing to read back.
         if self.memory is not None and not self._started_off:
-            off, rounds = torch.stack([self.off.to(torch.int64), self.rounds]).tolist()
+            b = self.accepted_total.shape[0]      # one read-back: counts, judgements, flags
+            read = torch.cat([self.accepted_total, self.rejected_total, self.first_judged,
+                              torch.stack([self.off, self.rounds]).to(self.accepted_total.dtype)
+                              ]).tolist()
+            off, rounds = read[3 * b:]
             # Whether it turned off tells something only once it could have (`off_after`).
             verdict = bool(off) if rounds >= self.off_after else None
-            self.memory.add(self.accepted_total.tolist(), self.rejected_total.tolist(),
-                            self.first_judged.tolist(), turned_off=verdict)
+            self.memory.add(read[:b], read[b:2 * b], read[2 * b:3 * b], turned_off=verdict)
 
     def start(self, requests: int) -> int:
         """After `reset`, for a padded batch of `requests`: its first length, 0 (speculation off
@@ -235,14 +247,12 @@ class BatchLengthPolicy:
         alpha = self.memory.slowest_acceptance(requests)
         off = False
         if alpha is not None:             # the batch-length rule, for that one request
-            # On the host, and once per acceptance: a started-off batch must cost what a plain
-            # batch costs, and device operations read back here would add launches and a sync.
-            if self._plain_wins[0] != alpha:
-                cost = self.round_cost_host
-                spans = times_per_token(torch.full((1,), alpha, dtype=cost.dtype),
-                                        torch.ones(1, dtype=torch.bool), cost)
-                self._plain_wins = (alpha, bool(shortest(spans)[1]))
-            off = self._plain_wins[1]
+            # On the host: a started-off batch must cost what a plain batch costs, and device
+            # operations read back here would add launches and a sync.
+            cost = self.round_cost_host
+            spans = times_per_token(torch.full((1,), alpha, dtype=cost.dtype),
+                                    torch.ones(1, dtype=torch.bool), cost)
+            off = bool(shortest(spans)[1])
         self.memory.started(off)
         self._started_off = off
         if off:
@@ -258,7 +268,6 @@ class BatchLengthPolicy:
         self.rejected_total.zero_()
         self.first_judged.fill_(-1.0)
         self.off.zero_()
-        self._started_off = False       # (for `reset`: a new batch is not started off yet)
         self.chosen.fill_(self.cap)
         self.rounds.zero_()
 

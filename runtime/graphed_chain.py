@@ -32,7 +32,7 @@ stops speculating until it is done (runtime/batch_length.py says why).
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
@@ -47,6 +47,14 @@ from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
 from .steps import append_step, check_capacity, top2_margin
+
+
+def check_timing_context(context: int, span: int, capacity: int) -> None:
+    """A CapacityError unless rounds of `span` draft slots can be timed from `context`
+    positions: two rounds must fit in the `capacity` slots after it."""
+    if context < 1 or context + 2 * (span + 1) > capacity:
+        raise CapacityError(f"a timing context of {context} does not fit a cache of "
+                            f"{capacity} slots with rounds of {span} draft slots")
 
 
 class GraphedChainDecoder:
@@ -319,13 +327,18 @@ class GraphedChainDecoder:
             self._graphs[key] = capture_graph(body, self.device)[0]
         return self._graphs[key].replay
 
+    def round_replays(self) -> Dict[int, Callable[[], None]]:
+        """The unforced replay of each length this decoder runs, and of plain steps (0): what
+        its round costs are timed on."""
+        return {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
+
     def _ensure_round_costs(self) -> None:
         """With capture and no given costs: time each length's unforced graph against the plain
         step's once, the first time the decoder runs (runtime/batch_length.py)."""
         if not self._measure_costs:
             return
-        timed = {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
-        self.policy.set_round_costs(measure_round_costs(timed, self._reset, self.device))
+        self.policy.set_round_costs(measure_round_costs(self.round_replays(), self._reset,
+                                                        self.device))
         self._measure_costs = False
 
     def _lengths(self) -> List[int]:
@@ -336,23 +349,17 @@ class GraphedChainDecoder:
         """A callable running one unforced round with every row active after `context`
         positions of (stale) cache, for measuring a round's cost; each call moves every row on
         by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
-        self._check_timing_context(context)
+        check_timing_context(context, self.span, self.capacity)
         replay = self._runner(False, rounds=1)
         self.reset_all_active(context)
         return replay
-
-    def _check_timing_context(self, context: int) -> None:
-        if context < 1 or context + 2 * (self.span + 1) > self.capacity:
-            raise CapacityError(f"a timing context of {context} does not fit a cache of "
-                                f"{self.capacity} slots with rounds of {self.span} draft "
-                                f"slots")
 
     def reset_all_active(self, context: int) -> None:
         """`_reset`, then every row active after `context` positions of (stale) cache with
         room for its whole output: a state to time unforced rounds in. A CapacityError unless
         two rounds fit after `context` (rows past the cache clamp their positions, so later
         rounds stay inside it, but no longer time what a decode there would)."""
-        self._check_timing_context(context)
+        check_timing_context(context, self.span, self.capacity)
         self._reset()
         self.length.fill_(context)
         self.count.fill_(1)
@@ -404,10 +411,16 @@ class GraphedChainDecoder:
         slowest request decides when it is done): always, for the padded decoder."""
         return True
 
+    def _may_start_off(self, requests: int) -> bool:
+        """Whether an unforced call of `requests` may start off: a workload memory decides,
+        and the call is one batch that drains from its start."""
+        return (self.policy is not None and self.policy.memory is not None
+                and self._drains_from_start(requests))
+
     @property
     def drafter_prefilled(self) -> bool:
         """Whether this batch runs its drafter (a batch started off never does, so only the
-        target is prefilled)."""
+        target is prefilled; nor, in a two-level decoder, its cheap verifier)."""
         return self.drafter is not None and self.first_length != 0
 
     def _start(self, prompts, limits: List[int],
@@ -422,8 +435,8 @@ class GraphedChainDecoder:
         self._reset()
         requests = len(prompts) if requests is None else requests
         self.first_length = (self.policy.start(len(prompts))
-                             if self.policy is not None and reference is None
-                             and self._drains_from_start(requests) else self._lengths()[-1])
+                             if reference is None and self._may_start_off(requests)
+                             else self._lengths()[-1])
         if reference is not None:
             table = torch.zeros((self.batch, self.width), dtype=torch.int64)
             for row, ref in enumerate(reference):
@@ -452,8 +465,7 @@ class GraphedChainDecoder:
         if self._prefiller is not None:
             lengths = [len(p) for p in prompts]
             self._prefiller.prepare(lengths)
-            if (self.policy is not None and self.policy.memory is not None
-                    and self._drains_from_start(len(prompts))):
+            if self._may_start_off(len(prompts)):
                 self._prefiller.prepare(lengths, first_only=True)
 
     def _check(self, prompts, max_new_tokens: int) -> None:

@@ -147,7 +147,7 @@ class DecoderKey(NamedTuple):
     eos_ids: tuple
     capture: bool
     refill: bool
-    topology: object                 # the next two only where the Program speculates: plain
+    topology: object                 # the next two only where drafts run (cap > 0): plain
     prune: object                    # greedy steps keep an unused topology, yet share decoders
 
 
@@ -190,7 +190,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
                                          topology.shape(), program.verify.prune.keep_layers,
                                          pair.eos_ids, capture)
-    else:                       # trees: fixed lengths (`rounds_refusal`)
+    else:   # chains (fixed or adaptive) and trees (fixed: `rounds_refusal`), drained or refilled
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, refill=refill, adaptive=adaptive,
                                   length_cap=cap)

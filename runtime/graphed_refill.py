@@ -181,7 +181,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             replayed += 1
             by_length[k] = by_length.get(k, 0) + per
             self.host_active[j % 3].copy_(self.active, non_blocking=cuda)
-            if self.adaptive:   # rounds past the log's end all write its last row
+            # The next length (rounds past the log's end all write its last row); not after a
+            # plain replay, whose read-back is never used (off is read no more, and a restart
+            # distrusts what came before it).
+            if self.adaptive and k != 0:
                 self.host_next[j % 3].copy_(self.status[min(replayed * per, self.width) - 1],
                                             non_blocking=cuda)
             if cuda:

@@ -31,10 +31,10 @@ random weights and batch 64, the exploring call ran 5-6 % slower: about 0.5 % ov
 Each exploring batch that turns itself off (it only confirms that speculation loses) doubles
 the wait before the next, up to `EXPLORE_AFTER_MAX`; one that speculates to its end, or a batch
 the remembered workload starts on, sets it back to `EXPLORE_AFTER`. One that ends before it
-could turn off (fewer rounds than the rule waits for) leaves the wait as it is. The exploration is judged
-by what its own batch did, not by the next start decision: one batch adds few requests to the
-256 remembered, so the decision may stay off for several explorations after the workload has
-changed, and those must not lengthen the wait.
+could turn off (fewer rounds than the rule waits for) leaves the wait as it is. The
+exploration is judged by what its own batch did, not by the next start decision: one batch
+adds few requests to the 256 remembered, so the decision may stay off for several
+explorations after the workload has changed, and those must not lengthen the wait.
 """
 from __future__ import annotations
 

@@ -1,5 +1,6 @@
 """Build a Deployment from two HF checkpoint folders: read their configs into ModelSpecs and check
-that the pair can speculate together (one vocabulary)."""
+that the pair can speculate together (one vocabulary). `model_spec_from_config` also serves
+model shapes given as a config alone (the shape presets)."""
 from __future__ import annotations
 
 import os
@@ -14,16 +15,21 @@ def model_spec_from_checkpoint(path: str, role: str, dtype: str = "bfloat16") ->
     """The ModelSpec of the checkpoint folder `path` as `role`, computing in `dtype`, with every
     linear stored dense in that dtype. Raises a SpecPilotError naming the folder when the config
     is missing, malformed or of an architecture the IR cannot describe."""
+    _check_role_dtype(role, dtype)      # before reading the folder
+    return model_spec_from_config(load_model_config(path), role, dtype, os.path.abspath(path))
+
+
+def _check_role_dtype(role: str, dtype: str) -> None:
     if role not in ROLES:
         raise SpecPilotError(f"role must be one of {', '.join(ROLES)}, got {role!r}")
     if dtype not in DTYPES:
         raise SpecPilotError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
-    return model_spec_from_config(load_model_config(path), role, dtype, os.path.abspath(path))
 
 
 def model_spec_from_config(cfg, role: str, dtype: str, checkpoint: str) -> ModelSpec:
     """The ModelSpec of a runtime ModelConfig `cfg` (a checkpoint's, or a shape preset's with
     `checkpoint` naming it) as `role`, every linear dense in `dtype`."""
+    _check_role_dtype(role, dtype)
     # Biases on o_proj or the MLP exist in the config format but in no released model of these
     # families; the IR has no attribute for them, so refuse rather than describe them wrongly.
     if cfg.o_bias or cfg.mlp_bias:

@@ -44,6 +44,13 @@ def ridge_budget(program: Program, context: int = 512) -> Optional[int]:
                               2.0 * _linear_params(t, t.linears), kv, batch)
 
 
+def ridge_capped_budget(batch: int, k: int, ridge: Optional[int]) -> int:
+    """A batch's token budget at the target's compute `ridge` (None: unknown, no cap), between
+    one token per request and a full chain(k) each."""
+    full = batch * (k + 1)
+    return full if ridge is None else min(full, max(batch, ridge))
+
+
 def _policy_records(program: Program) -> List[Transformation]:
     """Per-request adaptive chain lengths with a few token budgets: as many verified tokens per
     step as the fixed chain verifies, half of that (adaptive lengths spend it where acceptance
@@ -59,7 +66,7 @@ def _policy_records(program: Program) -> List[Transformation]:
         budgets = {full, max(batch, full // 2), batch}
         ridge = ridge_budget(program)
         if ridge is not None:
-            budgets.add(min(full, max(batch, ridge)))
+            budgets.add(ridge_capped_budget(batch, topology.k, ridge))
         for budget in sorted(budgets, reverse=True):
             out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
     return out

@@ -21,9 +21,9 @@ from collections import deque
 import torch
 
 from specpilot.cost.refill_schedule import refill_steps
-from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 
-from .adaptive_replay import agreement_maps, play_round, round_costs_for
+from .adaptive_replay import agreement_maps, play_round, replay_policy, round_costs_for
 from .replay import AcceptanceProfile, ReplayFigure, cycled_queue
 
 ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the batch's tokens per "
@@ -41,9 +41,8 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
-    policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
-                               round_costs=[s / seconds[0] for s in seconds],
-                               turn_off=turn_off, objective="throughput", off_after=off_after)
+    policy = replay_policy(seconds, batch, k, turn_off=turn_off, objective="throughput",
+                           off_after=off_after)
     policy.reset()
     queue = deque(range(len(order)))            # positions in `order` (first cycle counted)
     held = [-1] * batch

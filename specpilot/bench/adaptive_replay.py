@@ -38,6 +38,9 @@ from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
 ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
+# The two readings of a chain(k) profile's unknown drafts (`agreement_maps`): whether they
+# are taken to agree.
+READINGS = {"pessimistic": False, "optimistic": True}
 
 
 def agreement_maps(profile: AcceptanceProfile, unknown_agrees: bool = False) -> List[List[bool]]:
@@ -99,6 +102,13 @@ def round_costs_for(costs, batch: int, k: int) -> List[float]:
     return [costs.target(batch, 1)] + [costs.round(batch, Chain(n)) for n in range(1, k + 1)]
 
 
+def replay_policy(seconds: Sequence[float], batch: int, k: int, **options) -> BatchLengthPolicy:
+    """The decoder's length policy, on the CPU, priced by `seconds` (`round_costs_for`) in plain
+    steps; `options` as BatchLengthPolicy takes them."""
+    return BatchLengthPolicy(batch, k, "cpu", 0.0, round_costs=[s / seconds[0] for s in seconds],
+                             **options)
+
+
 def play_batch(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: Sequence[bool],
                decode: List[int], seconds: List[float], host_lag: Tuple[int, int]) -> tuple:
     """One padded batch under `policy` (reset here): its requests decode `decode` tokens each,
@@ -149,9 +159,7 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
-    policy = BatchLengthPolicy(batch, k, "cpu", 0.0,
-                               round_costs=[s / seconds[0] for s in seconds], turn_off=turn_off,
-                               off_after=off_after)
+    policy = replay_policy(seconds, batch, k, turn_off=turn_off, off_after=off_after)
     count = len(maps)
     for _ in range(2 if warm else 1):            # what the last pass counts is reported
         tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0

@@ -8,7 +8,6 @@ import argparse
 import torch
 
 from specpilot.bench.shapes import random_pair
-from specpilot.ir.errors import SpecPilotError
 
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
@@ -24,6 +23,12 @@ def add_model_arguments(ap: argparse.ArgumentParser) -> None:
                     help="random-weight shapes scaled down (to check a script off a GPU)")
 
 
+def decoder_capacity(prompts, new_tokens: int, k: int) -> int:
+    """Cache slots for `prompts` and `new_tokens` with chains of up to `k` drafts: the longest
+    prompt, the new tokens and two rounds' span, every decoder of a comparison the same."""
+    return max(len(p) for p in prompts) + new_tokens + 2 * k + 2
+
+
 def decode_models(args, count: int):
     """(target, drafter, prompts, eos ids, graphs) for `count` prompts, by the options of
     `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager. A
@@ -31,13 +36,11 @@ def decode_models(args, count: int):
     graphs = torch.cuda.is_available()
     if args.pair:
         from specpilot.bench.pair_bench import pair_dirs
-        from specpilot.prompts import workload_prompts
+        from specpilot.bench.workload import workload_texts
         from specpilot.runtime.decoder import load_pair
 
-        texts = workload_prompts(args.workload, count)
-        if len(texts) < count:
-            raise SpecPilotError(f"the largest batch needs {count} prompts, but workload "
-                                 f"{args.workload!r} has {len(texts)}")
+        # the prompts first: a short workload is refused before the models load
+        texts = workload_texts(args.workload, count, f"{count} prompts (the largest batch)")
         pair = load_pair(*pair_dirs(args.pair), "bfloat16" if graphs else "float32",
                          "cuda" if graphs else "cpu")
         return (pair.target, pair.drafter, [pair.encode(t) for t in texts],

@@ -1,7 +1,7 @@
-"""What the CPU estimate scripts (bench/sequoia_replay.py, ragged_replay.py,
-two_level_replay.py) share besides pricing (specpilot/bench/stored_forwards.py): the label of
-their rows, the check that the step costs cover the batch sizes asked for, where the step costs
-were measured, and the script's end (the document written, its rows printed)."""
+"""What the CPU estimate scripts share besides pricing (specpilot/bench/stored_forwards.py): the
+label of their rows and the script's end (the document written, its rows printed) for
+bench/sequoia_replay.py, ragged_replay.py and two_level_replay.py; the check that the step
+costs cover the batch sizes asked for, and where they were measured, for the first two."""
 from __future__ import annotations
 
 import argparse

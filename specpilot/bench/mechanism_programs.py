@@ -28,7 +28,7 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
                           SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
@@ -42,19 +42,12 @@ class BudgetedProgramSystem(ProgramSystem):
     compute ridge on the Program's GPU, between one token per request and a full chain each."""
 
     def at_batch(self, batch_size: int) -> Program:
-        from specpilot.agents.batching import ridge_budget
+        from specpilot.agents.batching import ridge_budget, ridge_capped_budget
 
         sized = replace(self.program, batch=replace(self.program.batch, max_batch_size=batch_size))
         budget = ridge_capped_budget(batch_size, self.program.draft.topology.k,
                                      ridge_budget(sized))
         return replace(sized, batch=replace(sized.batch, token_budget=budget))
-
-
-def ridge_capped_budget(batch: int, k: int, ridge: Optional[int]) -> int:
-    """A batch's token budget at the target's compute `ridge` (None: unknown, no cap), between
-    one token per request and a full chain(k) each."""
-    full = batch * (k + 1)
-    return full if ridge is None else min(full, max(batch, ridge))
 
 
 def mechanism_programs(stock: Program) -> Dict[str, Program]:

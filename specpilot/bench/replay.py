@@ -19,7 +19,8 @@ batch costs
     + verify(B, topology) + accept(B, topology)
 
 where the catch-up width is the largest (accepted + 1) of the previous step over the rows still
-active (1 on the first step; finished rows pad with 1). Where the costs hold a measured graphed
+active (1 on the first step; finished rows pad with 1), or the fixed width `replay(catch_up=)`
+asks for (the graphed rounds feed 2). Where the costs hold a measured graphed
 round of the profile's topology at this batch size (the graphed runtime: drafting, verification,
 acceptance, compaction and commit in one CUDA graph), one step costs that round instead, and
 the figure says so. Plain AR decodes each request's new_tokens - 1 tokens

@@ -15,13 +15,12 @@ from typing import List, NamedTuple, Sequence, Tuple
 from specpilot.ir.topology import Chain
 from specpilot.runtime.adaptive_draft import AdaptiveChainProposer
 
-from .adaptive_replay import agreement_maps, streak
+from .adaptive_replay import READINGS, agreement_maps, streak
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, cycled_batches
 from .stored_forwards import PackedCosts
 
 # Drafts right after a fully accepted chain, which the profile never shows: counted wrong
 # (pessimistic) or right (optimistic).
-BOUNDS = {"pessimistic": False, "optimistic": True}
 
 
 class Round(NamedTuple):
@@ -85,7 +84,7 @@ def adaptive_rows(profile: AcceptanceProfile, priced: PackedCosts, batch: int, b
     """The padded-adaptive and ragged-adaptive rows (labelled `label`) of one batch size and
     `bound` (pessimistic or optimistic about drafts the profile never showed)."""
     k = profile.topology.k
-    maps = agreement_maps(profile, BOUNDS[bound])
+    maps = agreement_maps(profile, READINGS[bound])
     count = len(maps)
     plain = priced.target(batch, 1)
     figures = {"padded": [0.0, 0], "ragged": [0.0, 0]}    # seconds, verified tokens

@@ -19,7 +19,7 @@ from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.tree_plan import TreePlan
 
 from .adaptive_refill_replay import replay_adaptive_refill
-from .adaptive_replay import replay_adaptive
+from .adaptive_replay import READINGS, replay_adaptive
 from .refill_replay import replay_refill
 from .replay import REPLAYED, AcceptanceProfile, replay
 from .shapes import build_preset, parse_shapes
@@ -35,7 +35,6 @@ REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = 
                 "decode loop beyond that is not counted; AR = one graphed target step per token")
 # The batch-length rule's two replays: the drafts a chain(k) profile never shows counted wrong
 # (pessimistic) and right (optimistic) (specpilot/bench/adaptive_replay.py).
-ADAPTIVE_READINGS = (("pessimistic", False), ("optimistic", True))
 
 
 @dataclass
@@ -169,7 +168,7 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
         systems = [(ar_name, fig.ar_tokens_per_s, fig.ar_steps, 1.0, None),
                    (spec_name, fig.tokens_per_s, fig.spec_steps, fig.speedup, fig.mean_accepted)]
         if adaptive:
-            for bound, unknown_agrees in ADAPTIVE_READINGS:
+            for bound, unknown_agrees in READINGS.items():
                 rule = replay_adaptive(profile, costs, b, unknown_agrees=unknown_agrees)
                 figures.append(dict(rule.to_json(), system=f"adaptive lengths, {bound}"))
                 systems.append((f"spec {profile.topology}, adaptive lengths, {bound}",
@@ -190,7 +189,7 @@ def replay_rows(profile: AcceptanceProfile, costs: StepCosts, batch_sizes,
                         (f"{spec_name}, refill", kept.tokens_per_s, kept.spec_steps,
                          fig.ar_seconds / kept.spec_seconds, kept.mean_accepted)]
         if adaptive and refill:
-            for bound, unknown_agrees in ADAPTIVE_READINGS:
+            for bound, unknown_agrees in READINGS.items():
                 both = replay_adaptive_refill(profile, costs, b, unknown_agrees=unknown_agrees)
                 figures.append(dict(both.to_json(), system=f"adaptive lengths, refill, {bound}"))
                 systems.append((f"{spec_name}, adaptive lengths, refill, {bound}",

@@ -75,6 +75,18 @@ class StepCosts:
     def has_round(self, batch: int, topology: Topology) -> bool:
         return batch in self.round_costs.get(str(topology), {})
 
+    @classmethod
+    def of_chain_rounds(cls, by_batch: Dict[int, Iterable[float]]) -> "StepCosts":
+        """Graphed step costs from per-batch costs of a plain step (L = 0) and of a chain(L)
+        round, L = 1..k (in seconds, or in plain steps)."""
+        costs = cls(context=0, graphed=True)
+        for batch, per_length in by_batch.items():
+            plain, *rounds = per_length
+            costs.target_costs[batch] = {1: plain}
+            for n, seconds in enumerate(rounds, start=1):
+                costs.round_costs.setdefault(str(Chain(n)), {})[batch] = seconds
+        return costs
+
     def to_json(self) -> dict:
         """target/drafter as {batch: {width: s}}, verify_trees/accept/graphed_rounds as
         {topology: {batch: s}}."""

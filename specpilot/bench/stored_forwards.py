@@ -1,6 +1,6 @@
 """Forwards priced from the per-width step costs stored in a `specpilot bench --shapes` result
 (specpilot/bench/step_costs.py), for estimates made off the GPU (bench/sequoia_replay.py,
-bench/ragged_replay.py): a width that was not measured is padded up to the next stored width,
+ragged_replay.py, two_level_replay.py; `PackedCosts` prices the ragged layout): a width that was not measured is padded up to the next stored width,
 or, past the widest, split into stored ones (achievable, so an upper bound; nothing is
 extrapolated), and every such pricing is logged. Never a measured graphed round."""
 from __future__ import annotations
@@ -19,7 +19,8 @@ NOT_COUNTED = ("not counted (on the device in the graphed round; only the eager 
 
 class StoredForwards:
     """Target and drafter forwards at (batch, width) from `costs`, priced as bench/replay.py
-    prices a round (`verify`: a chain's causal target forward; `accept`: not counted); `log`
+    prices a round (`verify`: the target's causal forward over a chain, or over a tree's root
+    and nodes; `accept`: not counted); `log`
     names each piece priced from others (`take_log`). Never a measured round."""
 
     def __init__(self, costs: StepCosts):

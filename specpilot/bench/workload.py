@@ -10,15 +10,21 @@ from specpilot.runtime.ar import ARResult
 from specpilot.runtime.decoder import ModelPair, run_reference
 
 
-def encode_prompts(pair: ModelPair, workload: str, limit: Optional[int]) -> List[List[int]]:
-    """The first `limit` prompts of `workload` ("humaneval" or a prompts file), as token ids."""
+def workload_texts(workload: str, limit: Optional[int], asked: str = "") -> List[str]:
+    """The first `limit` prompts of `workload` ("humaneval" or a prompts file); a SpecPilotError
+    where it has fewer (`asked`: what asked for them, default --prompts)."""
     from specpilot.prompts import workload_prompts
 
     texts = workload_prompts(workload, limit)
     if limit and len(texts) < limit:
-        raise SpecPilotError(f"--prompts {limit} asked for, but workload {workload!r} has only "
-                             f"{len(texts)}")
-    return [pair.encode(t) for t in texts]
+        raise SpecPilotError(f"{asked or f'--prompts {limit}'} asked for, but workload "
+                             f"{workload!r} has only {len(texts)}")
+    return texts
+
+
+def encode_prompts(pair: ModelPair, workload: str, limit: Optional[int]) -> List[List[int]]:
+    """The first `limit` prompts of `workload` ("humaneval" or a prompts file), as token ids."""
+    return [pair.encode(t) for t in workload_texts(workload, limit)]
 
 
 def fill_batches(items: Sequence, batch_size: int) -> list:

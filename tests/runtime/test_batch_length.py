@@ -173,3 +173,24 @@ def test_a_slow_start_does_not_turn_off_a_drafter_that_then_agrees():
     assert 0 not in lengths and lengths[-1] == 4
     alpha = 2 / 11
     assert all(_expected(alpha, n) < c for n, c in zip(range(1, 5), costs[1:]))
+
+
+def test_round_costs_off_a_gpu_are_each_lengths_best_host_time_over_the_plain_steps(monkeypatch):
+    """`measure_round_costs` with the host clock (eager replays): per length, one untimed
+    replay after `reset`, then the best of TIMING_REPEATS, over length 0's; checked against a
+    clock that the replays advance (a slow replay every other call)."""
+    import specpilot.runtime.batch_length as batch_length
+    clock, calls, resets = [0.0], [], []
+    monkeypatch.setattr(batch_length.time, "perf_counter", lambda: clock[0])
+
+    def replay_of(n):
+        def replay():
+            calls.append(n)
+            clock[0] += (n + 1) * (1 + len(calls) % 2)
+        return replay
+    costs = batch_length.measure_round_costs({n: replay_of(n) for n in (2, 0, 1)},
+                                             lambda: resets.append(1), torch.device("cpu"))
+    assert costs == pytest.approx([1.0, 2.0, 3.0])
+    per = 1 + batch_length.TIMING_REPEATS
+    assert calls == [0] * per + [1] * per + [2] * per       # in length order, one untimed first
+    assert len(resets) == 4                                  # before each length, and after

@@ -96,13 +96,17 @@ def test_the_start_decision_runs_on_the_host():
 
 def test_an_exploration_too_short_to_turn_off_leaves_the_wait():
     """An exploring batch that ends before the rule could turn it off (fewer rounds than
-    OFF_AFTER_ROUNDS) found nothing: the wait neither doubles nor resets."""
+    OFF_AFTER_ROUNDS) found nothing: whether or not its flag is set, the wait (doubled first
+    by a full exploration that turned off) neither doubles again nor resets."""
     policy = _policy([(0.0, 30.0)] * 8)
-    started = [_batch(policy, rounds=OFF_AFTER_ROUNDS - 1) for _ in range(3 * EXPLORE_AFTER + 2)]
-    assert started == ([True] * EXPLORE_AFTER + [False]) * 2 + [True] * EXPLORE_AFTER
-    assert policy.memory.explore_after == EXPLORE_AFTER     # two short explorations: no verdict
-    assert not _batch(policy)                   # the third explores and turns itself off
+    started = [_batch(policy) for _ in range(EXPLORE_AFTER + 1)]
+    assert started == [True] * EXPLORE_AFTER + [False]
     assert policy.memory.explore_after == 2 * EXPLORE_AFTER
+    for turns_off in (False, True):
+        started = [_batch(policy, turns_off, rounds=OFF_AFTER_ROUNDS - 1)
+                   for _ in range(2 * EXPLORE_AFTER + 1)]
+        assert started == [True] * (2 * EXPLORE_AFTER) + [False]
+        assert policy.memory.explore_after == 2 * EXPLORE_AFTER
 
 
 def test_a_decoder_reads_whether_its_exploring_batch_turned_off():
@@ -242,7 +246,8 @@ def test_the_wait_before_exploring_is_bounded_and_resets_when_an_exploration_pay
     assert memory.explore_after == EXPLORE_AFTER
     started = [_batch(policy) for _ in range(EXPLORE_AFTER + 1)]
     assert started == [True] * EXPLORE_AFTER + [False]
-    # The workload itself changes: batches start on, and the wait stays at EXPLORE_AFTER.
+    # The workload itself changes: a batch starts on, and the doubled wait resets.
+    assert memory.explore_after == 2 * EXPLORE_AFTER
     memory.add([200.0] * 256, [1.0] * 256)
     assert not _batch(policy, turns_off=False)
     assert memory.explore_after == EXPLORE_AFTER

@@ -4,13 +4,14 @@ without, random shapes with a drafter of their own."""
 import argparse
 
 import pytest
-import torch
 
+from bench_script import cpu_only  # noqa: F401
 from hf_factory import make_checkpoint
 from specpilot.bench.decode_models import add_model_arguments, decode_models
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.decoder import load_pair
 
+pytestmark = pytest.mark.usefixtures("cpu_only")     # CPU models on any host
 LINES = ["w3 w14 w15 w92", "w35 w89 w79", "w1 w2"]
 
 
@@ -20,8 +21,7 @@ def _args(argv):
     return ap.parse_args(argv)
 
 
-def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)     # CPU models anywhere
+def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path):
     root = tmp_path / "pair"
     make_checkpoint(root, "llama3", name="target", seed=51, hidden_size=64,
                     intermediate_size=128)
@@ -34,12 +34,11 @@ def test_the_pair_mode_serves_the_pairs_models_and_first_prompts(tmp_path, monke
     assert drafter.config.hidden_size == 32 and target.config.hidden_size == 64
     assert prompts == [reference.encode(t) for t in LINES[:2]]
     assert eos == list(reference.eos_ids) and graphs is False
-    with pytest.raises(SpecPilotError, match="largest batch needs 4 prompts.*has 3"):
+    with pytest.raises(SpecPilotError, match=r"4 prompts \(the largest batch\) asked for.*has only 3"):
         decode_models(args, 4)
 
 
-def test_random_shapes_give_random_prompts_of_the_asked_length(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+def test_random_shapes_give_random_prompts_of_the_asked_length():
     args = _args(["--scale", "0.0625", "--prompt-len", "7"])
     target, drafter, prompts, eos, _ = decode_models(args, 3)
     assert drafter is not None and drafter is not target and eos == []

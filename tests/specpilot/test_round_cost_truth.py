@@ -1,20 +1,22 @@
 """bench/round_cost_truth.py off a GPU at a small scale: costs priced four ways, adaptive
-decoders priced by each timed against plain AR, and the pieces checked by hand: the timing of
-replays against a clock that the replays advance, and the state the active timing starts from
+decoders priced by each raced against plain AR, and the state the active timing starts from
 (the decoder's `reset_all_active`)."""
 import json
 
 import pytest
 import torch
 
-from bench_script import load_bench_script
+from bench_script import cpu_only, load_bench_script  # noqa: F401
 from torch_threads import single_thread_fixture
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.ir.topology import Chain
 
 one_thread = single_thread_fixture()
+pytestmark = pytest.mark.usefixtures("cpu_only")     # off a GPU on any host
 
-SMALL = ["--scale", "0.0625", "--prompt-len", "6", "--new-tokens", "20", "--k", "3"]
+PROMPT_LEN, NEW = 6, 20
+SMALL = ["--scale", "0.0625", "--prompt-len", str(PROMPT_LEN), "--new-tokens", str(NEW),
+         "--k", "3"]
 
 
 def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
@@ -22,25 +24,29 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
     script = load_bench_script("round_cost_truth")
     assert script.main(SMALL + ["--batch-sizes", "2", "--calls", "2", "--out", str(out)]) == 0
     (b,) = json.loads(out.read_text())["batches"]
-    assert b["batch"] == 2 and b["context"] == 6 + 10
+    assert b["batch"] == 2 and b["context"] == PROMPT_LEN + NEW // 2     # the default
     assert set(b["costs"]) == {"true", "captured", "inactive", "active"}
     for costs in b["costs"].values():
         assert len(costs) == 4 and costs[0] == 1.0 and all(c > 0 for c in costs)
     # the true costs are rounds phases per round over plain AR's per step
     ms = b["ms_per_round"]
     assert b["costs"]["true"] == pytest.approx([ms[str(n)] / ms["0"] for n in range(4)])
-    assert b["rounds"]["0"] == 20        # plain AR: one step per token after the prefill's
+    # plain AR, uncaptured: a step per token after the prefill's, and the one the host queued
+    # before it read "done"
+    assert b["rounds"]["0"] == (NEW - 1) + 1
     # uncaptured, the decoder prices rounds by its model 1 + L / 4
     assert b["costs"]["captured"] == pytest.approx([1.0, 1.25, 1.5, 1.75])
     # the fixed chain(3)'s acceptance is saved as a profile the replays read
     profile = AcceptanceProfile.load(str(tmp_path / b["chain_profile"]))
     assert b["chain_profile"] == "truth.b2.chain3.acceptance.json"
     assert profile.topology == Chain(3) and len(profile.accepted_lengths) == 2
-    assert profile.new_tokens == [20, 20]
+    assert profile.new_tokens == [NEW, NEW]
     assert all(0 <= n <= 3 for row in profile.accepted_lengths for n in row)
     # rounds of a padded batch: its longest request's, each committing accepted + 1 tokens
     assert max(len(row) for row in profile.accepted_lengths) <= b["rounds"]["3"]
-    assert all(sum(n + 1 for n in row) >= 19 for row in profile.accepted_lengths)
+    # each commits its tokens after the prefill's, overshooting by at most a chain's 3 drafts
+    assert all(NEW - 1 <= sum(n + 1 for n in row) <= NEW - 1 + 3
+               for row in profile.accepted_lengths)
     rows = {r["system"]: r for r in b["rows"]}
     assert list(rows) == ["plain AR", "adaptive, captured costs", "adaptive, true costs",
                           "adaptive, active costs", "adaptive, captured costs, memory at the mean",
@@ -51,31 +57,15 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
     assert "calls_started_off" not in rows["plain AR"] and "memory" not in rows["plain AR"]
     assert all(len(r["calls_started_off"]) == 2 for name, r in rows.items() if name != "plain AR")
-    # plain AR's warm-ups ran 20 plain steps each; an adaptive decoder's first ones speculated,
+    # plain AR's warm-ups ran NEW plain steps each; an adaptive decoder's first ones speculated,
     # and its memory holds what they showed: requests with counted drafts
-    assert rows["plain AR"]["warm_up_stats"] == [{"rounds_chain_0": 20}] * 3
+    assert rows["plain AR"]["warm_up_stats"] == [{"rounds_chain_0": NEW}] * script.WARM_CALLS
     for name in ("adaptive, true costs", "adaptive, active costs"):
         row = rows[name]
-        assert len(row["warm_up_stats"]) == 3
+        assert len(row["warm_up_stats"]) == script.WARM_CALLS
         assert any(k != "rounds_chain_0" for k in row["warm_up_stats"][0])
         counts = row["memory"]["counts"]
         assert counts and all(a + r > 0 for a, r in counts)
-
-
-def test_timed_costs_are_each_lengths_best_time_over_the_plain_steps(monkeypatch):
-    script = load_bench_script("round_cost_truth")
-    clock, calls, resets = [0.0], [], []
-    monkeypatch.setattr(script.time, "perf_counter", lambda: clock[0])
-
-    def replay_of(n):
-        def replay():           # n + 1 units, every other call twice that (a slow one)
-            calls.append(n)
-            clock[0] += (n + 1) * (1 + len(calls) % 2)
-        return replay
-    costs = script.timed_costs({n: replay_of(n) for n in (2, 0, 1)}, lambda: resets.append(1))
-    assert costs == pytest.approx([1.0, 2.0, 3.0])
-    assert calls == [0] * 6 + [1] * 6 + [2] * 6     # in length order, one untimed first
-    assert len(resets) == 4                         # before each length, and after the last
 
 
 def test_the_active_timing_starts_every_row_at_the_context():
@@ -107,5 +97,5 @@ def test_a_context_that_does_not_fit_is_refused_before_any_decoding(tmp_path, ca
     with pytest.raises(SystemExit):
         load_bench_script("round_cost_truth").main(
             SMALL + ["--batch-sizes", "2", "--context", "1000", "--out", str(tmp_path / "o.json")])
-    assert "--context 1000 does not fit" in capsys.readouterr().err
+    assert "--context, batch 2: a timing context of 1000 does not fit" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []           # not even a profile
