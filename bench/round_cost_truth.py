@@ -16,11 +16,11 @@ Per batch size this script measures:
 and saves the fixed chain(k)'s acceptance profile (`<out>.b<batch>.chain<k>.acceptance.json`,
 for replaying the rule on this workload: specpilot/bench/adaptive_replay.py; written as each
 batch size is done, so a run cut short keeps the profiles of the batch sizes it finished).
-It then races adaptive decoders against plain AR, interleaved: priced with the captured, true
-and active costs, and with captured or true costs while the workload memory judges requests
-at their mean acceptance rather than at an upper bound. Rows: × plain AR (median and mean of
-the calls), which calls the memory started off, every warm-up's rounds per length, and what
-the memory holds at the end.
+It then races, interleaved in whole calls against plain AR: the adaptive decoder as it runs,
+the same with its length update eager rather than compiled (what compiling it saves), the
+rule at other smoothings of its acceptance averages (`--smoothings`), and the fixed chains.
+Rows: × plain AR (median and mean of the calls), which calls the memory started off, every
+warm-up's rounds per length, and what the memory holds at the end.
 
   python3 bench/round_cost_truth.py --pair /tmp/specpilot-pair \
       --out bench/results/round-cost-truth.json
@@ -43,10 +43,20 @@ from specpilot.ir.topology import Chain
 from specpilot.runtime.batch_length import measure_round_costs
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_context
-from specpilot.runtime.workload_memory import WorkloadMemory
 from specpilot.search.run_folder import write_json_atomic
 
 WARM_CALLS = 3      # before timing: capture, and (adaptive) the workload memory learns
+
+
+def smoothings(text: str) -> List[float]:
+    """Comma-separated weights in (0, 1] (none for an empty string)."""
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
+    if any(not 0.0 < v <= 1.0 for v in values):
+        raise argparse.ArgumentTypeError(f"each smoothing must be in (0, 1], got {text!r}")
+    return values
 
 
 def rounds_run(stats: dict) -> int:
@@ -55,8 +65,8 @@ def rounds_run(stats: dict) -> int:
 
 def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     """(cost per length over plain AR's step, ms per round per length, rounds per length, the
-    chain(k) decoder's acceptance profile, the plain AR decoder) from fixed-length decoders'
-    rounds phases, interleaved."""
+    chain(k) decoder's acceptance profile, the fixed-length decoders {L: decoder}, plain AR's
+    at 0) from fixed-length decoders' rounds phases, interleaved."""
     batch = len(prompts)
     fixed = {n: GraphedChainDecoder(target, drafter if n else None, batch, capacity, n, eos,
                                     capture=graphs) for n in range(k + 1)}
@@ -69,7 +79,7 @@ def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     source = {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch}
     chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
                               source)
-    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain, fixed[0]
+    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain, fixed
 
 
 def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
@@ -95,12 +105,12 @@ def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[
 
 def price_rounds(args, target, drafter, prompts, eos, graphs):
     """The true, captured and re-timed costs of each length at this batch, the fixed chain's
-    profile saved; returns (the batch's figures, the plain AR decoder, the adaptive decoder
-    that captured its costs)."""
+    profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder}, the
+    adaptive decoder that captured its costs)."""
     batch, k, new = len(prompts), args.k, args.new_tokens
     capacity = decoder_capacity(prompts, new, k)
     context = args.context or max(len(p) for p in prompts) + new // 2
-    truth, per_round, rounds, chain, plain = true_costs(target, drafter, prompts, eos, capacity,
+    truth, per_round, rounds, chain, fixed = true_costs(target, drafter, prompts, eos, capacity,
                                                         k, new, args.calls, graphs)
     # The fixed chain's acceptance, for replaying the length rule on this very workload.
     profile = Path(args.out).with_suffix(f".b{batch}.chain{k}.acceptance.json")
@@ -120,30 +130,33 @@ def price_rounds(args, target, drafter, prompts, eos, graphs):
                "chain_profile": profile.name,
                "ms_per_round": {str(n): v for n, v in per_round.items()},
                "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs}
-    return figures, plain, captured
+    return figures, fixed, captured
 
 
-def race_adaptive(args, target, drafter, prompts, eos, graphs, plain, captured, costs):
-    """Adaptive decoders priced with the captured, true and active costs, and with captured or
-    true costs while the memory judges requests at their mean, raced against plain AR."""
+def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured, costs):
+    """The adaptive decoder as it runs (captured costs, its length update compiled where it is
+    captured), the same with the update eager (what compiling it saves), with the moving
+    averages' smoothing at each of `--smoothings`, and the fixed chains, raced against plain
+    AR in whole calls."""
     batch, k = len(prompts), args.k
     capacity = decoder_capacity(prompts, args.new_tokens, k)
 
-    def adaptive(priced, confidence=None):
+    def adaptive(compile_policy=None, smoothing=None):
         dec = GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
-                                  adaptive=True, round_costs=costs[priced])
-        if confidence is not None:      # not the batch rule's upper bound
-            dec.policy.memory = WorkloadMemory(confidence=confidence)
+                                  adaptive=True, round_costs=costs["captured"],
+                                  compile_policy=compile_policy)
+        if smoothing is not None:
+            dec.policy.smoothing = smoothing
         return dec
-    decoders = {"plain AR": plain, "adaptive, captured costs": captured,
-                "adaptive, true costs": adaptive("true"),
-                "adaptive, active costs": adaptive("active"),
-                "adaptive, captured costs, memory at the mean": adaptive("captured", 0.0),
-                "adaptive, true costs, memory at the mean": adaptive("true", 0.0)}
+    decoders = {"plain AR": fixed[0], "adaptive": captured,
+                "adaptive, eager length update": adaptive(compile_policy=False)}
+    decoders.update({f"adaptive, smoothing {s:g}": adaptive(smoothing=s)
+                     for s in args.smoothings})
+    decoders.update({f"chain({n})": fixed[n] for n in range(1, k + 1)})
     rows = race(decoders, prompts, args.new_tokens, args.calls)
     for r in rows:
         off = r.get("calls_started_off")
-        print(f"batch {batch:3d} {r['system']:44s} {r['x_plain_ar']:.4f}x "
+        print(f"batch {batch:3d} {r['system']:32s} {r['x_plain_ar']:.4f}x "
               f"(mean {r['x_plain_ar_mean']:.4f}x)"
               + (f"  started off {sum(off)} of {len(off)}" if off is not None else "")
               + f"  warm-ups {r['warm_up_stats']}", flush=True)
@@ -151,8 +164,8 @@ def race_adaptive(args, target, drafter, prompts, eos, graphs, plain, captured, 
 
 
 def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
-    figures, plain, captured = price_rounds(args, target, drafter, prompts, eos, graphs)
-    figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, plain,
+    figures, fixed, captured = price_rounds(args, target, drafter, prompts, eos, graphs)
+    figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, fixed,
                                     captured, figures["costs"])
     return figures
 
@@ -167,6 +180,9 @@ def main(argv=None) -> int:
     ap.add_argument("--context", type=int, default=0,
                     help="positions before the active timing (default: the longest prompt + "
                          "half the new tokens)")
+    ap.add_argument("--smoothings", type=smoothings, default=[0.1, 0.2],
+                    help="moving-average weights on the newest round to race the adaptive "
+                         "rule at beside its own (runtime/adaptive_draft.py); '' for none")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     batches = args.batch_sizes

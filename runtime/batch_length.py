@@ -67,7 +67,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import (acceptance_rate, check_draft_cost, expected_tokens,
+from .adaptive_draft import (SMOOTHING, acceptance_rate, check_draft_cost, expected_tokens,
                              update_acceptance, upper_acceptance)
 from .workload_memory import WorkloadMemory
 
@@ -163,15 +163,22 @@ class BatchLengthPolicy:
 
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
-                 objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS):
+                 objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
+                 compile_rounds: bool = False, smoothing: float = SMOOTHING):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
-        value for replays that weigh the choice, bench/turn_off_sweep.py)."""
+        value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
+        run each round's update compiled (`compiled_policy_round`: for captured rounds on a
+        GPU) rather than as eager tensor operations. `smoothing`: the moving averages' weight on
+        the newest round (runtime/adaptive_draft.py)."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
+        if not 0.0 < smoothing <= 1.0:
+            raise SpecPilotError(f"smoothing must be in (0, 1], got {smoothing}")
         if objective not in ("makespan", "throughput"):
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
-        self.off_after = off_after
+        self.off_after, self.smoothing = off_after, smoothing
+        self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
@@ -294,47 +301,77 @@ class BatchLengthPolicy:
         self.accepted_total[row] = self.workload[0] * prior
         self.rejected_total[row] = self.workload[1] * prior
 
-    def _choose(self, alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor):
-        """`next_length` by the objective; "throughput" reads the makespan once draining."""
-        spans = makespans(alpha, remaining, active, self.round_cost)
-        if self.objective == "throughput":
-            spans = torch.where(self.draining, spans,
-                                times_per_token(alpha, active, self.round_cost))
-        return shortest(spans)
-
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
              remaining: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
         """The next round's length (int64, 0-dim): the rows in `ran` that drafted take in `n`
         accepted of `drafted`; then the length that would finish the `active` requests
         (`remaining` tokens each) soonest (or serve them fastest), or 0 for good once plain
         steps would, from the `off_after`-th round of the batch on, by both the recent
-        and an upper bound on the whole-history one."""
-        ran = ran & (drafted > 0)
-        accepted, rejected = update_acceptance(self.accepted_avg, self.rejected_avg, n, drafted)
-        self.accepted_avg.copy_(torch.where(ran, accepted, self.accepted_avg))
-        self.rejected_avg.copy_(torch.where(ran, rejected, self.rejected_avg))
-        alpha = acceptance_rate(self.accepted_avg, self.rejected_avg)
-        best, _ = self._choose(alpha, remaining, active)
-        zero = torch.zeros_like(self.accepted_total)
-        accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
-                              torch.where(ran, (n < drafted).to(zero.dtype), zero))
-        if self.objective == "throughput":    # refill's state; a padded round needs none of it
-            best = torch.where(active.any(), best, self.chosen)
-            self.chosen.copy_(best)
-            self.workload.add_(torch.stack([accepted.sum(), rejected.sum(),
-                                            ran.to(zero.dtype).sum()]))
-        if not self.turn_off:
-            return best
-        self.accepted_total.add_(accepted)
-        self.rejected_total.add_(rejected)
-        overall = upper_acceptance(self.accepted_total, self.rejected_total)
-        judged = torch.maximum(alpha, overall)
-        _, plain_wins = self._choose(judged, remaining, active)
-        settled = self.rounds >= self.off_after - 1
-        # What the first turn-off decision judged each active request by (for the memory); a
-        # batch already off (started off by the memory) makes no such decision.
-        first = active & ~self.off & (self.rounds == self.off_after - 1)
-        self.first_judged.copy_(torch.where(first, judged, self.first_judged))
-        self.rounds.add_(1)
-        self.off.logical_or_(plain_wins & settled & active.any())
-        return torch.where(self.off, torch.zeros_like(best), best)
+        and an upper bound on the whole-history one (`policy_round`)."""
+        return self._round(self.accepted_avg, self.rejected_avg, self.accepted_total,
+                           self.rejected_total, self.first_judged, self.rounds, self.off,
+                           self.chosen, self.workload, self.draining, self.round_cost,
+                           n, drafted, ran, remaining, active,
+                           self.objective, self.turn_off, self.off_after, self.smoothing)
+
+
+def _choose(alpha, remaining, active, round_cost, draining, objective: str):
+    """`next_length` by the objective; "throughput" reads the makespan once draining."""
+    spans = makespans(alpha, remaining, active, round_cost)
+    if objective == "throughput":
+        spans = torch.where(draining, spans, times_per_token(alpha, active, round_cost))
+    return shortest(spans)
+
+
+def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, first_judged,
+                 rounds, off, chosen, workload, draining, round_cost,
+                 n, drafted, ran, remaining, active,
+                 objective: str, turn_off: bool, off_after: int,
+                 smoothing: float = SMOOTHING) -> torch.Tensor:
+    """One round of `BatchLengthPolicy.next` on its state tensors (the first eleven, updated in
+    place): a function of tensors only, so that one compiled copy (`compiled_policy_round`)
+    serves every policy of the process."""
+    ran = ran & (drafted > 0)
+    accepted, rejected = update_acceptance(accepted_avg, rejected_avg, n, drafted, smoothing)
+    accepted_avg.copy_(torch.where(ran, accepted, accepted_avg))
+    rejected_avg.copy_(torch.where(ran, rejected, rejected_avg))
+    alpha = acceptance_rate(accepted_avg, rejected_avg)
+    best, _ = _choose(alpha, remaining, active, round_cost, draining, objective)
+    zero = torch.zeros_like(accepted_total)
+    accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
+                          torch.where(ran, (n < drafted).to(zero.dtype), zero))
+    if objective == "throughput":    # refill's state; a padded round needs none of it
+        best = torch.where(active.any(), best, chosen)
+        chosen.copy_(best)
+        workload.add_(torch.stack([accepted.sum(), rejected.sum(), ran.to(zero.dtype).sum()]))
+    if not turn_off:
+        return best
+    accepted_total.add_(accepted)
+    rejected_total.add_(rejected)
+    overall = upper_acceptance(accepted_total, rejected_total)
+    judged = torch.maximum(alpha, overall)
+    _, plain_wins = _choose(judged, remaining, active, round_cost, draining, objective)
+    settled = rounds >= off_after - 1
+    # What the first turn-off decision judged each active request by (for the memory); a
+    # batch already off (started off by the memory) makes no such decision.
+    first = active & ~off & (rounds == off_after - 1)
+    first_judged.copy_(torch.where(first, judged, first_judged))
+    rounds.add_(1)
+    off.logical_or_(plain_wins & settled & active.any())
+    return torch.where(off, torch.zeros_like(best), best)
+
+
+_COMPILED_ROUND = None
+
+
+def compiled_policy_round():
+    """`policy_round` compiled once per process (shapes dynamic): inside a captured round its
+    eighty-odd small kernels (about 0.13 ms a round at batch 64 on an H200, 7 % of a round of
+    one draft: bench/round_cost_truth.py's captured against true costs, run 19) become a few.
+    The arithmetic is the same up to rounding order; the choice only sets the speed, never the
+    tokens."""
+    global _COMPILED_ROUND
+    if _COMPILED_ROUND is None:
+        from .fast_ops import compiled
+        _COMPILED_ROUND = compiled(policy_round)
+    return _COMPILED_ROUND

@@ -97,6 +97,13 @@ def layers_refusal() -> Optional[str]:
     return None
 
 
+def compiles_policy() -> bool:
+    """Whether a captured decoder runs its length policy's round compiled
+    (runtime/batch_length.py, `compiled_policy_round`): unless SPECPILOT_FAST_OPS is "0" (to
+    measure what it saves) or torch.compile cannot run here."""
+    return fast_ops_mode() != OFF and layers_refusal() is None
+
+
 def private_compile(fn: Callable, tag: str) -> Callable:
     """`torch.compile(fn)` (fullgraph, Inductor's default mode: no cudagraphs of its own, so the
     result can be captured inside our CUDA graphs) on a private copy of fn's code object.

@@ -42,6 +42,7 @@ from .adaptive_draft import DRAFT_STEP_COST
 from .batch_length import BatchLengthPolicy, measure_round_costs
 from .cuda_graphs import capture_graph, require_cuda
 from .errors import CapacityError
+from .fast_ops import compiles_policy
 from .graphed_loop import read_result, read_tokens, replay_until_done, request_limits
 from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
@@ -74,7 +75,8 @@ class GraphedChainDecoder:
                  adaptive: bool = False, length_cap: Optional[int] = None,
                  rounds_per_replay: Optional[int] = None, record_margins: bool = False,
                  draft_cost: float = DRAFT_STEP_COST,
-                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True):
+                 round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
+                 compile_policy: Optional[bool] = None):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -90,7 +92,10 @@ class GraphedChainDecoder:
         run after the last request finished.
 
         `record_margins` keeps the target's top-1 minus top-2 logit at every committed token
-        (what token forcing needs of a reference), read with `generate_reference`."""
+        (what token forcing needs of a reference), read with `generate_reference`.
+
+        `compile_policy`: whether the adaptive length's update runs compiled in the captured
+        rounds (default: with capture, where the fast ops run; `fast_ops.compiles_policy`)."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -154,8 +159,12 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
+        # Captured, its update runs compiled (a few kernels, not eighty) where the fast ops run.
+        if compile_policy is None:
+            compile_policy = capture and compiles_policy()
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
-                                        self.length_objective) if adaptive else None
+                                        self.length_objective, compile_rounds=compile_policy
+                                        ) if adaptive else None
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}

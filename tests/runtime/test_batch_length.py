@@ -194,3 +194,21 @@ def test_round_costs_off_a_gpu_are_each_lengths_best_host_time_over_the_plain_st
     per = 1 + batch_length.TIMING_REPEATS
     assert calls == [0] * per + [1] * per + [2] * per       # in length order, one untimed first
     assert len(resets) == 4                                  # before each length, and after
+
+
+def test_the_smoothing_weighs_the_newest_round():
+    """A moving average with weight s on the newest round, from the optimistic prior (cap
+    accepted, no rejection): hand-computed after two rounds."""
+    from specpilot.runtime.batch_length import BatchLengthPolicy
+    s, cap = 0.2, 4
+    policy = BatchLengthPolicy(2, cap, "cpu", 0.0, round_costs=[1.0, 1.3, 1.6, 1.9, 2.2],
+                               smoothing=s)
+    yes = torch.tensor([True, True])
+    for n in ([1, 4], [0, 4]):
+        policy.next(torch.tensor(n), torch.tensor([4, 4]), yes, torch.tensor([50, 50]), yes)
+    a0 = (1 - s) * ((1 - s) * cap + s * 1) + s * 0        # accepted 1, then 0 (two rejections)
+    r0 = (1 - s) * s + s
+    assert policy.accepted_avg.tolist() == pytest.approx([a0, cap])
+    assert policy.rejected_avg.tolist() == pytest.approx([r0, 0.0])
+    with pytest.raises(Exception, match="smoothing"):
+        BatchLengthPolicy(2, cap, "cpu", 0.0, smoothing=0.0)

@@ -1,6 +1,6 @@
-"""bench/round_cost_truth.py off a GPU at a small scale: costs priced four ways, adaptive
-decoders priced by each raced against plain AR, and the state the active timing starts from
-(the decoder's `reset_all_active`)."""
+"""bench/round_cost_truth.py off a GPU at a small scale: costs priced four ways; the adaptive
+decoder, its eager-update twin, other smoothings and the fixed chains raced against plain AR; and
+the state the active timing starts from (the decoder's `reset_all_active`)."""
 import json
 
 import pytest
@@ -22,7 +22,8 @@ SMALL = ["--scale", "0.0625", "--prompt-len", str(PROMPT_LEN), "--new-tokens", s
 def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
     out = tmp_path / "truth.json"
     script = load_bench_script("round_cost_truth")
-    assert script.main(SMALL + ["--batch-sizes", "2", "--calls", "2", "--out", str(out)]) == 0
+    assert script.main(SMALL + ["--batch-sizes", "2", "--calls", "2", "--smoothings", "0.2",
+                                "--out", str(out)]) == 0
     (b,) = json.loads(out.read_text())["batches"]
     assert b["batch"] == 2 and b["context"] == PROMPT_LEN + NEW // 2     # the default
     assert set(b["costs"]) == {"true", "captured", "inactive", "active"}
@@ -48,19 +49,23 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
     assert all(NEW - 1 <= sum(n + 1 for n in row) <= NEW - 1 + 3
                for row in profile.accepted_lengths)
     rows = {r["system"]: r for r in b["rows"]}
-    assert list(rows) == ["plain AR", "adaptive, captured costs", "adaptive, true costs",
-                          "adaptive, active costs", "adaptive, captured costs, memory at the mean",
-                          "adaptive, true costs, memory at the mean"]
+    assert list(rows) == ["plain AR", "adaptive", "adaptive, eager length update",
+                          "adaptive, smoothing 0.2", "chain(1)", "chain(2)", "chain(3)"]
     for row in rows.values():
         assert len(row["call_ms"]) == 2
         assert row["x_plain_ar"] == pytest.approx(
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
     assert "calls_started_off" not in rows["plain AR"] and "memory" not in rows["plain AR"]
-    assert all(len(r["calls_started_off"]) == 2 for name, r in rows.items() if name != "plain AR")
+    adaptive = [name for name in rows if name.startswith("adaptive")]
+    assert all(len(rows[name]["calls_started_off"]) == 2 for name in adaptive)
+    assert all("calls_started_off" not in rows[f"chain({n})"] for n in (1, 2, 3))
+    # a fixed chain's warm-ups ran rounds of its own length only
+    for n in (1, 2, 3):
+        assert all(set(w) == {f"rounds_chain_{n}"} for w in rows[f"chain({n})"]["warm_up_stats"])
     # plain AR's warm-ups ran NEW plain steps each; an adaptive decoder's first ones speculated,
     # and its memory holds what they showed: requests with counted drafts
     assert rows["plain AR"]["warm_up_stats"] == [{"rounds_chain_0": NEW}] * script.WARM_CALLS
-    for name in ("adaptive, true costs", "adaptive, active costs"):
+    for name in adaptive:
         row = rows[name]
         assert len(row["warm_up_stats"]) == script.WARM_CALLS
         assert any(k != "rounds_chain_0" for k in row["warm_up_stats"][0])
@@ -99,3 +104,11 @@ def test_a_context_that_does_not_fit_is_refused_before_any_decoding(tmp_path, ca
             SMALL + ["--batch-sizes", "2", "--context", "1000", "--out", str(tmp_path / "o.json")])
     assert "--context, batch 2: a timing context of 1000 does not fit" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []           # not even a profile
+
+
+@pytest.mark.parametrize("bad", ["0", "1.5", "x"])
+def test_a_smoothing_outside_0_1_is_refused(bad, tmp_path, capsys):
+    script = load_bench_script("round_cost_truth")
+    with pytest.raises(SystemExit):
+        script.main(SMALL + ["--smoothings", bad, "--out", str(tmp_path / "t.json")])
+    assert "argument --smoothings" in capsys.readouterr().err

@@ -1,0 +1,53 @@
+"""The length policy's round compiled by Inductor (runtime/batch_length.py,
+`compiled_policy_round`, what a captured GPU decoder runs) against the eager tensor operations it
+compiles: the same length every round and the same state after it, on random rounds (rows that
+ran or not, finished rows, a refill's newcomer and its queue running dry). Inductor compiles for
+the CPU here (C++), as it compiles Triton kernels for a GPU from the same graph."""
+import pytest
+import torch
+
+from specpilot.runtime.batch_length import BatchLengthPolicy
+
+STATE = ("accepted_avg", "rejected_avg", "accepted_total", "rejected_total", "first_judged",
+         "rounds", "off", "chosen", "workload")
+
+
+@pytest.mark.parametrize("batch,objective", [(1, "makespan"), (6, "makespan"),
+                                             (6, "throughput")])
+def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, objective):
+    gen = torch.Generator().manual_seed(batch * 7 + len(objective))
+    cap = 4
+    # Rounds dear enough that plain steps win once every draft is rejected: the second half of
+    # the rounds below turns the batch off.
+    costs = [1.0] + (1.0 + (0.5 + 0.5 * torch.rand(cap, generator=gen)).cumsum(0)).tolist()
+    eager, compiled = (BatchLengthPolicy(batch, cap, "cpu", 0.0, round_costs=costs,
+                                         objective=objective, compile_rounds=flag)
+                       for flag in (False, True))
+    remaining = torch.randint(40, 120, (batch,), generator=gen)
+    chosen, offs = set(), set()
+    for r in range(48):
+        # A mix of good and poor rows, so lengths change and a batch may turn off.
+        length = int(torch.randint(1, cap + 1, (), generator=gen))
+        good = (torch.rand(batch, generator=gen) < 0.5) & (r < 12)
+        n = torch.where(good, torch.full((batch,), length),
+                        torch.randint(0, length + 1, (batch,), generator=gen) * (r < 12))
+        drafted = torch.full((batch,), length)
+        ran = torch.rand(batch, generator=gen) < 0.9
+        active = ran & (remaining > 0)
+        if objective == "throughput" and r == 10:
+            for policy in (eager, compiled):
+                policy.admit(0, alone=batch == 1)
+        if objective == "throughput" and r == 30:
+            for policy in (eager, compiled):
+                policy.draining.fill_(True)
+        want = eager.next(n, drafted, ran, remaining, active)
+        got = compiled.next(n, drafted, ran, remaining, active)
+        assert int(got) == int(want), f"round {r}"
+        for name in STATE:
+            torch.testing.assert_close(getattr(compiled, name), getattr(eager, name),
+                                       msg=f"{name} after round {r}")
+        chosen.add(int(want))
+        offs.add(bool(eager.off))
+        remaining = torch.where(active, (remaining - n - 1).clamp(min=0), remaining)
+    # Both choices were compared: lengths that changed, and the turn-off.
+    assert len(chosen - {0}) > 1 and 0 in chosen and offs == {False, True}
