@@ -40,6 +40,7 @@ from specpilot.bench.replay import AcceptanceProfile
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
+from specpilot.runtime.adaptive_draft import SMOOTHING
 from specpilot.runtime.batch_length import measure_round_costs
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_context
@@ -56,6 +57,9 @@ def smoothings(text: str) -> List[float]:
         raise argparse.ArgumentTypeError(f"not comma-separated numbers: {text!r}") from None
     if any(not 0.0 < v <= 1.0 for v in values):
         raise argparse.ArgumentTypeError(f"each smoothing must be in (0, 1], got {text!r}")
+    if len(set(values)) < len(values) or SMOOTHING in values:
+        raise argparse.ArgumentTypeError(f"{text!r}: each once, and not the rule's own "
+                                         f"{SMOOTHING:g} (that is the row \"adaptive\")")
     return values
 
 
@@ -95,7 +99,9 @@ def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[
         name = row["system"]
         row["warm_up_stats"] = [dict(r.stats) for r in warm[name]]
         if name in started_off:
-            memory = decoders[name].policy.memory
+            policy = decoders[name].policy
+            memory = policy.memory
+            row["length_update"] = {"compiled": policy.compiled, "smoothing": policy.smoothing}
             row["calls_started_off"] = started_off[name]
             row["memory"] = {"counts": [list(c) for c in memory.counts],
                              "first_judged": memory.first_judged,
@@ -105,8 +111,7 @@ def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[
 
 def price_rounds(args, target, drafter, prompts, eos, graphs):
     """The true, captured and re-timed costs of each length at this batch, the fixed chain's
-    profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder}, the
-    adaptive decoder that captured its costs)."""
+    profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder})."""
     batch, k, new = len(prompts), args.k, args.new_tokens
     capacity = decoder_capacity(prompts, new, k)
     context = args.context or max(len(p) for p in prompts) + new // 2
@@ -130,25 +135,22 @@ def price_rounds(args, target, drafter, prompts, eos, graphs):
                "chain_profile": profile.name,
                "ms_per_round": {str(n): v for n, v in per_round.items()},
                "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs}
-    return figures, fixed, captured
+    return figures, fixed
 
 
-def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured, costs):
-    """The adaptive decoder as it runs (captured costs, its length update compiled where it is
-    captured), the same with the update eager (what compiling it saves), with the moving
+def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured_costs):
+    """The adaptive decoder as it runs (the costs it captured, its length update compiled where
+    it is captured), the same with the update eager (what compiling it saves), with the moving
     averages' smoothing at each of `--smoothings`, and the fixed chains, raced against plain
-    AR in whole calls."""
+    AR in whole calls. Every adaptive decoder is new here: their workload memories start
+    alike."""
     batch, k = len(prompts), args.k
     capacity = decoder_capacity(prompts, args.new_tokens, k)
 
-    def adaptive(compile_policy=None, smoothing=None):
-        dec = GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
-                                  adaptive=True, round_costs=costs["captured"],
-                                  compile_policy=compile_policy)
-        if smoothing is not None:
-            dec.policy.smoothing = smoothing
-        return dec
-    decoders = {"plain AR": fixed[0], "adaptive": captured,
+    def adaptive(**options):
+        return GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
+                                   adaptive=True, round_costs=captured_costs, **options)
+    decoders = {"plain AR": fixed[0], "adaptive": adaptive(),
                 "adaptive, eager length update": adaptive(compile_policy=False)}
     decoders.update({f"adaptive, smoothing {s:g}": adaptive(smoothing=s)
                      for s in args.smoothings})
@@ -164,9 +166,9 @@ def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured, 
 
 
 def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
-    figures, fixed, captured = price_rounds(args, target, drafter, prompts, eos, graphs)
+    figures, fixed = price_rounds(args, target, drafter, prompts, eos, graphs)
     figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, fixed,
-                                    captured, figures["costs"])
+                                    figures["costs"]["captured"])
     return figures
 
 

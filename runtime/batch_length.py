@@ -184,6 +184,7 @@ class BatchLengthPolicy:
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
         self.off_after, self.smoothing = off_after, smoothing
+        self.compiled = compile_rounds
         self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
@@ -334,9 +335,9 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
                  n, drafted, ran, remaining, active,
                  objective: str, turn_off: bool, off_after: int,
                  smoothing: float = SMOOTHING) -> torch.Tensor:
-    """One round of `BatchLengthPolicy.next` on its state tensors (the first eleven, updated in
-    place): a function of tensors only, so that one compiled copy (`compiled_policy_round`)
-    serves every policy of the process."""
+    """One round of `BatchLengthPolicy.next` on its state tensors (the first nine are updated in
+    place; `draining` and `round_cost` are read): a function of tensors only, so that one
+    compiled copy (`compiled_policy_round`) serves every policy of the process."""
     ran = ran & (drafted > 0)
     accepted, rejected = update_acceptance(accepted_avg, rejected_avg, n, drafted, smoothing)
     accepted_avg.copy_(torch.where(ran, accepted, accepted_avg))
@@ -372,8 +373,8 @@ _COMPILED_ROUND = None
 
 def compiled_policy_round():
     """`policy_round` compiled once per process (shapes dynamic): inside a captured round its
-    eighty-odd small kernels (about 0.13 ms a round at batch 64 on an H200, 7 % of a round of
-    one draft: bench/round_cost_truth.py's captured against true costs, run 19) become a few.
+    some 75 small kernels (about 0.13 ms a round at batch 64 on an H200, 7 % of a round of one
+    draft: bench/round_cost_truth.py's captured against true costs, run 19) become a few.
     The arithmetic is the same up to rounding order; the choice only sets the speed, never the
     tokens."""
     global _COMPILED_ROUND

@@ -38,7 +38,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .adaptive_draft import DRAFT_STEP_COST
+from .adaptive_draft import DRAFT_STEP_COST, SMOOTHING
 from .batch_length import BatchLengthPolicy, measure_round_costs
 from .cuda_graphs import capture_graph, require_cuda
 from .errors import CapacityError
@@ -76,7 +76,7 @@ class GraphedChainDecoder:
                  rounds_per_replay: Optional[int] = None, record_margins: bool = False,
                  draft_cost: float = DRAFT_STEP_COST,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
-                 compile_policy: Optional[bool] = None):
+                 compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -95,7 +95,9 @@ class GraphedChainDecoder:
         (what token forcing needs of a reference), read with `generate_reference`.
 
         `compile_policy`: whether the adaptive length's update runs compiled in the captured
-        rounds (default: with capture, where the fast ops run; `fast_ops.compiles_policy`)."""
+        rounds (default: with capture, unless SPECPILOT_FAST_OPS is "0";
+        `fast_ops.compiles_policy`). `smoothing`: its moving averages' weight on the newest
+        round (runtime/adaptive_draft.py)."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -159,12 +161,12 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
-        # Captured, its update runs compiled (a few kernels, not eighty) where the fast ops run.
+        # Captured, its update runs compiled: a few kernels, not some 75 (runtime/batch_length.py).
         if compile_policy is None:
-            compile_policy = capture and compiles_policy()
+            compile_policy = adaptive and capture and compiles_policy()
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
-                                        self.length_objective, compile_rounds=compile_policy
-                                        ) if adaptive else None
+                                        self.length_objective, compile_rounds=compile_policy,
+                                        smoothing=smoothing) if adaptive else None
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}

@@ -12,17 +12,21 @@ STATE = ("accepted_avg", "rejected_avg", "accepted_total", "rejected_total", "fi
          "rounds", "off", "chosen", "workload")
 
 
-@pytest.mark.parametrize("batch,objective", [(1, "makespan"), (6, "makespan"),
-                                             (6, "throughput")])
-def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, objective):
+@pytest.mark.parametrize("batch,objective,turn_off,smoothing", [
+    (1, "makespan", True, 0.5), (6, "makespan", True, 0.2), (6, "throughput", True, 0.5),
+    (5, "makespan", False, 0.5)])
+def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, objective,
+                                                                        turn_off, smoothing):
     gen = torch.Generator().manual_seed(batch * 7 + len(objective))
     cap = 4
     # Rounds dear enough that plain steps win once every draft is rejected: the second half of
     # the rounds below turns the batch off.
     costs = [1.0] + (1.0 + (0.5 + 0.5 * torch.rand(cap, generator=gen)).cumsum(0)).tolist()
     eager, compiled = (BatchLengthPolicy(batch, cap, "cpu", 0.0, round_costs=costs,
-                                         objective=objective, compile_rounds=flag)
+                                         objective=objective, turn_off=turn_off,
+                                         smoothing=smoothing, compile_rounds=flag)
                        for flag in (False, True))
+    assert compiled.compiled and not eager.compiled
     remaining = torch.randint(40, 120, (batch,), generator=gen)
     chosen, offs = set(), set()
     for r in range(48):
@@ -49,5 +53,31 @@ def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, o
         chosen.add(int(want))
         offs.add(bool(eager.off))
         remaining = torch.where(active, (remaining - n - 1).clamp(min=0), remaining)
-    # Both choices were compared: lengths that changed, and the turn-off.
-    assert len(chosen - {0}) > 1 and 0 in chosen and offs == {False, True}
+    # Both choices were compared: lengths that changed, and the turn-off (where it may).
+    assert len(chosen - {0}) > 1
+    assert (0 in chosen and offs == {False, True}) if turn_off else chosen.isdisjoint({0})
+
+
+def test_a_decoder_runs_the_update_compiled_only_where_it_is_captured(monkeypatch):
+    """Uncaptured (off a GPU) the update is eager; asked for, compiled; SPECPILOT_FAST_OPS=0
+    turns the default off; the smoothing reaches the policy and is checked there."""
+    from specpilot.bench.shapes import random_pair
+    from specpilot.ir.errors import SpecPilotError
+    from specpilot.runtime.batch_length import compiled_policy_round, policy_round
+    from specpilot.runtime.fast_ops import compiles_policy
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+
+    target, drafter, _ = random_pair("zoo-gpu-small:zoo-gpu-small-drafter", 0.0625)
+    eager = GraphedChainDecoder(target, drafter, 2, 48, 2, capture=False, adaptive=True)
+    assert eager.policy._round is policy_round and not eager.policy.compiled
+    asked = GraphedChainDecoder(target, drafter, 2, 48, 2, capture=False, adaptive=True,
+                                compile_policy=True, smoothing=0.2)
+    assert asked.policy._round is compiled_policy_round() and asked.policy.compiled
+    assert asked.policy.smoothing == 0.2
+    monkeypatch.delenv("SPECPILOT_FAST_OPS", raising=False)
+    assert compiles_policy()
+    monkeypatch.setenv("SPECPILOT_FAST_OPS", "0")
+    assert not compiles_policy()
+    with pytest.raises(SpecPilotError, match="smoothing"):
+        GraphedChainDecoder(target, drafter, 2, 48, 2, capture=False, adaptive=True,
+                            smoothing=1.5)

@@ -57,6 +57,11 @@ def test_the_script_prices_rounds_four_ways_and_times_each_pricing(tmp_path):
             rows["plain AR"]["call_ms_median"] / row["call_ms_median"])
     assert "calls_started_off" not in rows["plain AR"] and "memory" not in rows["plain AR"]
     adaptive = [name for name in rows if name.startswith("adaptive")]
+    # off a GPU nothing is captured, so every update runs eagerly; each at its own smoothing
+    assert {name: rows[name]["length_update"] for name in adaptive} == {
+        "adaptive": {"compiled": False, "smoothing": 0.5},
+        "adaptive, eager length update": {"compiled": False, "smoothing": 0.5},
+        "adaptive, smoothing 0.2": {"compiled": False, "smoothing": 0.2}}
     assert all(len(rows[name]["calls_started_off"]) == 2 for name in adaptive)
     assert all("calls_started_off" not in rows[f"chain({n})"] for n in (1, 2, 3))
     # a fixed chain's warm-ups ran rounds of its own length only
@@ -106,7 +111,7 @@ def test_a_context_that_does_not_fit_is_refused_before_any_decoding(tmp_path, ca
     assert list(tmp_path.iterdir()) == []           # not even a profile
 
 
-@pytest.mark.parametrize("bad", ["0", "1.5", "x"])
+@pytest.mark.parametrize("bad", ["0", "1.5", "x", "0.2,0.2", "0.5"])
 def test_a_smoothing_outside_0_1_is_refused(bad, tmp_path, capsys):
     script = load_bench_script("round_cost_truth")
     with pytest.raises(SystemExit):
