@@ -28,6 +28,7 @@ import torch
 
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
+from specpilot.cli_common import positive_counts
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.search.run_folder import write_json_atomic
@@ -64,7 +65,7 @@ def timed(dec, prompts, new: int, repeats: int):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="zoo-gpu-small:zoo-gpu-small-drafter")
-    ap.add_argument("--batch-sizes", default="1,16,64")
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 16, 64])
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--new-tokens", type=int, default=256)
@@ -88,7 +89,7 @@ def main(argv=None) -> int:
     vocab = target.config.vocab_size
     capacity = args.prompt_len + args.new_tokens + 2 * args.k + 2
     rows = []
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+    for batch in args.batch_sizes:
         prompts = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).tolist()
         # One plain AR row per batch size, then each speculative system with each drafter.
         runs = [("plain AR", "-", None)] + [(system, name, drafter) for name, drafter in

@@ -31,8 +31,8 @@
 #              (random weights: no trained pair needed)
 #   costtruth    bench/round_cost_truth.py on the trained pair: the adaptive rule's round prices
 #              against fixed-length decoders' real rounds (each batch's chain(4) profile saved as
-#              round-cost-truth.b<B>.chain4.acceptance.json), and adaptive decoders priced each
-#              way or with the memory at the mean, raced against plain AR
+#              round-cost-truth.b<B>.chain4.acceptance.json); then the adaptive decoder, its
+#              length update eager, other smoothings and the fixed chains raced against plain AR
 #   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
 #              20 whole calls of each decoder
 #

@@ -22,11 +22,12 @@ A replay: nothing is measured here but the profiles and costs it reads.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 from pathlib import Path
 from typing import Dict, List
 
-from specpilot.bench.adaptive_replay import replay_adaptive
+from specpilot.bench.adaptive_replay import GRAPHED_HOST_LAG, READINGS, replay_adaptive
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile, replay
 from specpilot.bench.step_costs import StepCosts
@@ -49,10 +50,13 @@ def read_truth(path: str) -> Dict[int, List[float]]:
     the file is missing or not such a result."""
     try:
         doc = json.loads(Path(path).read_text())
-        return {int(b["batch"]): [float(c) for c in b["costs"]["true"]] for b in doc["batches"]}
+        costs = {int(b["batch"]): [float(c) for c in b["costs"]["true"]] for b in doc["batches"]}
     except (OSError, ValueError, KeyError, TypeError) as exc:
         raise SpecPilotError(f"--truth {path}: not a bench/round_cost_truth.py result "
                              f"({type(exc).__name__}: {exc})") from None
+    if not costs:
+        raise SpecPilotError(f"--truth {path} holds no batch's round costs")
+    return costs
 
 
 def acceptance(rows: List[int], k: int) -> float:
@@ -62,8 +66,8 @@ def acceptance(rows: List[int], k: int) -> float:
 
 
 def first(profile: AcceptanceProfile, count: int) -> AcceptanceProfile:
-    return AcceptanceProfile(profile.topology, profile.accepted_lengths[:count],
-                             profile.new_tokens[:count], profile.source)
+    return dataclasses.replace(profile, accepted_lengths=profile.accepted_lengths[:count],
+                               new_tokens=profile.new_tokens[:count])
 
 
 def main(argv=None) -> int:
@@ -78,8 +82,6 @@ def main(argv=None) -> int:
         profiles = [(path, AcceptanceProfile.load(path)) for path in args.profiles]
     except SpecPilotError as exc:
         ap.error(str(exc))
-    if not by_batch:
-        ap.error(f"--truth {args.truth} holds no batch's round costs")
     for path, profile in profiles:
         if not isinstance(profile.topology, Chain):
             ap.error(f"{path}: a chain(k) profile is needed, not {profile.topology}")
@@ -92,13 +94,12 @@ def main(argv=None) -> int:
         k = profile.topology.k
         for batch in args.batch_sizes:
             for workload, prof in (("first", first(profile, batch)), ("all", profile)):
-                adaptive = [replay_adaptive(prof, costs, batch, unknown_agrees=optimistic,
-                                            warm=True, host_lag=(4, 2)).speedup
-                            for optimistic in (False, True)]
+                adaptive = {f"adaptive_{name}": replay_adaptive(
+                    prof, costs, batch, unknown_agrees=agrees, warm=True,
+                    host_lag=GRAPHED_HOST_LAG).speedup for name, agrees in READINGS.items()}
                 row = {"profile": Path(path).name, "batch": batch, "workload": workload,
                        "requests": len(prof.accepted_lengths),
-                       "fixed_chain": replay(prof, costs, batch).speedup,
-                       "adaptive_pessimistic": adaptive[0], "adaptive_optimistic": adaptive[1]}
+                       "fixed_chain": replay(prof, costs, batch).speedup, **adaptive}
                 if workload == "first":
                     row["acceptance_first_rounds"] = [
                         acceptance(r[:OFF_AFTER_ROUNDS], k) for r in prof.accepted_lengths]
@@ -106,7 +107,8 @@ def main(argv=None) -> int:
                 rows.append(row)
                 print(f"{row['profile'][:44]:44s} b{batch:<3d} {workload:5s} "
                       f"chain({k}) {row['fixed_chain']:.3f}  adaptive "
-                      f"{adaptive[0]:.3f} / {adaptive[1]:.3f}", flush=True)
+                      f"{row['adaptive_pessimistic']:.3f} / {row['adaptive_optimistic']:.3f}",
+                      flush=True)
     doc = {"environment": environment("cpu"), "settings": vars(args),
            "off_after_rounds": OFF_AFTER_ROUNDS,
            "costs": {str(b): c for b, c in by_batch.items()}, "rows": rows}

@@ -32,6 +32,7 @@ import torch
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import parse_shapes, random_tensors
 from specpilot.bench.step_costs import measure_round, time_median
+from specpilot.cli_common import positive_counts
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.cuda_graphs import GraphedStep
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -161,7 +162,7 @@ def modes(arg, device: str):
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--shapes", default="zoo-gpu-small:zoo-gpu-small-drafter")
-    p.add_argument("--batch-sizes", default="1,16")
+    p.add_argument("--batch-sizes", type=positive_counts, default=[1, 16])
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--new-tokens", type=int, default=128)
     p.add_argument("--k", type=int, default=4)
@@ -177,7 +178,7 @@ def main(argv=None) -> int:
     for mode in modes(args.fast_ops, args.device):
         target = build(target_preset, mode, 1, args.device, args.scale)
         drafter = build(drafter_preset, mode, 2, args.device, args.scale)
-        for b in (int(x) for x in args.batch_sizes.split(",")):
+        for b in args.batch_sizes:
             # fast_ops stays a bool (any fast path) for readers of earlier files.
             row = dict(fast_ops=mode != "off", fast_ops_mode=target.backend.fast_ops_mode,
                        **profile_one(target, drafter, b, args.context, args.new_tokens, args.k))

@@ -82,9 +82,9 @@ from typing import Dict, List, Optional, Sequence
 from specpilot.agents.batching import ridge_capped_budget
 from specpilot.bench.adaptive_replay import READINGS
 from specpilot.bench.environment import environment
+from specpilot.bench.estimate_io import (ESTIMATE_LABEL, check_batches, measured_on,
+                                         write_estimate)
 from specpilot.bench.replay import AcceptanceProfile, ProfileError, replay
-from specpilot.bench.estimate_io import ESTIMATE_LABEL as LABEL
-from specpilot.bench.estimate_io import check_batches, measured_on, write_estimate
 from specpilot.bench.request_adaptive_replay import Round, adaptive_rows, padded_round_seconds
 from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
 from specpilot.bench.stored_forwards import PackedCosts
@@ -155,7 +155,7 @@ def chain_row(profile: AcceptanceProfile, priced: PackedCosts, batch: int) -> di
             "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
             "plain_step_ms": plain * 1e3, "speedup_vs_ar": fig.speedup,
             "rounds": fig.spec_steps, "ar_steps": fig.ar_steps, "tokens": fig.tokens,
-            "requests": fig.requests, "label": LABEL, "priced_from": priced.take_log()}
+            "requests": fig.requests, "label": ESTIMATE_LABEL, "priced_from": priced.take_log()}
 
 
 def round_checks(costs: StepCosts, priced: PackedCosts, batches: Sequence[int]) -> List[dict]:
@@ -211,14 +211,14 @@ def run(args) -> dict:
                 "chain_speedup_vs_ar": chain["speedup_vs_ar"]}
         for bound in bounds:
             padded, ragged = adaptive_rows(profile, priced, b, budget, args.draft_cost, bound,
-                                           LABEL)
+                                           ESTIMATE_LABEL)
             rows += [padded, ragged]
             line[bound] = {"padded_adaptive_speedup_vs_ar": padded["speedup_vs_ar"],
                            "ragged_adaptive_speedup_vs_ar": ragged["speedup_vs_ar"],
                            "ragged_over_padded_adaptive": ragged["speedup_vs_padded_adaptive"],
                            "ragged_over_chain": ragged["speedup_vs_ar"] / chain["speedup_vs_ar"]}
         summary.append(line)
-    return {"label": LABEL, "kind": "ragged-replay",
+    return {"label": ESTIMATE_LABEL, "kind": "ragged-replay",
             "environment": environment("cpu", [sys.argv[0], *args.argv]),
             "settings": {"acceptance": args.acceptance, "step_costs": args.step_costs,
                          "batch_sizes": list(batches), "token_budget": args.token_budget,

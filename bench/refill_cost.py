@@ -24,6 +24,7 @@ import torch
 
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
+from specpilot.cli_common import positive_counts
 from specpilot.bench.step_costs import time_median
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
@@ -102,7 +103,7 @@ def decode_rows(target, prompts, limits, batch: int, capacity: int, graphs: bool
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shapes", default="zoo-gpu-small:zoo-gpu-small-drafter")
-    ap.add_argument("--batch-sizes", default="4,16")
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16])
     ap.add_argument("--requests", type=int, default=64)
     ap.add_argument("--prompt-lengths", default="60,200", help="min,max prompt tokens")
     ap.add_argument("--new-tokens", default="16,256", help="min,max new-token limit")
@@ -121,7 +122,7 @@ def main(argv=None) -> int:
     limits = [int(n) for n in torch.randint(new_lo, new_hi + 1, (args.requests,), generator=gen)]
     capacity = hi + new_hi + 2
     prefill, decode = [], []
-    for batch in [int(b) for b in args.batch_sizes.split(",")]:
+    for batch in args.batch_sizes:
         prefill.append(prefill_rows(target, drafter, prompts[:16], batch, capacity, new_hi,
                                     graphs, args.repeats))
         p = prefill[-1]

@@ -22,7 +22,7 @@ rule at other smoothings of its acceptance averages (`--smoothings`), and the fi
 Rows: × plain AR (median and mean of the calls), which calls the memory started off, every
 warm-up's rounds per length, and what the memory holds at the end.
 
-  python3 bench/round_cost_truth.py --pair /tmp/specpilot-pair \
+  python3 bench/round_cost_truth.py --pair /tmp/specpilot-pair \\
       --out bench/results/round-cost-truth.json
 Off a GPU it runs uncaptured in float32 (to check the script, with --scale).
 """
@@ -34,8 +34,9 @@ from pathlib import Path
 from typing import Dict, List
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
+from specpilot.bench.decoder_race import call_rows, interleaved_calls, warm_up
 from specpilot.bench.environment import environment
-from specpilot.bench.phase_clock import PhaseClock, call_rows, interleaved_calls, warm_up
+from specpilot.bench.phase_clock import PhaseClock
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
@@ -44,6 +45,7 @@ from specpilot.runtime.adaptive_draft import SMOOTHING
 from specpilot.runtime.batch_length import measure_round_costs
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_context
+from specpilot.runtime.graphed_loop import rounds_run
 from specpilot.search.run_folder import write_json_atomic
 
 WARM_CALLS = 3      # before timing: capture, and (adaptive) the workload memory learns
@@ -63,18 +65,14 @@ def smoothings(text: str) -> List[float]:
     return values
 
 
-def rounds_run(stats: dict) -> int:
-    return sum(v for name, v in stats.items() if name.startswith("rounds_chain_"))
-
-
 def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
-    """(cost per length over plain AR's step, ms per round per length, rounds per length, the
-    chain(k) decoder's acceptance profile, the fixed-length decoders {L: decoder}, plain AR's
-    at 0) from fixed-length decoders' rounds phases, interleaved."""
+    """(ms per round per length, rounds per length, the chain(k) decoder's acceptance profile,
+    the fixed-length decoders {L: decoder} (plain AR's at 0), their warm-up calls {L: results})
+    from fixed-length decoders' rounds phases, interleaved."""
     batch = len(prompts)
     fixed = {n: GraphedChainDecoder(target, drafter if n else None, batch, capacity, n, eos,
                                     capture=graphs) for n in range(k + 1)}
-    warm = warm_up(fixed, prompts, new, WARM_CALLS - 1)
+    warm = warm_up(fixed, prompts, new, WARM_CALLS)
     rounds = {n: rounds_run(results[-1].stats) for n, results in warm.items()}
     phases = interleaved_calls(fixed, prompts, new, calls, PhaseClock())
     per_round = {n: statistics.median(p["rounds"] for p in runs) * 1e3 / rounds[n]
@@ -83,16 +81,19 @@ def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     source = {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch}
     chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
                               source)
-    return [per_round[n] / per_round[0] for n in fixed], per_round, rounds, chain, fixed
+    return per_round, rounds, chain, fixed, warm
 
 
-def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[dict]:
-    """Whole calls of every decoder in turn; rows x the first decoder (plain AR). Each row also
-    keeps its warm-up calls' rounds per length and, for an adaptive decoder, what its workload
-    memory holds at the end (each remembered request's accepted drafts and rejections, the
+def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls,
+         warmed: Dict[str, list]) -> List[dict]:
+    """Whole calls of every decoder in turn; rows x the first decoder (plain AR). Decoders not
+    in `warmed` (name -> its warm-up results) are warmed up first. Each row also keeps its
+    warm-up calls' rounds per length and, for an adaptive decoder, what its workload memory
+    holds at the end (each remembered request's accepted drafts and rejections, the
     acceptance its batch's first turn-off decision judged it by): whether, and where, its
     speculating batches turned off."""
-    warm = warm_up(decoders, prompts, new, WARM_CALLS)
+    warm = {**warmed, **warm_up({n: d for n, d in decoders.items() if n not in warmed},
+                                prompts, new, WARM_CALLS)}
     started_off: Dict[str, List[bool]] = {}
     rows = call_rows(interleaved_calls(decoders, prompts, new, calls, started_off=started_off))
     for row in rows:
@@ -109,14 +110,15 @@ def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls) -> List[
     return rows
 
 
-def price_rounds(args, target, drafter, prompts, eos, graphs):
+def price_rounds(args, target, drafter, prompts, eos, graphs, capacity):
     """The true, captured and re-timed costs of each length at this batch, the fixed chain's
-    profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder})."""
+    profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder},
+    their warm-up calls {L: results})."""
     batch, k, new = len(prompts), args.k, args.new_tokens
-    capacity = decoder_capacity(prompts, new, k)
     context = args.context or max(len(p) for p in prompts) + new // 2
-    truth, per_round, rounds, chain, fixed = true_costs(target, drafter, prompts, eos, capacity,
-                                                        k, new, args.calls, graphs)
+    per_round, rounds, chain, fixed, warm = true_costs(target, drafter, prompts, eos, capacity,
+                                                       k, new, args.calls, graphs)
+    truth = [per_round[n] / per_round[0] for n in fixed]
     # The fixed chain's acceptance, for replaying the length rule on this very workload.
     profile = Path(args.out).with_suffix(f".b{batch}.chain{k}.acceptance.json")
     write_json_atomic(profile, chain.to_json())
@@ -135,17 +137,17 @@ def price_rounds(args, target, drafter, prompts, eos, graphs):
                "chain_profile": profile.name,
                "ms_per_round": {str(n): v for n, v in per_round.items()},
                "rounds": {str(n): v for n, v in rounds.items()}, "costs": costs}
-    return figures, fixed
+    return figures, fixed, warm
 
 
-def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured_costs):
+def race_adaptive(args, target, drafter, prompts, eos, graphs, capacity, fixed, fixed_warm,
+                  captured_costs):
     """The adaptive decoder as it runs (the costs it captured, its length update compiled where
     it is captured), the same with the update eager (what compiling it saves), with the moving
     averages' smoothing at each of `--smoothings`, and the fixed chains, raced against plain
     AR in whole calls. Every adaptive decoder is new here: their workload memories start
-    alike."""
+    alike. The fixed decoders were warmed up by `true_costs` (`fixed_warm`)."""
     batch, k = len(prompts), args.k
-    capacity = decoder_capacity(prompts, args.new_tokens, k)
 
     def adaptive(**options):
         return GraphedChainDecoder(target, drafter, batch, capacity, k, eos, capture=graphs,
@@ -155,7 +157,8 @@ def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured_c
     decoders.update({f"adaptive, smoothing {s:g}": adaptive(smoothing=s)
                      for s in args.smoothings})
     decoders.update({f"chain({n})": fixed[n] for n in range(1, k + 1)})
-    rows = race(decoders, prompts, args.new_tokens, args.calls)
+    warmed = {"plain AR": fixed_warm[0], **{f"chain({n})": fixed_warm[n] for n in range(1, k + 1)}}
+    rows = race(decoders, prompts, args.new_tokens, args.calls, warmed)
     for r in rows:
         off = r.get("calls_started_off")
         print(f"batch {batch:3d} {r['system']:32s} {r['x_plain_ar']:.4f}x "
@@ -166,9 +169,10 @@ def race_adaptive(args, target, drafter, prompts, eos, graphs, fixed, captured_c
 
 
 def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
-    figures, fixed = price_rounds(args, target, drafter, prompts, eos, graphs)
-    figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, fixed,
-                                    figures["costs"]["captured"])
+    capacity = decoder_capacity(prompts, args.new_tokens, args.k)
+    figures, fixed, warm = price_rounds(args, target, drafter, prompts, eos, graphs, capacity)
+    figures["rows"] = race_adaptive(args, target, drafter, prompts, eos, graphs, capacity, fixed,
+                                    warm, figures["costs"]["captured"])
     return figures
 
 
@@ -194,11 +198,10 @@ def main(argv=None) -> int:
         target, drafter, prompts, eos, graphs = decode_models(args, max(batches))
     except SpecPilotError as exc:
         ap.error(str(exc))
-    for b in batches:       # before any decoding: the active timing's context must fit
+    for b in batches if args.context else ():   # before any decoding: the context must fit
         try:
-            if args.context:
-                check_timing_context(args.context, args.k,
-                                     decoder_capacity(prompts[:b], args.new_tokens, args.k))
+            check_timing_context(args.context, args.k,
+                                 decoder_capacity(prompts[:b], args.new_tokens, args.k))
         except CapacityError as exc:
             ap.error(f"--context, batch {b}: {exc}")
     results = [one_batch(args, target, drafter, prompts[:b], eos, graphs) for b in batches]

@@ -30,8 +30,7 @@ budget, the best tree under the rank profile's per-depth, per-rank acceptance (w
 independent depths), scored by expected tokens per round over its priced round at this batch
 size (catch-up at its full depth + 1); the figures reported are the replay's, not the model's.
 The tree is shaped on the profile it is replayed on (in-sample); `--holdout` shapes on the
-even-numbered
-requests and replays every system on the odd-numbered ones.
+even-numbered requests and replays every system on the odd-numbered ones.
 """
 from __future__ import annotations
 
@@ -42,9 +41,9 @@ from typing import List, Optional, Sequence
 
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import replay, spec_step_seconds
+from specpilot.bench.estimate_io import (ESTIMATE_LABEL, check_batches, measured_on,
+                                         write_estimate)
 from specpilot.bench.step_costs import StepCosts, read_step_costs, topology_from_key
-from specpilot.bench.estimate_io import ESTIMATE_LABEL as LABEL
-from specpilot.bench.estimate_io import check_batches, measured_on, write_estimate
 from specpilot.bench.stored_forwards import StoredForwards
 from specpilot.cli_common import positive_counts
 from specpilot.cost.acceptance import MAX_RANK, RankProfile
@@ -81,15 +80,6 @@ class PricedCosts(StoredForwards):
     def __init__(self, costs: StepCosts, chain: Chain, accept: str):
         super().__init__(costs)
         self.chain, self.accept_mode = chain, accept
-
-    def verify(self, batch: int, topology) -> float:
-        """As StoredForwards prices it, a tree's pricing logged."""
-        if not isinstance(topology, Chain):
-            n = topology.num_nodes
-            self.log[f"verify({batch}, {n}-node tree)"] = (
-                f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
-                "tree-mask verification, where there is one, is not used)")
-        return super().verify(batch, topology)
 
     def accept(self, batch: int, topology) -> float:
         if self.accept_mode == "none":
@@ -128,7 +118,7 @@ def replay_row(system: str, topology, ranks: RankProfile, priced: PricedCosts,
             "cost_per_round_steps": per_round / plain, "cost_per_round_ms": per_round * 1e3,
             "plain_step_ms": plain * 1e3, "speedup_vs_ar": fig.speedup,
             "rounds": fig.spec_steps, "ar_steps": fig.ar_steps, "tokens": fig.tokens,
-            "requests": fig.requests, "label": LABEL, "priced_from": priced_from}
+            "requests": fig.requests, "label": ESTIMATE_LABEL, "priced_from": priced_from}
 
 
 def run(args) -> dict:
@@ -163,7 +153,7 @@ def run(args) -> dict:
             if chosen is None:
                 rows.append({"system": system, "batch_size": b, "status": "no tree",
                              "why": "the profile accepts no draft at any depth: no tree beats "
-                                    "plain decoding", "label": LABEL})
+                                    "plain decoding", "label": ESTIMATE_LABEL})
                 continue
             topology, model_tokens, _ = chosen
             row = replay_row(system, topology, replay_on, priced, b)
@@ -174,7 +164,7 @@ def run(args) -> dict:
             row["speedup_vs_chain"] = row["speedup_vs_ar"] / chain_row["speedup_vs_ar"]
             rows.append(row)
     checks = round_checks(costs, replay_on, priced, batches)
-    return {"label": LABEL, "kind": "sequoia-replay",
+    return {"label": ESTIMATE_LABEL, "kind": "sequoia-replay",
             "environment": environment("cpu", [sys.argv[0], *args.argv]),
             "settings": {"ranks": args.ranks, "step_costs": args.step_costs,
                          "sizes": list(args.sizes), "chain": args.chain,

@@ -15,7 +15,7 @@ which prices the cache a speculating Program holds beyond strong AR's (a round's
 after rounding) that every step's attention reads.
 
   python3 bench/startoff_gap.py --out bench/results/startoff-gap.json
-  python3 bench/startoff_gap.py --pair /tmp/specpilot-pair \
+  python3 bench/startoff_gap.py --pair /tmp/specpilot-pair \\
       --out bench/results/startoff-gap-pair.json
 Off a GPU it runs uncaptured in float32 (to check the script, with --scale).
 """
@@ -27,8 +27,9 @@ from pathlib import Path
 from typing import Dict, List
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
+from specpilot.bench.decoder_race import call_rows, interleaved_calls, warm_up
 from specpilot.bench.environment import environment
-from specpilot.bench.phase_clock import PHASES, PhaseClock, call_rows, interleaved_calls, warm_up
+from specpilot.bench.phase_clock import PHASES, PhaseClock
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder

@@ -66,6 +66,7 @@ over the fixed rounds (run 20), the same lengths.
 """
 from __future__ import annotations
 
+import functools
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -108,14 +109,20 @@ def times_per_token(alpha: torch.Tensor, active: torch.Tensor,
     return round_cost / total
 
 
-def next_length(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
-                round_cost: torch.Tensor, objective: str = "makespan"):
+def next_length(alpha: torch.Tensor, remaining: Optional[torch.Tensor], active: torch.Tensor,
+                round_cost: torch.Tensor, objective: str = "makespan",
+                draining: Optional[torch.Tensor] = None):
     """(the length in 1..cap with the shortest makespan, or with `objective` "throughput" the
     least time per token, and whether a plain step would beat it): int64 and bool 0-dim
-    tensors. The shortest length wins a tie."""
-    if objective == "throughput":
-        return shortest(times_per_token(alpha, active, round_cost))
-    return shortest(makespans(alpha, remaining, active, round_cost))
+    tensors. The shortest length wins a tie. With "throughput", `draining` (a bool tensor:
+    the refill queue is empty) switches back to the makespan, on the device; `remaining` is
+    read only for the makespan."""
+    if objective != "throughput":
+        return shortest(makespans(alpha, remaining, active, round_cost))
+    spans = times_per_token(alpha, active, round_cost)
+    if draining is not None:
+        spans = torch.where(draining, makespans(alpha, remaining, active, round_cost), spans)
+    return shortest(spans)
 
 
 def shortest(spans: torch.Tensor):
@@ -184,7 +191,6 @@ class BatchLengthPolicy:
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
         self.off_after, self.smoothing = off_after, smoothing
-        self.compiled = compile_rounds
         self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
@@ -213,9 +219,14 @@ class BatchLengthPolicy:
         self.memory = WorkloadMemory() if turn_off else None
         self._started_off = False       # this batch, by `start`
 
+    @property
+    def compiled(self) -> bool:
+        """Whether each round's update runs compiled (`compiled_policy_round`)."""
+        return self._round is not policy_round
+
     def set_round_costs(self, costs: Sequence[float]) -> None:
         """The cost of a round of each length 0..cap (in plain steps, or any one unit), on the
-        device for the rounds and on the host for `start`."""
+        device for the rounds and on the host for `start`: the one place either is written."""
         if len(costs) != self.cap + 1:
             raise SpecPilotError(f"round_costs needs one cost per length 0..{self.cap}, got "
                                  f"{len(costs)}")
@@ -264,9 +275,8 @@ class BatchLengthPolicy:
             # On the host: a started-off batch must cost what a plain batch costs, and device
             # operations read back here would add launches and a sync.
             cost = self.round_cost_host
-            spans = times_per_token(torch.full((1,), alpha, dtype=cost.dtype),
-                                    torch.ones(1, dtype=torch.bool), cost)
-            off = bool(shortest(spans)[1])
+            off = bool(next_length(torch.full((1,), alpha, dtype=cost.dtype), None,
+                                   torch.ones(1, dtype=torch.bool), cost, "throughput")[1])
         self.memory.started(off)
         self._started_off = off
         if off:
@@ -322,19 +332,11 @@ class BatchLengthPolicy:
                            self.objective, self.turn_off, self.off_after, self.smoothing)
 
 
-def _choose(alpha, remaining, active, round_cost, draining, objective: str):
-    """`next_length` by the objective; "throughput" reads the makespan once draining."""
-    spans = makespans(alpha, remaining, active, round_cost)
-    if objective == "throughput":
-        spans = torch.where(draining, spans, times_per_token(alpha, active, round_cost))
-    return shortest(spans)
-
-
 def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, first_judged,
                  rounds, off, chosen, workload, draining, round_cost,
                  n, drafted, ran, remaining, active,
                  objective: str, turn_off: bool, off_after: int,
-                 smoothing: float = SMOOTHING) -> torch.Tensor:
+                 smoothing: float) -> torch.Tensor:
     """One round of `BatchLengthPolicy.next` on its state tensors (the first nine are updated in
     place; `draining` and `round_cost` are read): a function of tensors only, so that one
     compiled copy (`compiled_policy_round`) serves every policy of the process."""
@@ -343,7 +345,7 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     accepted_avg.copy_(torch.where(ran, accepted, accepted_avg))
     rejected_avg.copy_(torch.where(ran, rejected, rejected_avg))
     alpha = acceptance_rate(accepted_avg, rejected_avg)
-    best, _ = _choose(alpha, remaining, active, round_cost, draining, objective)
+    best, _ = next_length(alpha, remaining, active, round_cost, objective, draining)
     zero = torch.zeros_like(accepted_total)
     accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
                           torch.where(ran, (n < drafted).to(zero.dtype), zero))
@@ -357,7 +359,7 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     rejected_total.add_(rejected)
     overall = upper_acceptance(accepted_total, rejected_total)
     judged = torch.maximum(alpha, overall)
-    _, plain_wins = _choose(judged, remaining, active, round_cost, draining, objective)
+    _, plain_wins = next_length(judged, remaining, active, round_cost, objective, draining)
     settled = rounds >= off_after - 1
     # What the first turn-off decision judged each active request by (for the memory); a
     # batch already off (started off by the memory) makes no such decision.
@@ -368,17 +370,11 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     return torch.where(off, torch.zeros_like(best), best)
 
 
-_COMPILED_ROUND = None
-
-
+@functools.lru_cache(maxsize=None)
 def compiled_policy_round():
-    """`policy_round` compiled once per process (shapes dynamic): inside a captured round its
-    some 75 small kernels (about 0.13 ms a round at batch 64 on an H200, 7 % of a round of one
-    draft: bench/round_cost_truth.py's captured against true costs, run 19) become a few.
-    The arithmetic is the same up to rounding order; the choice only sets the speed, never the
+    """`policy_round` compiled once per process (shapes dynamic), for captured rounds: a few
+    kernels instead of its eager operations' many (the module says what that saves). The
+    arithmetic is the same up to rounding order; the choice only sets the speed, never the
     tokens."""
-    global _COMPILED_ROUND
-    if _COMPILED_ROUND is None:
-        from .fast_ops import compiled
-        _COMPILED_ROUND = compiled(policy_round)
-    return _COMPILED_ROUND
+    from .fast_ops import compiled
+    return compiled(policy_round)

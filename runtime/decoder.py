@@ -22,7 +22,7 @@ from .graphed_program import decoder_for, force_graphed, graph_refusal, run_grap
 from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
-from .fast_ops import OFF, OPS, fast_ops_mode, layers_refusal
+from .fast_ops import OFF, OPS, compile_refusal, fast_ops_mode
 from .torch_backend import TorchBackend
 
 
@@ -173,7 +173,7 @@ def check_pair_runs(program: Program, pair: ModelPair) -> None:
         # reverse) would be timed as another decoder than the Program's.
         mode = getattr(backend, "fast_ops_mode", OFF)
         if mode != OFF and wanted != OFF and mode != wanted and (
-                wanted == OPS or layers_refusal() is None):
+                wanted == OPS or compile_refusal() is None):
             raise UnsupportedProgram(
                 f"the {role} was loaded with the {mode!r} fast path but the Program runs "
                 f"kernels.fast_path {program.kernels.fast_path!r}: load the pair with "

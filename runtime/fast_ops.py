@@ -88,8 +88,9 @@ def _allow_recompiles(limit: int) -> None:
             return
 
 
-def layers_refusal() -> Optional[str]:
-    """Why whole-layer compilation cannot run in this process (None when it can)."""
+def compile_refusal() -> Optional[str]:
+    """Why torch.compile cannot run in this process (None when it can): asked before compiling
+    whole layers and the length policy's round."""
     import torch._dynamo
 
     if not torch._dynamo.is_dynamo_supported():
@@ -101,7 +102,7 @@ def compiles_policy() -> bool:
     """Whether a captured decoder runs its length policy's round compiled
     (runtime/batch_length.py, `compiled_policy_round`): unless SPECPILOT_FAST_OPS is "0" (to
     measure what it saves) or torch.compile cannot run here."""
-    return fast_ops_mode() != OFF and layers_refusal() is None
+    return fast_ops_mode() != OFF and compile_refusal() is None
 
 
 def private_compile(fn: Callable, tag: str) -> Callable:

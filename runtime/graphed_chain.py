@@ -161,7 +161,7 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
-        # Captured, its update runs compiled: a few kernels, not some 75 (runtime/batch_length.py).
+        # Captured, its update runs compiled (runtime/batch_length.py says what that saves).
         if compile_policy is None:
             compile_policy = adaptive and capture and compiles_policy()
         self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
@@ -360,6 +360,7 @@ class GraphedChainDecoder:
         """A callable running one unforced round with every row active after `context`
         positions of (stale) cache, for measuring a round's cost; each call moves every row on
         by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
+        # Checked here too, before `_runner` captures a graph that a bad context would waste.
         check_timing_context(context, self.span, self.capacity)
         replay = self._runner(False, rounds=1)
         self.reset_all_active(context)

@@ -9,6 +9,9 @@ from specpilot.ir.errors import SpecPilotError
 
 from .speculative import SpecResult
 
+# A graphed run's stats count its rounds of each chain length k as ROUNDS_OF + str(k).
+ROUNDS_OF = "rounds_chain_"
+
 
 def request_limits(max_new_tokens: Union[int, Sequence[int]], n: int) -> List[int]:
     """New tokens allowed per request: one count for all `n`, or one per request (a server's
@@ -108,9 +111,14 @@ def logged_result(decoder, tokens: List[List[int]], logged: List[List[int]],
     drafter_prefills = (int(decoder.drafter_prefilled) + prefills - 1
                         if decoder.drafter is not None else 0)
     drafter_forwards = drafter_prefills + sum(k * c for k, c in by_length.items())
-    counts = {f"rounds_chain_{k}": c for k, c in sorted(by_length.items())}
+    counts = {f"{ROUNDS_OF}{k}": c for k, c in sorted(by_length.items())}
     return SpecResult(tokens, prefills + sum(by_length.values()), drafter_forwards, accepted,
                       mean_committed(accepted), stats={**counts, **(stats or {})})
+
+
+def rounds_run(stats: dict) -> int:
+    """The rounds a graphed run's stats count, of every chain length."""
+    return sum(c for name, c in stats.items() if name.startswith(ROUNDS_OF))
 
 
 def read_result(decoder, limits: List[int], by_length: Dict[int, int]) -> SpecResult:

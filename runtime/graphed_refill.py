@@ -25,15 +25,15 @@ with refill), and of an adaptive one once speculation is off.
 Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
 draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the
 batch's length serves its tokens per unit of time, not the makespan of its current requests
-(a refilled batch has no tail), a
-newcomer's estimates start from the averages of the requests before it, and speculation turns
-off for the rest of the call once plain steps would serve the batch faster by every estimate
-(runtime/batch_length.py): the drafter's cache is not kept up after that. Once the queue is
-empty the batch drains like a padded one (by its makespan again), and a newcomer alone in the
-batch starts it anew (speculating again, the host back at the longest chain). A call with no
-queue (no more requests than slots) is one padded batch from its start, so it remembers the
-workload and may start with speculation off as a padded decoder's batch does
-(runtime/workload_memory.py); calls with a queue neither read nor teach that memory.
+(a refilled batch has no tail), a newcomer's estimates start from the averages of the requests
+before it, and speculation turns off for the rest of the call once plain steps would serve the
+batch faster by every estimate (runtime/batch_length.py): the drafter's cache is not kept up
+after that. Once the queue is empty the batch drains like a padded one (by its makespan
+again), and a newcomer alone in the batch starts it anew (speculating again, the host back at
+the longest chain). A call with no queue (no more requests than slots) is one padded batch
+from its start, so it remembers the workload and may start with speculation off as a padded
+decoder's batch does (runtime/workload_memory.py); calls with a queue neither read nor teach
+that memory.
 """
 from __future__ import annotations
 

@@ -221,9 +221,10 @@ class GraphedTreeDecoder(GraphedChainDecoder):
 
     def _commit_forced_path(self, logits: torch.Tensor, path: torch.Tensor, depth: torch.Tensor):
         """Forced mode, after verifying a tree with the reference on `path` [B, D] (its node at
-        each depth, -1 past a row's `depth` [B]) and compacting the caches along it (before
-        this: the move reads which rows ran the round): the target's proposals along it
-        written, and each row's next depth + 1 reference tokens committed."""
+        each depth, -1 past a row's `depth` [B]) and compacting the caches along it (compact
+        first: the move reads `active`, which the commit then clears for finished rows): the
+        target's proposals along it written, and each row's next depth + 1 reference tokens
+        committed."""
         rows = torch.cat([torch.zeros_like(depth)[:, None], 1 + path.clamp(min=0)], dim=1)
         if self.record_margins:
             self._round_margins = top2_margin(logits).gather(1, rows)

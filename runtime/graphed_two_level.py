@@ -39,6 +39,7 @@ from typing import Sequence
 import torch
 
 from .graphed_chain import GraphedChainDecoder
+from .graphed_loop import rounds_run
 from .graphed_tree import GraphedTreeDecoder
 from .two_level import layer_skip_model
 
@@ -84,6 +85,5 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
     @torch.no_grad()
     def generate(self, prompts, max_new_tokens):
         r = super().generate(prompts, max_new_tokens)
-        r.stats["cheap_forwards"] = sum(c for name, c in r.stats.items()
-                                        if name.startswith("rounds_chain_"))
+        r.stats["cheap_forwards"] = rounds_run(r.stats)
         return r

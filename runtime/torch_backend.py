@@ -60,7 +60,7 @@ class TorchBackend:
             raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
                                  f"got {fast_ops!r}")
         if mode == LAYERS:
-            refusal = _fast_ops.layers_refusal()
+            refusal = _fast_ops.compile_refusal()
             if refusal is not None:
                 warnings.warn(f"fast_ops='layers' runs as the per-op fast path: {refusal}",
                               stacklevel=2)

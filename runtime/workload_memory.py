@@ -72,7 +72,6 @@ class WorkloadMemory:
         self.first_judged: List[float] = []
         self.started_off_in_a_row = 0
         self.explore_after = EXPLORE_AFTER
-        self._exploring = False     # the start being decided is an exploration
         self._explored = False      # the batch last started was one, not yet added
         # slowest_acceptance per batch size, until the memory changes: a started-off batch
         # adds nothing, and its start should cost what a plain batch's costs
@@ -103,10 +102,8 @@ class WorkloadMemory:
         acceptance and the acceptance the first turn-off decision would judge it by, each
         counted where at least `START_OFF_AFTER` requests are remembered (plain steps win for
         one request at either exactly when they win at the lower, as E(L) grows with alpha);
-        None where neither is, or while a batch is due to speculate again. Ask once per start
-        decision, then tell `started`: asking marks whether this start is an exploration."""
-        self._exploring = self.started_off_in_a_row >= self.explore_after
-        if self._exploring:
+        None where neither is, or while a batch is due to speculate again (`_exploring`)."""
+        if self._exploring():
             return None
         if requests not in self._slowest:   # kept until `add` remembers something new
             self._slowest[requests] = self._slowest_now(requests)
@@ -123,17 +120,21 @@ class WorkloadMemory:
             found.append(_quantile(torch.tensor(self.first_judged, dtype=torch.float64), q))
         return min(found, default=None)
 
+    def _exploring(self) -> bool:
+        """Whether the batch about to start is due to speculate again, whatever is remembered."""
+        return self.started_off_in_a_row >= self.explore_after
+
     def started(self, off: bool) -> None:
         """A batch started with speculation off (or on): counted toward the next exploration.
         A batch the workload itself started on sets the wait back to `EXPLORE_AFTER`; an
         exploring one is judged when `add` tells what it did."""
+        self._explored = self._exploring() and not off
         if off:
             self.started_off_in_a_row += 1
         else:
-            if not self._exploring:
+            if not self._explored:
                 self.explore_after = EXPLORE_AFTER
             self.started_off_in_a_row = 0
-        self._explored, self._exploring = not off and self._exploring, False
 
 
 def _quantile(values: torch.Tensor, q: float) -> float:

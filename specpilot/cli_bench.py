@@ -10,17 +10,12 @@ from __future__ import annotations
 import argparse
 import sys
 
-from specpilot.cli_common import positive_int
+from specpilot.cli_common import positive_counts, positive_int
 
 
-def _int_list(text: str):
-    try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
-    if not values or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"batch sizes must be positive integers, got {text!r}")
-    return values
+def _batch_sizes(text: str):
+    """Distinct batch sizes, ascending (`positive_counts` checks them)."""
+    return sorted(set(positive_counts(text)))
 
 
 def _names(text: str):
@@ -56,7 +51,7 @@ def add_parser(sub) -> None:
                                                     "checkpoints (`specpilot zoo train --out`)")
     mode.add_argument("--shapes", metavar="TARGET:DRAFTER",
                       help="shape presets, e.g. llama-3.1-8b:llama-3.2-1b (random weights)")
-    p.add_argument("--batch-sizes", type=_int_list, default=[1, 4, 16, 64], metavar="1,4,16,64")
+    p.add_argument("--batch-sizes", type=_batch_sizes, default=[1, 4, 16, 64], metavar="1,4,16,64")
     p.add_argument("--name", help="result file name (default: from the pair or the shapes)")
     p.add_argument("--out-dir", default="bench/results", metavar="DIR")
     p.add_argument("--repeats", type=positive_int, metavar="R",

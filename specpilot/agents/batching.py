@@ -63,10 +63,9 @@ def _policy_records(program: Program) -> List[Transformation]:
         out.append(SetDraftLengthPolicy("fixed", 0))
     if isinstance(topology, Chain):
         full = batch * (topology.k + 1)
-        budgets = {full, max(batch, full // 2), batch}
-        ridge = ridge_budget(program)
-        if ridge is not None:
-            budgets.add(ridge_capped_budget(batch, topology.k, ridge))
+        # An unknown ridge caps nothing: its budget is `full`, already there.
+        budgets = {full, max(batch, full // 2), batch,
+                   ridge_capped_budget(batch, topology.k, ridge_budget(program))}
         for budget in sorted(budgets, reverse=True):
             out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
     return out

@@ -38,9 +38,13 @@ from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS, BatchLengthPolicy
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, ReplayFigure, cycled_batches
 
 ADAPTIVE_MODEL = "graphed rounds at the length the batch rule chose (plain AR step for 0)"
-# The two readings of a chain(k) profile's unknown drafts (`agreement_maps`): whether they
-# are taken to agree.
+# The two readings of a chain(k) profile's unknown drafts (`agreement_maps`: those right after
+# a fully accepted chain, which the profile never shows): counted wrong (pessimistic) or right
+# (optimistic).
 READINGS = {"pessimistic": False, "optimistic": True}
+# How the graphed host loop applies a chosen length (runtime/graphed_loop.py): replays of four
+# rounds, each running the length chosen at the end of the replay two back (`replay_adaptive`).
+GRAPHED_HOST_LAG = (4, 2)
 
 
 def agreement_maps(profile: AcceptanceProfile, unknown_agrees: bool = False) -> List[List[bool]]:
@@ -149,8 +153,9 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     a system up on its whole workload before timing it.
 
     `host_lag` = (rounds per replay, replays behind): by default a chosen length applies from
-    the next round; (4, 2) applies it as the graphed host loop does (runtime/graphed_loop.py):
-    each replay of four rounds runs the length chosen at the end of the replay two back.
+    the next round; GRAPHED_HOST_LAG, (4, 2), applies it as the graphed host loop does
+    (runtime/graphed_loop.py): each replay of four rounds runs the length chosen at the end of
+    the replay two back.
     `off_after`: the rule's rounds before a turn-off (runtime/batch_length.py)."""
     if host_lag[0] < 1 or host_lag[1] < 1:
         raise ProfileError(f"host lag needs at least one round per replay and one replay "

@@ -33,8 +33,8 @@ def decode_models(args, count: int):
     """(target, drafter, prompts, eos ids, graphs) for `count` prompts, by the options of
     `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager. A
     SpecPilotError where the workload has too few prompts or the pair folder is unusable."""
-    graphs = torch.cuda.is_available()
     if args.pair:
+        graphs = torch.cuda.is_available()
         from specpilot.bench.pair_bench import pair_dirs
         from specpilot.bench.workload import workload_texts
         from specpilot.runtime.decoder import load_pair

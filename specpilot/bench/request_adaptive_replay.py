@@ -19,9 +19,6 @@ from .adaptive_replay import READINGS, agreement_maps, streak
 from .replay import NO_DECODE_STEPS, AcceptanceProfile, ProfileError, cycled_batches
 from .stored_forwards import PackedCosts
 
-# Drafts right after a fully accepted chain, which the profile never shows: counted wrong
-# (pessimistic) or right (optimistic).
-
 
 class Round(NamedTuple):
     """One lock-step round of a batch of `batch` slots: for each row still decoding, its draft

@@ -33,8 +33,6 @@ REPLAY_MODEL = ("steady-state decode, prefills excluded; one speculative step = 
                 "graphed round of the profile's topology (chain, static or dynamic tree: all of "
                 "that in one CUDA graph); host work of the "
                 "decode loop beyond that is not counted; AR = one graphed target step per token")
-# The batch-length rule's two replays: the drafts a chain(k) profile never shows counted wrong
-# (pessimistic) and right (optimistic) (specpilot/bench/adaptive_replay.py).
 
 
 @dataclass

@@ -1,14 +1,16 @@
 """Forwards priced from the per-width step costs stored in a `specpilot bench --shapes` result
 (specpilot/bench/step_costs.py), for estimates made off the GPU (bench/sequoia_replay.py,
-ragged_replay.py, two_level_replay.py; `PackedCosts` prices the ragged layout): a width that was not measured is padded up to the next stored width,
-or, past the widest, split into stored ones (achievable, so an upper bound; nothing is
-extrapolated), and every such pricing is logged. Never a measured graphed round."""
+ragged_replay.py, two_level_replay.py; `PackedCosts` prices the ragged layout): a width that
+was not measured is padded up to the next stored width, or, past the widest, split into stored
+ones (achievable, so an upper bound; nothing is extrapolated), and every such pricing is
+logged. Never a measured graphed round."""
 from __future__ import annotations
 
 import math
 from typing import Dict, Sequence, Tuple
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.topology import Chain
 
 from .step_costs import StepCosts
 
@@ -20,8 +22,8 @@ NOT_COUNTED = ("not counted (on the device in the graphed round; only the eager 
 class StoredForwards:
     """Target and drafter forwards at (batch, width) from `costs`, priced as bench/replay.py
     prices a round (`verify`: the target's causal forward over a chain, or over a tree's root
-    and nodes; `accept`: not counted); `log`
-    names each piece priced from others (`take_log`). Never a measured round."""
+    and nodes; `accept`: not counted); `log` names each piece priced from others (`take_log`).
+    Never a measured round."""
 
     def __init__(self, costs: StepCosts):
         self.costs = costs
@@ -33,10 +35,15 @@ class StoredForwards:
         return log
 
     def verify(self, batch: int, topology) -> float:
-        """A chain's causal target forward of k + 1 tokens; a tree's priced as the causal
-        forward of its N + 1 tokens (a stored tree-mask verification, where there is one, is
-        not used: like for like)."""
-        return self.target(batch, topology.num_nodes + 1)
+        """A chain's causal target forward of k + 1 tokens; a tree's priced (and logged) as the
+        causal forward of its N + 1 tokens (a stored tree-mask verification, where there is
+        one, is not used: like for like)."""
+        n = topology.num_nodes
+        if not isinstance(topology, Chain):
+            self.log[f"verify({batch}, {n}-node tree)"] = (
+                f"priced as the causal target({batch}, {n + 1}), as a chain's is (a stored "
+                "tree-mask verification, where there is one, is not used)")
+        return self.target(batch, n + 1)
 
     def accept(self, batch: int, topology) -> float:
         self.log["accept/commit"] = NOT_COUNTED

@@ -203,7 +203,7 @@ def test_torch_backend_refuses_an_unknown_mode():
 def test_where_blocks_cannot_compile_layers_falls_back_to_the_per_op_path(monkeypatch):
     import specpilot.runtime.fast_ops as fast_ops
 
-    monkeypatch.setattr(fast_ops, "layers_refusal", lambda: "no compiler in this test")
+    monkeypatch.setattr(fast_ops, "compile_refusal", lambda: "no compiler in this test")
     with pytest.warns(UserWarning, match="per-op fast path: no compiler in this test"):
         backend = TorchBackend(fast_ops=LAYERS)
     assert backend.fast_ops_mode == OPS and backend.fast_ops and not compiles_layers(backend)

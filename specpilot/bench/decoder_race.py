@@ -1,0 +1,45 @@
+"""Decoders raced in whole calls, interleaved (so drift in the machine falls on all alike):
+their warm-up calls, the timed calls (whole, or split into phases by
+specpilot/bench/phase_clock.py) and rows of each as x the first decoder. Used by
+bench/startoff_gap.py and bench/round_cost_truth.py."""
+from __future__ import annotations
+
+import statistics
+from typing import Dict, List, Optional
+
+from .phase_clock import PhaseClock, one_call
+
+
+def warm_up(decoders, prompts, new: int, calls: int) -> Dict[str, list]:
+    """`calls` untimed calls of each decoder (captures; an adaptive one's workload memory
+    learns): per decoder, each call's result."""
+    return {name: [dec.generate(prompts, new) for _ in range(calls)]
+            for name, dec in decoders.items()}
+
+
+def interleaved_calls(decoders, prompts, new: int, calls: int, clock: Optional[PhaseClock] = None,
+                      started_off: Optional[Dict[str, List[bool]]] = None) -> Dict[str, list]:
+    """`calls` rounds of one call of every decoder in turn (so drift in the machine falls on
+    all alike): per decoder, each call's seconds, or with `clock` its phases. `started_off`
+    (name -> list) gets, for each decoder with a length policy, whether each call started off."""
+    out = {name: [] for name in decoders}
+    for _ in range(calls):
+        for name, dec in decoders.items():
+            seconds, phases = one_call(dec, prompts, new, clock)
+            out[name].append(seconds if clock is None else phases)
+            if started_off is not None and dec.policy is not None:
+                started_off.setdefault(name, []).append(dec.first_length == 0)
+    return out
+
+
+def call_rows(seconds: Dict[str, List[float]]) -> List[dict]:
+    """Per decoder (in order): its calls in ms, their median and mean, and both as x the first
+    decoder's. These are tokens/s ratios where every decoder makes the same tokens: always
+    with random weights; on a trained pair in bf16 a near-tie may flip a token."""
+    rows = [{"system": name, "call_ms": [t * 1e3 for t in times],
+             "call_ms_median": statistics.median(times) * 1e3,
+             "call_ms_mean": statistics.fmean(times) * 1e3} for name, times in seconds.items()]
+    for row in rows:
+        row["x_plain_ar"] = rows[0]["call_ms_median"] / row["call_ms_median"]
+        row["x_plain_ar_mean"] = rows[0]["call_ms_mean"] / row["call_ms_mean"]
+    return rows
