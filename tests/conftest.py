@@ -22,6 +22,13 @@ def _private_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("SPECPILOT_CACHE", str(tmp_path_factory.getbasetemp() / "specpilot-cache"))
 
 
+@pytest.fixture
+def cpu_only(monkeypatch):
+    """Runs code as off a GPU (eager, float32) even on a GPU host: for checks that count
+    uncaptured rounds or use the uncaptured cost model (`pytest.mark.usefixtures("cpu_only")`)."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+
+
 @pytest.fixture(autouse=True)
 def _seed():
     import torch

@@ -125,10 +125,12 @@ def test_captured_dynamic_tree_rounds_equal_eager_ones(tmp_path):
 
 
 def test_adaptive_rounds_measure_their_costs_and_equal_eager_rounds_given_them(tmp_path):
-    """The captured adaptive decoder times each length's graph against the plain step's; run
-    eagerly with those same costs it takes the same lengths and gives the same output."""
+    """The captured adaptive decoder (its length update compiled) times each length's graph
+    against the plain step's; run eagerly with those same costs it takes the same lengths and
+    gives the same output."""
     target, drafter, prompts = _noisy_pair(tmp_path, 87, "float32")
     graphed_decoder = GraphedChainDecoder(target, drafter, 4, 64, 4, adaptive=True)
+    assert graphed_decoder.policy.compiled      # captured: the length update runs compiled
     graphed = graphed_decoder.generate(prompts, 24)
     costs = graphed_decoder.policy.round_cost.tolist()
     assert costs[0] == 1.0 and costs[4] > costs[0]     # four drafter steps cost something

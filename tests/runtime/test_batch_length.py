@@ -178,15 +178,19 @@ def test_a_slow_start_does_not_turn_off_a_drafter_that_then_agrees():
 def test_round_costs_off_a_gpu_are_each_lengths_best_host_time_over_the_plain_steps(monkeypatch):
     """`measure_round_costs` with the host clock (eager replays): per length, one untimed
     replay after `reset`, then the best of TIMING_REPEATS, over length 0's; checked against a
-    clock that the replays advance (a slow replay every other call)."""
+    clock that the replays advance. Each length's durations (untimed replay first) are set so
+    that only "skip the untimed one, take the best" gives 1 : 2 : 3 (the first timed, the last
+    or counting the untimed one would not)."""
     import specpilot.runtime.batch_length as batch_length
+    assert batch_length.TIMING_REPEATS == 3
+    durations = {0: [0.1, 5.0, 1.0, 4.0], 1: [0.1, 2.0, 6.0, 9.0], 2: [0.1, 7.0, 8.0, 3.0]}
     clock, calls, resets = [0.0], [], []
     monkeypatch.setattr(batch_length.time, "perf_counter", lambda: clock[0])
 
     def replay_of(n):
         def replay():
+            clock[0] += durations[n][calls.count(n)]
             calls.append(n)
-            clock[0] += (n + 1) * (1 + len(calls) % 2)
         return replay
     costs = batch_length.measure_round_costs({n: replay_of(n) for n in (2, 0, 1)},
                                              lambda: resets.append(1), torch.device("cpu"))
@@ -199,6 +203,7 @@ def test_round_costs_off_a_gpu_are_each_lengths_best_host_time_over_the_plain_st
 def test_the_smoothing_weighs_the_newest_round():
     """A moving average with weight s on the newest round, from the optimistic prior (cap
     accepted, no rejection): hand-computed after two rounds."""
+    from specpilot.ir.errors import SpecPilotError
     from specpilot.runtime.batch_length import BatchLengthPolicy
     s, cap = 0.2, 4
     policy = BatchLengthPolicy(2, cap, "cpu", 0.0, round_costs=[1.0, 1.3, 1.6, 1.9, 2.2],
@@ -210,5 +215,5 @@ def test_the_smoothing_weighs_the_newest_round():
     r0 = (1 - s) * s + s
     assert policy.accepted_avg.tolist() == pytest.approx([a0, cap])
     assert policy.rejected_avg.tolist() == pytest.approx([r0, 0.0])
-    with pytest.raises(Exception, match="smoothing"):
+    with pytest.raises(SpecPilotError, match="smoothing"):
         BatchLengthPolicy(2, cap, "cpu", 0.0, smoothing=0.0)

@@ -6,7 +6,7 @@ the CPU here (C++), as it compiles Triton kernels for a GPU from the same graph.
 import pytest
 import torch
 
-from specpilot.runtime.batch_length import BatchLengthPolicy
+from specpilot.runtime.batch_length import BatchLengthPolicy, compiled_policy_round, policy_round
 
 STATE = ("accepted_avg", "rejected_avg", "accepted_total", "rejected_total", "first_judged",
          "rounds", "off", "chosen", "workload")
@@ -26,7 +26,7 @@ def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, o
                                          objective=objective, turn_off=turn_off,
                                          smoothing=smoothing, compile_rounds=flag)
                        for flag in (False, True))
-    assert compiled.compiled and not eager.compiled
+    assert compiled._round is compiled_policy_round() and eager._round is policy_round
     remaining = torch.randint(40, 120, (batch,), generator=gen)
     chosen, offs = set(), set()
     for r in range(48):
@@ -58,12 +58,13 @@ def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, o
     assert (0 in chosen and offs == {False, True}) if turn_off else chosen.isdisjoint({0})
 
 
-def test_a_decoder_runs_the_update_compiled_only_where_it_is_captured(monkeypatch):
+def test_an_uncaptured_decoder_runs_the_update_eagerly_unless_asked(monkeypatch):
     """Uncaptured (off a GPU) the update is eager; asked for, compiled; SPECPILOT_FAST_OPS=0
-    turns the default off; the smoothing reaches the policy and is checked there."""
+    turns the captured default off (`compiles_policy`); the smoothing reaches the policy and
+    is checked there. That a captured decoder compiles it by default is checked on the GPU
+    (tests/gpu/test_graphed_chain_gpu.py)."""
     from specpilot.bench.shapes import random_pair
     from specpilot.ir.errors import SpecPilotError
-    from specpilot.runtime.batch_length import compiled_policy_round, policy_round
     from specpilot.runtime.fast_ops import compiles_policy
     from specpilot.runtime.graphed_chain import GraphedChainDecoder
 

@@ -79,11 +79,13 @@ def test_a_refill_plain_log_only_counts_the_round_and_a_full_one_writes_entries(
     refill._log_round(accepted, plain=True)
     assert torch.equal(refill.accepted, log)                           # no entry written
     assert torch.equal(refill.row_round, rows + ran) and refill.round_index == index + 1
-    # A speculative round's log (plain=False) writes each running row's entry at its counter.
-    refill._log_round(accepted, plain=False)
+    # A speculative round's log (plain=False) writes each running row's own entry at its
+    # counter (distinct counts, so a row written with another's shows).
+    drafts = torch.where(ran, torch.tensor([3, 9, 1, 2]), -1)
+    refill._log_round(drafts, plain=False)
     at = rows + ran
     for row in range(4):
-        want = 0 if ran[row] else log[at[row], row]
+        want = drafts[row] if ran[row] else log[at[row], row]
         assert refill.accepted[at[row], row] == want
     assert torch.equal(refill.row_round, rows + 2 * ran)
 

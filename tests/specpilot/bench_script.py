@@ -4,17 +4,8 @@ import importlib.util
 import json
 import os
 
-import pytest
-import torch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-
-@pytest.fixture
-def cpu_only(monkeypatch):
-    """Runs a script as off a GPU (eager, float32) even on a GPU host: the checks that use it
-    count uncaptured rounds and the uncaptured cost model."""
-    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
 
 
 def load_bench_script(name: str):

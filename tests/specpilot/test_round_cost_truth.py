@@ -6,7 +6,7 @@ import json
 import pytest
 import torch
 
-from bench_script import cpu_only, load_bench_script  # noqa: F401
+from bench_script import load_bench_script
 from torch_threads import single_thread_fixture
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.ir.topology import Chain
@@ -111,9 +111,12 @@ def test_a_context_that_does_not_fit_is_refused_before_any_decoding(tmp_path, ca
     assert list(tmp_path.iterdir()) == []           # not even a profile
 
 
-@pytest.mark.parametrize("bad", ["0", "1.5", "x", "0.2,0.2", "0.5"])
-def test_a_smoothing_outside_0_1_is_refused(bad, tmp_path, capsys):
+@pytest.mark.parametrize("bad,why", [("0", "in (0, 1]"), ("1.5", "in (0, 1]"),
+                                     ("x", "not comma-separated"), ("0.2,0.2", "each once"),
+                                     ("0.5", "the rule's own")])
+def test_a_bad_smoothing_list_is_refused_with_its_reason(bad, why, tmp_path, capsys):
     script = load_bench_script("round_cost_truth")
     with pytest.raises(SystemExit):
         script.main(SMALL + ["--smoothings", bad, "--out", str(tmp_path / "t.json")])
-    assert "argument --smoothings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "argument --smoothings" in err and why in err

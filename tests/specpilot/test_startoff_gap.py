@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from bench_script import cpu_only, load_bench_script  # noqa: F401
+from bench_script import load_bench_script
 from hf_factory import make_checkpoint
 from torch_threads import single_thread_fixture
 
@@ -55,9 +55,9 @@ def test_bad_counts_are_refused(tmp_path, bad):
 
 
 def test_the_pair_mode_uses_the_pairs_drafter_and_workload(tmp_path):
-    """--pair: the trained pair's own drafter (here another tiny checkpoint) and the first
-    --batch prompts of --workload; the adaptive decoders start off only where their memory
-    says so, and the run says which timed calls did."""
+    """--pair: the script runs on a pair folder and the first --batch prompts of --workload
+    (decode_models' own checks: tests/specpilot/test_decode_models.py), with the decoders it
+    races, and says which timed calls started off."""
     root = tmp_path / "pair"
     make_checkpoint(root, "llama3", name="target", seed=51, hidden_size=64,
                     intermediate_size=128)
