@@ -33,6 +33,8 @@
 #              against fixed-length decoders' real rounds (each batch's chain(4) profile saved as
 #              round-cost-truth.b<B>.chain4.acceptance.json); then the adaptive decoder, its
 #              length update eager, other smoothings and the fixed chains raced against plain AR
+#   fuseddrafter bench/fused_drafter_race.py on the trained pair: the drafter's step as its model
+#              runs it and in fused layer kernels, fixed chains and the adaptive decoder with each
 #   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
 #              20 whole calls of each decoder
 #
@@ -123,6 +125,9 @@ phase() {
     costtruth)
         step costtruth timeout 400 python3 bench/round_cost_truth.py --pair "$PAIR" \
             --out "$RESULTS/round-cost-truth.json" ;;
+    fuseddrafter)
+        step fuseddrafter timeout 400 python3 bench/fused_drafter_race.py --pair "$PAIR" \
+            --out "$RESULTS/fused-drafter-race.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;

@@ -55,6 +55,22 @@ kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
                src_slots[b, i]. src_slots [B, N] int; requires src_slots[b] increasing and
                src_slots[b, i] >= dst_start[b] + i (true for tree nodes staged after the
                committed tokens), which makes the in-place, in-order copy safe.
+fused_linear   launch(x, w, out, residual=None, norm_weight=None, eps=0.0)
+               x [M, K], w [N, K], out [M, N]; with NORM x is first RMS-normalised (rmsnorm's
+               numerics, norm_weight [K]); the product is rounded to DTYPE and, with RESIDUAL,
+               added to residual [M, N] and rounded again (a bf16 add). OUT_FP32: out is float32
+               holding the DTYPE values (logits). Torch reference: fused_linear_ref.
+norm_gate_up_silu launch(x, norm_weight, w_gate, w_up, out, eps)
+               gate_up_silu of rmsnorm(x, norm_weight, eps). Torch reference:
+               norm_gate_up_silu_ref.
+norm_qkv_rope  launch(x, norm_weight, w_qkv, positions, slots, inv_freq, q_out, k_cache, v_cache,
+                      eps, tokens=None, x_out=None, cache_positions=None)
+               A layer's attention input for B x T tokens (positions/slots [B, T]): RMSNorm, the
+               [q; k; v] projection (w_qkv [(Hq + 2 Hkv) D, H]) rounded to DTYPE, RoPE on q and k
+               from inv_freq [D/2] float32 (rope's numerics), q to q_out [B, T, Hq, D], k/v into
+               the caches [B, S, Hkv, D] at slots. x is [B*T, H], or with tokens the embedding
+               table [V, H] (rows gathered, also written to x_out [B*T, H]); cache_positions
+               [B, S] records positions at slots. Torch reference: norm_qkv_rope_ref.
 gemv_bf16      launch(x, w, out, bias=None)   (CUDA, sm_90)
                bf16 x [M, K] with M <= M_MAX, w [N, K], out [M, N], bias [N] when HAS_BIAS;
                K % 8 == 0 and 16-byte aligned rows (vectorised loads).
@@ -273,5 +289,51 @@ GEMV_LOSSLESS12 = FamilySchema(
     derive=lambda p: {"THREADS": 32 * (p["WARPS_PER_BLOCK"] + (p["MATH"] == "mma"))},
     host_launcher=launch_gemv_lossless12)
 
+
+# The fused layer families (runtime/fused_forward.py): a small model's decoder layer in five
+# launches (norm_qkv_rope, attention, fused_linear with RESIDUAL, norm_gate_up_silu, fused_linear
+# with RESIDUAL) and its LM head in one (fused_linear with NORM and OUT_FP32).
+FUSED_LINEAR = FamilySchema(
+    name="fused_linear", backend="triton",
+    summary="y = [residual +] [rmsnorm](x) @ W.T: a linear with its norm and residual add fused",
+    launcher="launch(x, w, out, residual=None, norm_weight=None, eps=0.0)",
+    params=_matmul_params(32) + (
+        BoolParam("NORM", False, doc="RMS-normalise x's rows first"),
+        BoolParam("RESIDUAL", False, doc="add the residual after the product"),
+        BoolParam("OUT_FP32", False, doc="write float32 (logits) rather than DTYPE"),
+        _warps(4), _stages(2)),
+    check=check_matmul_tiles, derive=_dtype_constants)
+
+NORM_GATE_UP_SILU = FamilySchema(
+    name="norm_gate_up_silu", backend="triton",
+    summary="the MLP's input with its RMSNorm: silu(n @ Wg.T) * (n @ Wu.T), n = rmsnorm(x)",
+    launcher="launch(x, norm_weight, w_gate, w_up, out, eps)",
+    params=_matmul_params(32) + (_warps(4), _stages(2)),
+    check=check_matmul_tiles, derive=_dtype_constants)
+
+
+def _check_norm_qkv_rope(p: Mapping[str, Value]) -> Optional[str]:
+    problem = _check_rope(p)
+    if problem is None and p["USE_DOT"] and (p["HEAD_DIM"] < 32 or p["BLOCK_M"] < 16
+                                            or p["BLOCK_K"] < 16):
+        problem = ("USE_DOT needs HEAD_DIM >= 32 (two dots of D/2 columns) and BLOCK_M, BLOCK_K "
+                   ">= 16 (tl.dot)")
+    return problem
+
+
+NORM_QKV_ROPE = FamilySchema(
+    name="norm_qkv_rope", backend="triton",
+    summary="a layer's attention input: RMSNorm, q/k/v projection, RoPE and the KV-cache write",
+    launcher="launch(x, norm_weight, w_qkv, positions, slots, inv_freq, q_out, k_cache, v_cache, "
+             "eps, tokens=None, x_out=None, cache_positions=None)",
+    params=(_dtype(),
+            IntParam("HEAD_DIM", 2, 512, 64),
+            IntParam("BLOCK_M", 1, 64, 16, power_of_two=True, doc="tokens per program"),
+            IntParam("BLOCK_K", 16, 1024, 64, power_of_two=True, doc="reduction step"),
+            BoolParam("USE_DOT", True, doc="tl.dot (tensor cores) or a broadcast multiply-add"),
+            _warps(4), _stages(2)),
+    check=_check_norm_qkv_rope, derive=_rope_constants)
+
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,
-                  KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12)
+                  KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
+                  NORM_QKV_ROPE)

@@ -15,14 +15,14 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS, FAST_PATHS,
-                      REFILL_POLICIES, Program)
+from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS,
+                      DRAFTERS, FAST_PATHS, REFILL_POLICIES, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
-from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter, SetDraftLength,
-                         SetDraftLengthPolicy, SetFastPath, SetMaxBatchSize, SetRefill,
-                         SetTopology, SetVerifyPrune, SetWeightFormat, Transformation,
-                         TuneKernel)
+from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter,
+                         SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy, SetFastPath,
+                         SetMaxBatchSize, SetRefill, SetTopology, SetVerifyPrune, SetWeightFormat,
+                         Transformation, TuneKernel)
 from .wellformed import verify
 
 # Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
@@ -58,12 +58,15 @@ def _set_drafter(p: Program, t: SetDrafter) -> Program:
            f"unknown drafter {t.drafter!r} (known: {', '.join(DRAFTERS)})")
     _check(t.drafter != p.draft.drafter, f"the drafter is already {t.drafter!r}")
     if t.drafter == "none":
-        # Plain greedy AR runs padded batches (drained or refilled), with nothing to prune or
-        # adapt (ir/wellformed.py): name the attribute to reset rather than reset it silently.
+        # Plain greedy AR runs padded batches (drained or refilled), with nothing to prune,
+        # adapt or fuse (ir/wellformed.py): name the attribute to reset rather than reset it
+        # silently.
         b = p.batch
         for ok, attribute, reset in (
                 (p.verify.prune is None, f"verify.prune is {p.verify.prune}",
                  "SetVerifyPrune(None)"),
+                (p.kernels.drafter_kernels == "model", f"kernels.drafter_kernels is "
+                 f"{p.kernels.drafter_kernels}", "SetDrafterKernels('model')"),
                 (b.draft_length_policy == "fixed", f"batch.draft_length_policy is "
                  f"{b.draft_length_policy}", "SetDraftLengthPolicy('fixed', 0)"),
                 (b.layout == "padded", f"batch.layout is {b.layout}", "SetBatchLayout('padded')")):
@@ -211,6 +214,9 @@ def _set_backend(p: Program, t: SetBackend) -> Program:
     _check(t.backend == "torch" or p.kernels.fast_path == "ops",
            f"the {t.backend} backend runs its own kernels, not the torch backend's fast path "
            f"{p.kernels.fast_path!r} (SetFastPath('ops') first)")
+    _check(t.backend == "torch" or p.kernels.drafter_kernels == "model",
+           f"the {t.backend} backend runs its own kernels, not the fused drafter kernels, which "
+           f"read the torch backend's dense weights (SetDrafterKernels('model') first)")
     return replace(p, kernels=replace(p.kernels, backend=t.backend))
 
 
@@ -222,6 +228,18 @@ def _set_fast_path(p: Program, t: SetFastPath) -> Program:
            f"the fast path is the torch backend's; this Program runs the {p.kernels.backend} "
            f"backend's own kernels (SetBackend('torch') first)")
     return replace(p, kernels=replace(p.kernels, fast_path=t.fast_path))
+
+
+def _set_drafter_kernels(p: Program, t: SetDrafterKernels) -> Program:
+    _check(t.kernels in DRAFTER_KERNELS,
+           f"unknown drafter kernels {t.kernels!r} (known: {', '.join(DRAFTER_KERNELS)})")
+    _check(t.kernels != p.kernels.drafter_kernels, f"already drafter kernels {t.kernels}")
+    if t.kernels != "model":
+        _check_speculates(p, f"the drafter kernels {t.kernels!r}")
+        _check(p.kernels.backend == "torch",
+               f"the fused drafter kernels read the torch backend's dense weights; this Program "
+               f"runs the {p.kernels.backend} backend's own kernels (SetBackend('torch') first)")
+    return replace(p, kernels=replace(p.kernels, drafter_kernels=t.kernels))
 
 
 def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
@@ -267,6 +285,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetBackend: _set_backend,
     CaptureGraphs: _capture_graphs,
     SetFastPath: _set_fast_path,
+    SetDrafterKernels: _set_drafter_kernels,
     TuneKernel: _tune_kernel,
 }
 

@@ -106,6 +106,8 @@ def _kernels_to_obj(p: Program) -> Dict[str, Any]:
                          for node, params in overrides.items()}}
     if k.fast_path != KernelsSpec.fast_path:
         obj["fast_path"] = k.fast_path
+    if k.drafter_kernels != KernelsSpec.drafter_kernels:
+        obj["drafter_kernels"] = k.drafter_kernels
     return obj
 
 
@@ -179,7 +181,7 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                           ("layout", "max_batch_size", "draft_length_policy"),
                           optional=("token_budget", "refill"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
-                            optional=("fast_path",))
+                            optional=("fast_path", "drafter_kernels"))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
     history = expect_list(obj["history"], "history")
     program = Program(
@@ -210,7 +212,10 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                                  params, f"kernels.overrides[{node}]").items()))
                 for node, params in overrides.items()),
             fast_path=expect_str(kernels.get("fast_path", KernelsSpec.fast_path),
-                                 "kernels.fast_path")),
+                                 "kernels.fast_path"),
+            drafter_kernels=expect_str(kernels.get("drafter_kernels",
+                                                   KernelsSpec.drafter_kernels),
+                                       "kernels.drafter_kernels")),
         history=tuple(transformation_from_obj(t, f"history[{i}]") for i, t in enumerate(history)),
     )
     if check:

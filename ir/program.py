@@ -30,6 +30,10 @@ BACKENDS = ("torch", "generated")
 # RMSNorm, RoPE and SwiGLU one op at a time; "layers" compiles each decoder layer whole, so that
 # Inductor fuses across ops (fewer kernels per forward; it compiles for seconds on first use).
 FAST_PATHS = ("ops", "layers")
+# How the drafter's forward runs: "model" as its model runs (its backend and fast path); "fused"
+# in the fused layer kernels of runtime/fused_forward.py (five launches a layer), which pays where
+# a small drafter's step is bound by its kernel count.
+DRAFTER_KERNELS = ("model", "fused")
 
 OverrideValue = Union[int, str, bool]
 
@@ -114,12 +118,17 @@ def _canonical_overrides(value) -> Tuple:
 @dataclass(frozen=True)
 class KernelsSpec:
     """Kernel backend, CUDA-graph capture, per-node kernel parameter overrides
-    (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted), and
-    the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS)."""
+    (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted),
+    the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS), and how the
+    drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS): "model" runs the drafter as its
+    model runs (its backend and fast path); "fused" runs it in the fused layer kernels of
+    runtime/fused_forward.py (five launches a layer), which pays where a small drafter's step is
+    bound by its kernel count."""
     backend: str
     capture_graphs: bool
     overrides: Tuple[Tuple[str, Tuple[Tuple[str, OverrideValue], ...]], ...] = field(default=())
     fast_path: str = "ops"
+    drafter_kernels: str = "model"
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", _canonical_overrides(self.overrides))

@@ -203,6 +203,18 @@ class SetFastPath(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetDrafterKernels(Transformation):
+    """How the drafter's forward runs: `model` (as its model runs: its backend and fast path)
+    or `fused` (the fused layer kernels of runtime/fused_forward.py, five launches a layer:
+    pays where a small drafter's step is bound by its kernel count). The drafter only proposes
+    and the target verifies every token, so the output is unchanged either way."""
+    kernels: str
+    name: ClassVar[str] = "SetDrafterKernels"
+    PARAMS: ClassVar[Dict[str, str]] = {"kernels": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class CaptureGraphs(Transformation):
     """Capture the fixed-shape decode steps as CUDA graphs (on) or launch kernels eagerly (off)."""
     on: bool

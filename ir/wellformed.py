@@ -12,9 +12,10 @@ import re
 from .errors import IllFormed
 from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
-from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTERS,
-                      FAST_PATHS, KV_COMMITS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
-                      CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
+from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES,
+                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS, MASKS, REFILL_POLICIES,
+                      SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec, KernelsSpec, Models,
+                      Program, VerifySpec)
 from .prune import PRUNES, LayerSkipPrune
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation
@@ -150,6 +151,9 @@ def _verify_no_speculation(p: Program) -> None:
     b = p.batch
     _require(p.verify.prune is None, "verify.prune",
              f"a Program without a drafter verifies no draft: expected None, got {p.verify.prune}")
+    _require(p.kernels.drafter_kernels == KernelsSpec.drafter_kernels, "kernels.drafter_kernels",
+             f"a Program without a drafter runs no drafter kernels: expected "
+             f"{KernelsSpec.drafter_kernels!r}, got {p.kernels.drafter_kernels!r}")
     for path, value, wanted in (("batch.draft_length_policy", b.draft_length_policy, "fixed"),
                                 ("batch.layout", b.layout, "padded")):
         _require(value == wanted, path, f"a Program without a drafter decodes with greedy AR in "
@@ -203,6 +207,13 @@ def _verify_batch_and_kernels(p: Program) -> None:
     _require(k.fast_path == KernelsSpec.fast_path or k.backend == "torch", "kernels.fast_path",
              f"the fast path is the torch backend's; the {k.backend} backend runs its own "
              f"kernels (expected {KernelsSpec.fast_path!r}, got {k.fast_path!r})")
+    _require_choice(k.drafter_kernels, "kernels.drafter_kernels", DRAFTER_KERNELS)
+    # The fused kernels read the drafter's dense torch weights (runtime/fused_forward.py).
+    _require(k.drafter_kernels == KernelsSpec.drafter_kernels or k.backend == "torch",
+             "kernels.drafter_kernels",
+             f"the fused drafter kernels read the torch backend's dense weights; the {k.backend} "
+             f"backend runs its own kernels (expected {KernelsSpec.drafter_kernels!r}, got "
+             f"{k.drafter_kernels!r})")
     nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
                            "a tuple of (param, value) pairs")
     for node, params in nodes.items():

@@ -33,7 +33,7 @@ class UnsupportedProgram(SpecPilotError):
 @dataclass
 class ModelPair:
     target: Transformer
-    drafter: Optional[Transformer]
+    drafter: Optional[Transformer]   # or a FusedForward around one (kernels.drafter_kernels)
     tokenizer: object            # tokenizers.Tokenizer or None
     eos_ids: tuple
 
@@ -66,6 +66,10 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
     fused and the backend's fused kernels: compiled op by op, or as whole layers, as the
     Program's kernels.fast_path says (op by op without a Program); SPECPILOT_FAST_OPS overrides
     it ("ops", "layers", or "0" for none; runtime/fast_ops.py).
+
+    Where the Program's kernels.drafter_kernels is "fused", the drafter runs in the fused layer
+    kernels (a FusedForward around the loaded model, its kernels built into `kernel_cache`); a
+    drafter they cannot run is refused with the reason (SpecPilotError).
     """
     device = device or default_device()
     fast = cuda_fast_path(device, program) if fast_path is None else fast_path
@@ -98,17 +102,23 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
         drafter = model(drafter_dir, "drafter")
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
+        if program is not None and program.kernels.drafter_kernels == "fused":
+            # Imported here: only a Program that asks for fused drafter kernels needs them.
+            from .fused_forward import FusedForward
+            drafter = FusedForward(drafter, kernel_cache)
     return ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
 
 
 def needs_own_pair(program: Program) -> bool:
     """Whether `program`'s models must be built for it: another backend, non-dense weight
-    formats, kernel overrides or another fast path than a pair loaded without a Program has."""
+    formats, kernel overrides, another fast path or other drafter kernels than a pair loaded
+    without a Program has."""
     dense = all(fmt in DENSE_FORMATS for role in ("target", "drafter")
                 for _, fmt in getattr(program.models, role).weight_formats)
     k = program.kernels
     return (k.backend != "torch" or not dense or bool(k.overrides)
-            or k.fast_path != KernelsSpec.fast_path)
+            or k.fast_path != KernelsSpec.fast_path
+            or k.drafter_kernels != KernelsSpec.drafter_kernels)
 
 
 def cuda_fast_path(device, program: Optional[Program] = None) -> bool:
@@ -156,8 +166,17 @@ def check_runnable(program: Program) -> None:
 
 
 def check_pair_runs(program: Program, pair: ModelPair) -> None:
-    """Refuse a pair whose models were built for another backend, or another fast path, than
-    the Program's."""
+    """Refuse a pair whose models were built for another backend, another fast path or other
+    drafter kernels than the Program's."""
+    from .fused_forward import FusedForward
+
+    fused = isinstance(pair.drafter, FusedForward)
+    if pair.drafter is not None and fused != (program.kernels.drafter_kernels == "fused"):
+        built = "fused" if fused else "model"
+        raise UnsupportedProgram(
+            f"the drafter was loaded with {built!r} drafter kernels but the Program runs "
+            f"kernels.drafter_kernels {program.kernels.drafter_kernels!r}: load the pair with "
+            "load_pair(..., program=program)")
     wanted = fast_ops_mode(program.kernels.fast_path)
     for role, model in (("target", pair.target), ("drafter", pair.drafter)):
         if model is None:

@@ -168,3 +168,48 @@ def kv_compact_ref(cache: torch.Tensor, src_slots: torch.Tensor, dst_start: torc
         else:
             out[:, b, dst] = cache[:, b, src]
     return out
+
+
+def fused_linear_ref(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.Tensor] = None,
+                     norm_weight: Optional[torch.Tensor] = None, eps: float = 0.0,
+                     out_fp32: bool = False) -> torch.Tensor:
+    """[residual +] [rmsnorm](x) @ w^T: the product rounded to x.dtype (linear_ref), then added
+    to the residual and rounded again (a bf16 add); float32 holding those values with out_fp32."""
+    y = linear_ref(x if norm_weight is None else rmsnorm_ref(x, norm_weight, eps)[0], w)
+    if residual is not None:
+        y = (residual.float() + y.float()).to(x.dtype)
+    return y.float() if out_fp32 else y
+
+
+def norm_gate_up_silu_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_gate: torch.Tensor,
+                          w_up: torch.Tensor, eps: float) -> torch.Tensor:
+    """gate_up_silu_ref of rmsnorm_ref(x)."""
+    return gate_up_silu_ref(rmsnorm_ref(x, norm_weight, eps)[0], w_gate, w_up)
+
+
+def norm_qkv_rope_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor,
+                      positions: torch.Tensor, slots: torch.Tensor, inv_freq: torch.Tensor,
+                      k_cache: torch.Tensor, v_cache: torch.Tensor, eps: float, num_heads: int,
+                      tokens: Optional[torch.Tensor] = None,
+                      cache_positions: Optional[torch.Tensor] = None):
+    """A decoder layer's attention input, as runtime/model.py's decoder_layer computes it:
+    (q [B, T, Hq, D], k_cache, v_cache, rows [B*T, H], cache_positions), the caches (and
+    cache_positions, if given) new tensors with the tokens' k/v (positions) written at their
+    slots. x is the residual stream [B*T, H], or with tokens [B, T] the embedding table whose
+    rows they name (`rows` is then the gathered residual stream)."""
+    b, t = positions.shape
+    hkv, d = k_cache.shape[2], k_cache.shape[3]
+    rows = x[tokens.reshape(-1)] if tokens is not None else x
+    qkv = linear_ref(rmsnorm_ref(rows, norm_weight, eps)[0], w_qkv)
+    q, k, v = qkv.split([num_heads * d, hkv * d, hkv * d], dim=-1)
+    cos, sin = rope_cos_sin(positions.reshape(-1), inv_freq, x.dtype)
+    q = rope_ref(q.reshape(b * t, num_heads, d), cos, sin).reshape(b, t, num_heads, d)
+    k = rope_ref(k.reshape(b * t, hkv, d), cos, sin).reshape(b, t, hkv, d)
+    batch = torch.arange(b, device=positions.device)[:, None].expand(b, t)
+    k_cache, v_cache = k_cache.clone(), v_cache.clone()
+    k_cache[batch, slots] = k
+    v_cache[batch, slots] = v.reshape(b, t, hkv, d)
+    if cache_positions is not None:
+        cache_positions = cache_positions.clone()
+        cache_positions[batch, slots] = positions.to(cache_positions.dtype)
+    return q, k_cache, v_cache, rows, cache_positions

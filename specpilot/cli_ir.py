@@ -4,8 +4,8 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from specpilot.ir import (DTYPES, PROGRAM_FILE, ModelSpec, Program, diff, format_diff,
-                          load_program, program_id, save_program, stock_program)
+from specpilot.ir import (DTYPES, PROGRAM_FILE, KernelsSpec, ModelSpec, Program, diff,
+                          format_diff, load_program, program_id, save_program, stock_program)
 
 PROGRAM_ARG_HELP = f"a Program JSON file, or a folder containing {PROGRAM_FILE}"
 
@@ -91,6 +91,8 @@ def summarize(program: Program) -> str:
                        f"{program.batch.refill} refill"]),
             ("kernels", [f"backend {k.backend}"
                          + (f" (fast path {k.fast_path})" if k.backend == "torch" else "")
+                         + (f", {k.drafter_kernels} drafter kernels"
+                            if k.drafter_kernels != KernelsSpec.drafter_kernels else "")
                          + f", graph capture {'on' if k.capture_graphs else 'off'}, "
                          f"{len(k.overrides)} node overrides"]),
             ("history", [f"{i + 1}. {t}" for i, t in enumerate(program.history)] or ["(stock)"])]

@@ -1,6 +1,6 @@
-"""Kernel agent: CUDA-graph capture, the torch backend's whole-layer fast path, the Program's
-own generated kernels, and per-node tuning (`TuneKernel`) of the kernels the cost report puts
-furthest from their bandwidth limit.
+"""Kernel agent: CUDA-graph capture, the torch backend's whole-layer fast path, the drafter in
+fused layer kernels, the Program's own generated kernels, and per-node tuning (`TuneKernel`) of
+the kernels the cost report puts furthest from their bandwidth limit.
 
 On a CPU it proposes nothing: generated kernels run there in Triton's interpreter, a
 correctness tool whose timings say nothing about a GPU.
@@ -17,8 +17,8 @@ from __future__ import annotations
 from itertools import zip_longest
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from specpilot.ir import (CaptureGraphs, Program, SetBackend, SetFastPath, Transformation,
-                          TuneKernel, apply)
+from specpilot.ir import (CaptureGraphs, Program, SetBackend, SetDrafterKernels, SetFastPath,
+                          Transformation, TuneKernel, apply)
 from specpilot.ir.errors import SpecPilotError
 
 from .base import Agent, Budget, Refusal
@@ -178,6 +178,13 @@ class KernelAgent(Agent):
             # pair, 10 % off an 8B step (BENCHMARKS.md); a small model's step is bound by its
             # kernel count, which this cuts.
             proposals.append(SetFastPath("layers"))
+        if (program.kernels.backend == "torch" and program.draft.speculates
+                and program.kernels.drafter_kernels == "model"):
+            # The drafter in fused layer kernels (runtime/fused_forward.py): five launches a
+            # layer (the zoo's 4-layer drafter launches about 90 a step op by op), and a chain
+            # round runs one drafter step per drafted token. Whether the drafter's shape has
+            # fused kernels is load_pair's to say (a refusal is a failed candidate).
+            proposals.append(SetDrafterKernels("fused"))
         if program.kernels.backend != "generated":
             proposals.append(SetBackend("generated"))
         out = self._legal(program, proposals, memory)[:budget.max_proposals]

@@ -14,6 +14,11 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_dynamic     CaptureGraphs + a dynamic tree of 8 nodes (depth 4, width 2): the tree is
                       data, one graph serves every tree of the budget
   graphed_tree_refill, graphed_dynamic_refill   the two trees with continuous refill, graphed
+  graphed_fused_drafter   CaptureGraphs + the drafter in fused layer kernels
+                      (runtime/fused_forward.py): stock chain(4), its drafter steps cheaper
+  graphed_adaptive_fused, graphed_adaptive_refill_fused   graphed_adaptive and
+                      graphed_adaptive_refill with the fused drafter (the length rule measures
+                      the cheaper rounds)
   dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
   graphed_two_level   the same, graphed: the cheap verifier's greedy path (top-1) is what the
@@ -28,11 +33,13 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List
+from typing import Dict, List, Optional, Union
 
 from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
-                          SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
-                          replay)
+                          SetDrafterKernels, SetDraftLengthPolicy, SetRefill, SetTopology,
+                          SetVerifyPrune, Tree, replay)
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.decoder import ModelPair
 
 from .systems import ProgramSystem
 
@@ -60,6 +67,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
+    fused = SetDrafterKernels("fused")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
         "graphed_refill": [graphs, refill],
@@ -68,6 +76,9 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_dynamic": [graphs, dynamic],
         "graphed_tree_refill": [graphs, tree, refill],
         "graphed_dynamic_refill": [graphs, dynamic, refill],
+        "graphed_fused_drafter": [graphs, fused],
+        "graphed_adaptive_fused": [graphs, adaptive, fused],
+        "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
         "dynamic_tree": [dynamic],
         "two_level": [pruned_tree, prune],
         "graphed_two_level": [graphs, pruned_tree, prune],
@@ -77,11 +88,32 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     }.items()}
 
 
+def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
+    """`pair` with its drafter in fused layer kernels (as load_pair builds it for a Program
+    whose kernels.drafter_kernels is "fused"), sharing its models; or why it cannot be."""
+    from specpilot.runtime.fused_forward import FusedForward
+
+    if pair.drafter is None:
+        return "the pair has no drafter"
+    try:
+        return replace(pair, drafter=FusedForward(pair.drafter))
+    except SpecPilotError as exc:
+        return str(exc)
+
+
 def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
     out: List[ProgramSystem] = []
+    fused: Optional[Union[ModelPair, str]] = None       # built once, for the systems that ask
     for name, program in mechanism_programs(stock).items():
         steps = ", ".join(str(t) for t in program.history)
         cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem
-        out.append(cls(f"mech:{name}", program, pair, f"stock + {steps}",
-                       graphs_only=program.kernels.capture_graphs))
+        own = pair
+        if program.kernels.drafter_kernels == "fused":
+            fused = fused_drafter_pair(pair) if fused is None else fused
+            own = fused if isinstance(fused, ModelPair) else pair
+        system = cls(f"mech:{name}", program, own, f"stock + {steps}",
+                     graphs_only=program.kernels.capture_graphs)
+        if program.kernels.drafter_kernels == "fused" and not isinstance(fused, ModelPair):
+            system.refusal = f"the drafter has no fused kernels: {fused}"
+        out.append(system)
     return out

@@ -5,10 +5,11 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specpilot.ir import (CaptureGraphs, Chain, SetBackend, SetBatchLayout, SetDraftLength,
-                          SetMaxBatchSize, SetTopology, SetWeightFormat, TransformRefused, Tree,
-                          apply, check, diff, program_from_json, program_id, program_to_json,
-                          record_escape_rates, replay, stock_program, verify)
+from specpilot.ir import (CaptureGraphs, Chain, SetBackend, SetBatchLayout, SetDrafterKernels,
+                          SetDraftLength, SetMaxBatchSize, SetTopology, SetWeightFormat,
+                          TransformRefused, Tree, apply, check, diff, program_from_json,
+                          program_id, program_to_json, record_escape_rates, replay,
+                          stock_program, verify)
 from specpilot.ir.program import Deployment
 
 SCOPES = ["target.*", "target.mlp.*", "target.self_attn.*", "target.lm_head", "drafter.*",
@@ -25,6 +26,7 @@ records = st.one_of(
     st.builds(SetMaxBatchSize, st.integers(0, 300)),
     st.builds(SetBackend, st.sampled_from(["torch", "generated", "cuda"])),
     st.builds(CaptureGraphs, st.booleans()),
+    st.builds(SetDrafterKernels, st.sampled_from(["model", "fused", "triton"])),
 )
 
 

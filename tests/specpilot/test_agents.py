@@ -10,9 +10,9 @@ from specpilot.cost import AssumedAcceptance, CostModel, RankProfile, gpu_spec
 from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
 from specpilot.ir import (Chain, CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter,
-                          SetDraftLength, SetDraftLengthPolicy, SetFastPath, SetMaxBatchSize,
-                          SetRefill, SetTopology, Tree, apply, check, record_escape_rates,
-                          stock_program)
+                          SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy, SetFastPath,
+                          SetMaxBatchSize, SetRefill, SetTopology, Tree, apply, check,
+                          record_escape_rates, stock_program)
 from specpilot.runtime.decoder import check_runnable
 from hf_factory import make_pair
 from test_search_support import one_thread  # noqa: F401 (autouse fixture)
@@ -147,14 +147,33 @@ def test_kernel_agent_proposes_on_a_gpu_only(pair):
     assert agent.propose(p["cpu"], None, None, Budget(4)) == []
     assert agent.notes
     proposals = agent.propose(p["gpu"], None, None, Budget(4))
-    # graph capture first, then the torch backend's whole-layer fast path, then own kernels
-    assert proposals[:3] == [CaptureGraphs(True), SetFastPath("layers"), SetBackend("generated")]
+    # graph capture first, then the torch backend's whole-layer fast path, the drafter in fused
+    # layer kernels, then own kernels
+    assert proposals == [CaptureGraphs(True), SetFastPath("layers"), SetDrafterKernels("fused"),
+                         SetBackend("generated")]
     assert_runnable(p["gpu"], proposals)
     # neither the fast path again, nor the generated backend on top of it (it has its own)
     layers = apply(p["gpu"], SetFastPath("layers"))
     again = agent.propose(layers, None, None, Budget(4))
     assert SetFastPath("layers") not in again and SetBackend("generated") not in again
     assert any("SetFastPath('ops') first" in r.reason for r in agent.refusals)
+
+
+def test_kernel_agent_proposes_the_fused_drafter_once_and_only_with_a_drafter(pair):
+    p = programs(pair)
+    agent = KernelAgent()
+    fused = apply(p["gpu"], SetDrafterKernels("fused"))
+    again = agent.propose(fused, None, None, Budget(8))
+    assert SetDrafterKernels("fused") not in again and CaptureGraphs(True) in again
+    # the generated backend runs its own kernels, not the fused drafter's: refused with the fix
+    assert SetBackend("generated") not in again
+    assert any("SetDrafterKernels('model') first" in r.reason for r in agent.refusals)
+    assert_runnable(fused, again)
+    # without a drafter there is nothing to fuse; on the generated backend the fused kernels
+    # cannot read its weights
+    for program in (apply(p["gpu"], SetDrafter("none")), p["generated"]):
+        proposals = agent.propose(program, None, None, Budget(8))
+        assert proposals and not any(isinstance(t, SetDrafterKernels) for t in proposals)
 
 
 def test_batching_agent_offers_what_the_runtime_runs_refill_first(pair):

@@ -1,0 +1,168 @@
+"""A small model's forward in fused kernels: five launches a layer and one for the LM head.
+
+A decode step of a small model is bound by how many kernels it launches, not by the bytes it
+reads (runtime/fast_ops.py). The zoo's drafter (4 layers of 384) reads 25 MB, a few microseconds
+of H200 bandwidth, yet its per-op step launches about 90 kernels, and a chain round runs one step
+per drafted token. Here each layer is
+
+    norm_qkv_rope      RMSNorm, the q/k/v projection, RoPE, k/v written into the cache
+    attention          over the cache with the caller's mask
+    fused_linear       o_proj plus the residual
+    norm_gate_up_silu  RMSNorm and the MLP's gate/up with SiLU
+    fused_linear       down_proj plus the residual
+
+and the LM head is one fused_linear with the final norm, writing float32 logits. The first
+layer's norm_qkv_rope also gathers the embeddings and records the tokens' positions in the cache.
+
+It serves the drafter (a Program's kernels.drafter_kernels = "fused"). A drafter only proposes
+tokens and the target verifies every one, so the decoder's output does not depend on it; its
+roundings follow the per-op path's (HF's) all the same, except the MLP, which rounds once from
+the normalised rows on (gate_up_silu's numerics), so its proposals match the per-op drafter's
+but for near-ties. The kernels are the codegen families of the same names (codegen/families.py),
+each tested against its torch reference.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .torch_backend import TorchBackend
+
+DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
+MAX_PROGRAMS = 264
+
+
+@dataclass
+class FusedLayer:
+    input_norm: torch.Tensor
+    post_norm: torch.Tensor
+    w_qkv: torch.Tensor
+    w_o: torch.Tensor
+    w_gate: torch.Tensor
+    w_up: torch.Tensor
+    w_down: torch.Tensor
+
+
+def fused_forward_refusal(model) -> Optional[str]:
+    """Why `model` cannot run as fused kernels (None when it can)."""
+    cfg = model.config
+    if not isinstance(model.backend, TorchBackend):
+        return "it needs dense weights on the torch backend"
+    if model.dtype not in DTYPE_NAMES:
+        return f"dtype {model.dtype} has no fused kernels"
+    if cfg.qk_norm:
+        return "q/k norms (Qwen3) are not fused"
+    if cfg.attention_bias or cfg.o_bias or cfg.mlp_bias:
+        return "linear biases are not fused"
+    if model._windows():
+        return "sliding-window layers are not fused"
+    if not model.layers:
+        return "it has no layers"
+    if cfg.head_dim % 2 or cfg.head_dim < 16:
+        return (f"head_dim {cfg.head_dim} is odd or below 16 (RoPE pairs its halves; the "
+                "attention kernel takes 16 to 256)")
+    return None
+
+
+def _column_block(n: int) -> int:
+    """The narrowest power-of-two column block (16 to 128) whose launch stays within
+    MAX_PROGRAMS programs per row block: narrow blocks spread a small layer over more SMs."""
+    block = 16
+    while block < 128 and -(-n // block) > MAX_PROGRAMS:
+        block *= 2
+    return block
+
+
+class FusedForward:
+    """`model`'s forward (runtime/model.py's contract) run by the fused kernels; every other
+    attribute (config, dtype, new_cache, ...) is the model's."""
+
+    def __init__(self, model, kernel_cache=None):
+        why = fused_forward_refusal(model)
+        if why is not None:
+            raise SpecPilotError(f"the fused forward cannot run this model: {why}")
+        # Imported here: only a Program that asks for fused kernels needs codegen.
+        from specpilot.codegen.cache import build_triton_module
+        from specpilot.codegen.kernel_spec import kernel_spec
+
+        self.model = model
+        cfg, dt = model.config, DTYPE_NAMES[model.dtype]
+        self.layers = [self._layer(layer) for layer in model.layers]
+        inter = self.layers[0].w_gate.shape[0]
+
+        def build(family, **params):
+            return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params),
+                                       kernel_cache)
+
+        # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
+        halves = dict(BLOCK_K=64) if cfg.head_dim >= 32 else dict(BLOCK_K=16, USE_DOT=False)
+        self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **halves)
+        self.attention = build_triton_module(kernel_spec("attention", DTYPE=dt,
+                                                         HEAD_DIM=cfg.head_dim), kernel_cache)
+        # o_proj and down_proj share a kernel: both write hidden_size columns plus the residual.
+        self.o_proj = self.down = build("fused_linear", RESIDUAL=True,
+                                        BLOCK_N=_column_block(cfg.hidden_size))
+        self.mlp = build("norm_gate_up_silu", BLOCK_N=_column_block(inter))
+        self.head = build("fused_linear", NORM=True, OUT_FP32=True,
+                          BLOCK_N=_column_block(cfg.vocab_size))
+        self.lm_head = model.lm_head[0]
+
+    @staticmethod
+    def _layer(layer) -> FusedLayer:
+        lin = layer.linears
+        weight = lambda name: lin[name][0]                                   # noqa: E731
+        if "self_attn.qkv_proj" in lin:
+            w_qkv = weight("self_attn.qkv_proj")
+        else:
+            w_qkv = torch.cat([weight(f"self_attn.{x}_proj") for x in "qkv"])
+        if "mlp.gate_up_proj" in lin:
+            w_gate, w_up = weight("mlp.gate_up_proj").chunk(2, dim=0)
+        else:
+            w_gate, w_up = weight("mlp.gate_proj"), weight("mlp.up_proj")
+        return FusedLayer(layer.input_norm, layer.post_norm, w_qkv.contiguous(),
+                          weight("self_attn.o_proj"), w_gate, w_up, weight("mlp.down_proj"))
+
+    def __getattr__(self, name):
+        # Only reached for names FusedForward does not define itself.
+        return getattr(self.__dict__["model"], name)
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                mask: torch.Tensor, cache, logits_at: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """As `Transformer.forward`: tokens [B, T] written at `slots`, mask [B, T, S], float32
+        logits [B, T, V] (or [B, R, V] at the rows logits_at [B, R] picks)."""
+        model, cfg = self.model, self.model.config
+        b, t = tokens.shape
+        m, hidden, dev, dt = b * t, cfg.hidden_size, tokens.device, model.dtype
+        x = torch.empty((m, hidden), dtype=dt, device=dev)
+        mid = torch.empty_like(x)
+        q = torch.empty((b, t, cfg.num_heads, cfg.head_dim), dtype=dt, device=dev)
+        attended = torch.empty_like(q)
+        act = torch.empty((m, self.layers[0].w_gate.shape[0]), dtype=dt, device=dev)
+        positions, slots = positions.contiguous(), slots.contiguous()
+        mask = mask.contiguous()
+        eps = cfg.rms_norm_eps
+        for i, layer in enumerate(self.layers):
+            first = i == 0
+            self.qkv.launch(model.embed if first else x, layer.input_norm, layer.w_qkv, positions,
+                            slots, model.inv_freq, q, cache.k[i], cache.v[i], eps,
+                            tokens=tokens if first else None, x_out=x if first else None,
+                            cache_positions=cache.positions if first else None)
+            self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale)
+            self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
+            self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
+            self.down.launch(act, layer.w_down, x, residual=mid)
+        rows = x.view(b, t, hidden)
+        if logits_at is not None:
+            rows = torch.gather(rows, 1, logits_at[:, :, None].expand(-1, -1, hidden))
+        r = rows.shape[1]
+        logits = torch.empty((b * r, cfg.vocab_size), dtype=torch.float32, device=dev)
+        self.head.launch(rows.reshape(b * r, hidden), self.lm_head, logits,
+                         norm_weight=model.final_norm, eps=eps)
+        return logits.view(b, r, cfg.vocab_size)
+

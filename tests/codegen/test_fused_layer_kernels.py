@@ -1,0 +1,128 @@
+"""The fused layer kernels (fused_linear, norm_gate_up_silu, norm_qkv_rope) against their torch
+references, which compose the per-op references exactly as runtime/model.py's layer does."""
+import pytest
+import torch
+
+from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, randn
+from specpilot.codegen.cache import build_triton_module
+from specpilot.codegen.kernel_spec import kernel_spec
+from specpilot.runtime.reference_ops import (fused_linear_ref, norm_gate_up_silu_ref,
+                                             norm_qkv_rope_ref)
+
+FUSED_LINEAR_CASES = [
+    # (spec params, M, N, K): odd sizes, K not a multiple of BLOCK_K, several M and N blocks.
+    (dict(DTYPE="bf16", NORM=True), 3, 37, 100),
+    (dict(DTYPE="bf16", RESIDUAL=True, BLOCK_K=32), 18, 40, 72),
+    (dict(DTYPE="bf16", NORM=True, OUT_FP32=True, BLOCK_N=64), 5, 130, 48),
+    (dict(DTYPE="fp32", NORM=True, RESIDUAL=True, USE_DOT=False, BLOCK_M=2, BLOCK_N=8,
+          BLOCK_K=32), 3, 11, 70),
+    (dict(DTYPE="fp16", RESIDUAL=True, BLOCK_N=16), 17, 24, 64),
+]
+
+
+@pytest.mark.parametrize("params,M,N,K", FUSED_LINEAR_CASES)
+def test_fused_linear_matches_reference(params, M, N, K, kernel_cache, device):
+    spec = kernel_spec("fused_linear", **params)
+    dtype = TORCH_DTYPES[spec.get("DTYPE")]
+    module = build_triton_module(spec, kernel_cache)
+    x, w = randn(M, K, dtype=dtype, device=device), randn(N, K, dtype=dtype, device=device) / 4
+    residual = randn(M, N, dtype=dtype, device=device) if spec.get("RESIDUAL") else None
+    norm_weight = randn(K, dtype=dtype, device=device) if spec.get("NORM") else None
+    out = poisoned((M, N), torch.float32 if spec.get("OUT_FP32") else dtype, device)
+    module.launch(x, w, out, residual, norm_weight, 1e-5)
+    expected = fused_linear_ref(x, w, residual, norm_weight, 1e-5, spec.get("OUT_FP32"))
+    assert_matches(out, expected, spec.get("DTYPE"))
+
+
+def test_fused_linear_refuses_operands_its_spec_does_not_take(kernel_cache, device):
+    plain = build_triton_module(kernel_spec("fused_linear", DTYPE="bf16"), kernel_cache)
+    normed = build_triton_module(kernel_spec("fused_linear", DTYPE="bf16", NORM=True,
+                                             RESIDUAL=True), kernel_cache)
+    x = randn(2, 16, dtype=torch.bfloat16, device=device)
+    w = randn(8, 16, dtype=torch.bfloat16, device=device)
+    out = poisoned((2, 8), torch.bfloat16, device)
+    with pytest.raises(ValueError, match="without a residual"):
+        plain.launch(x, w, out, residual=out.clone())
+    with pytest.raises(ValueError, match="without a norm"):
+        plain.launch(x, w, out, norm_weight=x[0])
+    with pytest.raises(ValueError, match="residual must be"):
+        normed.launch(x, w, out, norm_weight=x[0])
+    with pytest.raises(ValueError, match="out must be torch.bfloat16"):
+        plain.launch(x, w, out.float())
+
+
+@pytest.mark.parametrize("params,M,I,K", [
+    (dict(DTYPE="bf16"), 5, 70, 100),
+    (dict(DTYPE="bf16", BLOCK_N=64, BLOCK_K=32), 20, 64, 64),
+    (dict(DTYPE="fp32", USE_DOT=False, BLOCK_M=2, BLOCK_N=8, BLOCK_K=32), 3, 13, 40),
+])
+def test_norm_gate_up_silu_matches_reference(params, M, I, K, kernel_cache, device):
+    spec = kernel_spec("norm_gate_up_silu", **params)
+    dtype = TORCH_DTYPES[spec.get("DTYPE")]
+    module = build_triton_module(spec, kernel_cache)
+    x, norm_weight = randn(M, K, dtype=dtype, device=device), randn(K, dtype=dtype, device=device)
+    w_gate_up = randn(2 * I, K, dtype=dtype, device=device) / 4
+    w_gate, w_up = w_gate_up[:I], w_gate_up[I:]          # views of one fused weight, as a model holds it
+    out = poisoned((M, I), dtype, device)
+    module.launch(x, norm_weight, w_gate, w_up, out, 1e-6)
+    assert_matches(out, norm_gate_up_silu_ref(x, norm_weight, w_gate, w_up, 1e-6), spec.get("DTYPE"))
+
+
+def _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None):
+    """Random operands of norm_qkv_rope: distinct slots per row, positions apart from slots
+    (a tree's nodes share a position), caches already holding other values."""
+    g = torch.Generator().manual_seed(b * 100 + t)
+    slots = torch.stack([torch.randperm(capacity, generator=g)[:t] for _ in range(b)]).to(device)
+    positions = (slots + torch.randint(0, 50, (b, 1), generator=g).to(device))
+    inv_freq = (1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))).to(device)
+    rows = vocab if vocab is not None else b * t
+    return dict(x=randn(rows, hidden, dtype=dtype, device=device),
+                norm_weight=randn(hidden, dtype=dtype, device=device),
+                w_qkv=randn((hq + 2 * hkv) * d, hidden, dtype=dtype, device=device) / 4,
+                positions=positions, slots=slots, inv_freq=inv_freq,
+                k_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device),
+                v_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device))
+
+
+@pytest.mark.parametrize("params,b,t,hq,hkv,hidden,gather", [
+    (dict(DTYPE="bf16", HEAD_DIM=32), 2, 3, 4, 2, 48, False),
+    (dict(DTYPE="bf16", HEAD_DIM=32, BLOCK_M=16, BLOCK_K=32), 5, 4, 2, 1, 64, True),   # > one M block
+    (dict(DTYPE="fp32", HEAD_DIM=12, USE_DOT=False, BLOCK_M=4, BLOCK_K=16), 3, 2, 3, 3, 20, True),
+    (dict(DTYPE="fp16", HEAD_DIM=48), 1, 5, 2, 2, 40, False),        # D/2 not a power of two
+])
+def test_norm_qkv_rope_matches_reference(params, b, t, hq, hkv, hidden, gather, kernel_cache, device):
+    spec = kernel_spec("norm_qkv_rope", **params)
+    dtype, d, capacity = TORCH_DTYPES[spec.get("DTYPE")], spec.get("HEAD_DIM"), 11
+    module = build_triton_module(spec, kernel_cache)
+    case = _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=29 if gather else None)
+    tokens = (torch.randint(0, 29, (b, t), generator=torch.Generator().manual_seed(7)).to(device)
+              if gather else None)
+    cache_positions = torch.full((b, capacity), -5, dtype=torch.int64, device=device)
+    q_exp, k_exp, v_exp, rows_exp, pos_exp = norm_qkv_rope_ref(
+        **case, eps=1e-6, num_heads=hq, tokens=tokens, cache_positions=cache_positions)
+    q_out = poisoned((b, t, hq, d), dtype, device)
+    x_out = poisoned((b * t, hidden), dtype, device) if gather else None
+    k_cache, v_cache = case.pop("k_cache"), case.pop("v_cache")
+    module.launch(**case, q_out=q_out, k_cache=k_cache, v_cache=v_cache, eps=1e-6, tokens=tokens,
+                  x_out=x_out, cache_positions=cache_positions)
+    # RoPE's output is a difference of rounded products: its error scales with them (as in
+    # test_norm_rope_kernels), hence the wider absolute floor.
+    atol = {"bf16": 6e-2, "fp16": 8e-3, "fp32": 1e-4}[spec.get("DTYPE")]
+    assert_matches(q_out, q_exp, spec.get("DTYPE"), atol=atol)
+    assert_matches(k_cache, k_exp, spec.get("DTYPE"), atol=atol)
+    assert_matches(v_cache, v_exp, spec.get("DTYPE"))
+    assert torch.equal(cache_positions, pos_exp)
+    if gather:
+        assert torch.equal(x_out, rows_exp)
+
+
+def test_norm_qkv_rope_refuses_mismatched_operands(kernel_cache, device):
+    module = build_triton_module(kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=32), kernel_cache)
+    case = _qkv_case(torch.bfloat16, device, 2, 1, 2, 1, 32, 32, 8)
+    q_out = poisoned((2, 1, 2, 32), torch.bfloat16, device)
+    with pytest.raises(ValueError, match="w_qkv is"):
+        module.launch(**{**case, "w_qkv": case["w_qkv"][:-1]}, q_out=q_out, eps=1e-6)
+    with pytest.raises(ValueError, match="x_out is written only"):
+        module.launch(**case, q_out=q_out, eps=1e-6, x_out=case["x"].clone())
+    with pytest.raises(ValueError, match="inv_freq must be"):
+        module.launch(**{**case, "inv_freq": case["inv_freq"].double()}, q_out=q_out, eps=1e-6)

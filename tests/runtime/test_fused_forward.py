@@ -1,0 +1,117 @@
+"""runtime/fused_forward.py: a model's forward in the fused layer kernels against the model's
+own per-op forward, and as a chain decoder's drafter. On the CPU the kernels run in Triton's
+interpreter; with a GPU, natively on CUDA tensors."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specpilot.ir.errors import SpecPilotError                      # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal   # noqa: E402
+from specpilot.runtime.ar import generate_ar                         # noqa: E402
+from specpilot.runtime.checkpoint import load_checkpoint            # noqa: E402
+from specpilot.runtime.graphed_chain import GraphedChainDecoder     # noqa: E402
+from specpilot.runtime.model import Transformer                     # noqa: E402
+
+from hf_factory import make_checkpoint                              # noqa: E402
+from hf_factory import with_noise                                   # noqa: E402
+from mechanism_setup import MAX_NEW, pair_setup                     # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+
+# head_dim 32 (the dot path) and 16 (multiply-add), GQA, an odd vocabulary, llama3.1 RoPE scaling.
+SHAPES = {"dot": dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+                      intermediate_size=96),
+          "fma": dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3,
+                      intermediate_size=40)}
+
+
+def _steps(model, forward, batch, prompt_len, steps, capacity, seed):
+    """Logits of a prefill of `prompt_len` tokens per row, then `steps` one-token steps of
+    each row's argmax, with rows at different offsets (row r starts at slot r): every call's
+    logits and the cache after them."""
+    g = torch.Generator().manual_seed(seed)
+    cache = model.new_cache(batch, capacity)
+    slot_ids = torch.arange(capacity, device=DEVICE)[None, None, :]
+    tokens = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=g).to(DEVICE)
+    pos = (torch.arange(batch)[:, None] + torch.arange(prompt_len)[None, :]).to(DEVICE)
+    out = []
+    for _ in range(steps + 1):
+        logits = forward(tokens, pos, pos, slot_ids <= pos[:, :, None], cache)
+        out.append(logits)
+        tokens = logits[:, -1].argmax(-1)[:, None]
+        pos = pos[:, -1:] + 1
+    return out, cache
+
+
+@pytest.mark.parametrize("shape", sorted(SHAPES))
+@pytest.mark.parametrize("family", ["llama3", "llama3.1"])
+def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, tmp_path):
+    folder = make_checkpoint(tmp_path, family, seed=3, **SHAPES[shape])
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    expected, cache_ref = _steps(model, model.forward, 3, 5, 3, 16, seed=1)
+    actual, cache = _steps(model, fused.forward, 3, 5, 3, 16, seed=1)
+    for a, e in zip(actual, expected):
+        assert a.shape == e.shape and a.dtype == torch.float32
+        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
+    for mine, theirs in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
+        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
+    assert torch.equal(cache.positions, cache_ref.positions)
+
+
+def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(tmp_path):
+    folder = make_checkpoint(tmp_path, "llama3", seed=5, **SHAPES["dot"])
+    model = Transformer.from_checkpoint(folder, dtype="bfloat16", device=DEVICE)
+    fused = FusedForward(model)
+    g = torch.Generator().manual_seed(2)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 6), generator=g).to(DEVICE)
+    pos = torch.arange(6, device=DEVICE)[None, :].expand(2, 6).contiguous()
+    mask = torch.arange(12, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    picked = torch.tensor([[5, 1], [0, 3]], device=DEVICE)
+    mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, 12), picked)
+    theirs = model.forward(tokens, pos, pos, mask, model.new_cache(2, 12), picked)
+    assert mine.shape == (2, 2, model.config.vocab_size)
+    # bf16 roundings: the MLP rounds once (gate_up_silu's numerics) where the per-op path
+    # rounds its gate, up and product, so logits agree to bf16 precision, not bit for bit.
+    torch.testing.assert_close(mine, theirs, rtol=0.05, atol=0.15)
+    assert (mine.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75
+
+
+def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
+    k, batch = 3, 4
+    s = pair_setup(11)
+    target, drafter, reference = s["target"], s["drafter"], s["reference"]
+    if DEVICE == "cuda":    # the same models on the GPU, and greedy AR there as the reference
+        ckpt = load_checkpoint(s["target_dir"])
+        target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
+        drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 11 + 7), torch.float32,
+                              DEVICE)
+        reference = generate_ar(target, s["prompts"], MAX_NEW, eos_ids=s["eos"])
+    plain = GraphedChainDecoder(target, drafter, batch, 48, k, s["eos"], capture=False)
+    fast = GraphedChainDecoder(target, FusedForward(drafter), batch, 48, k, s["eos"],
+                               capture=False)
+    for start in range(0, len(s["prompts"]), batch):
+        prompts = s["prompts"][start:start + batch]
+        a, b = plain.generate(prompts, MAX_NEW), fast.generate(prompts, MAX_NEW)
+        assert b.tokens == a.tokens == reference.tokens[start:start + batch]
+        # The same drafts accepted round by round: in float32 the fused drafter proposes the
+        # per-op drafter's tokens.
+        assert b.accepted_lengths == a.accepted_lengths
+
+
+@pytest.mark.parametrize("family,overrides,reason", [
+    ("qwen3", {}, "q/k norms"),
+    ("qwen2", dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1), "biases"),
+    ("mistral", dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1), "sliding-window"),
+    ("llama3", {}, "head_dim 8"),
+])
+def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overrides, reason, tmp_path):
+    model = Transformer.from_checkpoint(make_checkpoint(tmp_path, family, **overrides),
+                                        device=DEVICE)
+    assert reason in fused_forward_refusal(model)
+    with pytest.raises(SpecPilotError, match="cannot run this model"):
+        FusedForward(model)

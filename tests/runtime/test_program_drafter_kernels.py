@@ -1,0 +1,112 @@
+"""A Program's kernels.drafter_kernels = "fused" makes load_pair run the drafter in the fused layer
+kernels (runtime/fused_forward.py; Triton's interpreter without a GPU): the decoder's output is the
+unfused pair's, a pair built the other way is refused rather than timed as the wrong decoder, a
+drafter the kernels cannot run is refused with the reason, and the search, the cost report and
+`ir show` know the choice."""
+import os
+
+import pytest
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specpilot.codegen.cache import triton_interpreting                   # noqa: E402
+from specpilot.deploy import build_deployment                             # noqa: E402
+from specpilot.ir import (SetDrafterKernels, SetMaxBatchSize, apply, replay,   # noqa: E402
+                          stock_program)
+from specpilot.ir.errors import SpecPilotError                            # noqa: E402
+from specpilot.runtime.decoder import (UnsupportedProgram, check_pair_runs, load_pair,  # noqa: E402
+                                       needs_own_pair, run_reference, timed_program)
+from specpilot.runtime.fused_forward import FusedForward                  # noqa: E402
+
+from hf_factory import (make_checkpoint, make_pair, noisy_checkpoint,     # noqa: E402
+                        random_prompts)
+
+MAX_NEW = 6
+# Where the kernels run: the CPU in Triton's interpreter, or natively on a GPU.
+DEVICE = "cpu" if triton_interpreting() else "cuda"
+# Heads 32 wide (the fused kernels take head_dim 16 to 256; make_pair's drafter has 8), one layer.
+SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+             intermediate_size=96, num_hidden_layers=1)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    root = tmp_path_factory.mktemp("fused-drafter")
+    target = make_checkpoint(root, "llama3", name="target", seed=41, **SHAPE)
+    # A noisy copy of the target (same shape and vocabulary): it drafts the target's tokens
+    # often, not always, so rounds accept some drafts and reject others.
+    drafter = noisy_checkpoint(target, "drafter", 0.1, seed=42)
+    stock = stock_program(build_deployment(target, drafter, dtype="float32"))
+    base = apply(stock, SetMaxBatchSize(2))
+    return dict(target=target, drafter=drafter, base=base,
+                fused=apply(base, SetDrafterKernels("fused")))
+
+
+def test_load_pair_runs_the_drafter_fused_and_the_output_is_the_unfused_pairs(setup):
+    fused_pair = load_pair(setup["target"], setup["drafter"], "float32", DEVICE,
+                           program=setup["fused"])
+    plain = load_pair(setup["target"], setup["drafter"], "float32", DEVICE)
+    assert isinstance(fused_pair.drafter, FusedForward)
+    assert not isinstance(fused_pair.target, FusedForward)
+    assert not isinstance(plain.drafter, FusedForward)
+    # the wrapped model is the drafter checkpoint's, not the target's
+    assert not torch.equal(fused_pair.drafter.lm_head[0], fused_pair.target.lm_head[0])
+    prompts = random_prompts((5, 3), seed=43)
+    reference = run_reference(plain, prompts, MAX_NEW, batch_size=2)
+    unfused = timed_program(setup["base"], plain, prompts, MAX_NEW)
+    fused = timed_program(setup["fused"], fused_pair, prompts, MAX_NEW)
+    assert [len(t) for t in reference.tokens] == [MAX_NEW, MAX_NEW]
+    assert fused.tokens == unfused.tokens == reference.tokens
+    # in float32 the fused drafter proposes the per-op drafter's tokens: the same rounds, some
+    # drafts accepted and some not (chain(4): 1 to 5 tokens a round)
+    assert fused.target_forwards == unfused.target_forwards
+    assert fused.mean_accepted == unfused.mean_accepted and 1 < fused.mean_accepted < 5
+
+
+def test_a_pair_built_for_the_other_drafter_kernels_is_refused(setup):
+    plain = load_pair(setup["target"], setup["drafter"], "float32", DEVICE)
+    with pytest.raises(UnsupportedProgram, match="the drafter was loaded with 'model' drafter "
+                                                 "kernels but the Program runs "
+                                                 "kernels.drafter_kernels 'fused'"):
+        check_pair_runs(setup["fused"], plain)
+    fused_pair = load_pair(setup["target"], setup["drafter"], "float32", DEVICE,
+                           program=setup["fused"])
+    with pytest.raises(UnsupportedProgram, match="loaded with 'fused' drafter kernels but the "
+                                                 "Program runs kernels.drafter_kernels 'model'"):
+        check_pair_runs(setup["base"], fused_pair)
+    check_pair_runs(setup["fused"], fused_pair)
+    check_pair_runs(setup["base"], plain)
+
+
+def test_a_drafter_the_fused_kernels_cannot_run_is_refused_with_the_reason(tmp_path):
+    target, drafter = make_pair(tmp_path, "llama3", seed=5)     # the drafter's head_dim is 8
+    program = apply(stock_program(build_deployment(target, drafter, dtype="float32")),
+                    SetDrafterKernels("fused"))
+    with pytest.raises(SpecPilotError) as info:
+        load_pair(target, drafter, "float32", DEVICE, program=program)
+    assert str(info.value) == ("the fused forward cannot run this model: head_dim 8 is odd or "
+                               "below 16 (RoPE pairs its halves; the attention kernel takes 16 "
+                               "to 256)")
+
+
+def test_the_search_loads_a_fused_drafter_program_its_own_pair(setup):
+    from specpilot.search.evaluate import _build_key
+
+    assert not needs_own_pair(setup["base"]) and needs_own_pair(setup["fused"])
+    assert _build_key(setup["base"]) != _build_key(setup["fused"])
+
+
+def test_the_cost_report_and_ir_show_name_the_fused_drafter(setup):
+    from specpilot.cli_ir import summarize
+    from specpilot.cost import AssumedAcceptance, CostModel, gpu_spec
+
+    model = CostModel(gpu_spec("h200"))
+    note = "the drafter's fused kernels are not modelled"
+    assert any(note in n for n in model.report(setup["fused"], AssumedAcceptance(0.6)).notes)
+    assert not any(note in n for n in model.report(setup["base"], AssumedAcceptance(0.6)).notes)
+    assert ("backend torch (fast path ops), fused drafter kernels, graph capture off"
+            in summarize(setup["fused"]))
+    assert "drafter kernels" not in summarize(setup["base"])
+    assert summarize(replay(setup["base"], [])) == summarize(setup["base"])
