@@ -43,7 +43,8 @@
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
-# SYSTEMS (the bench phases' --systems; all by default), EXTREMES_ARGS (more options of
+# SYSTEMS (the bench phases' --systems; all by default), FUSED_ARGS (more options of
+# fused_drafter_race.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
 # RESULTS (default /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
@@ -127,7 +128,7 @@ phase() {
             --out "$RESULTS/round-cost-truth.json" ;;
     fuseddrafter)
         step fuseddrafter timeout 400 python3 bench/fused_drafter_race.py --pair "$PAIR" \
-            --out "$RESULTS/fused-drafter-race.json" ;;
+            ${FUSED_ARGS:-} --out "$RESULTS/fused-drafter-race.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;

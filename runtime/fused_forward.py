@@ -69,6 +69,13 @@ def fused_forward_refusal(model) -> Optional[str]:
     return None
 
 
+def _k_block(k: int) -> int:
+    """The reduction step for a reduction of length k: all of it up to 256. Each program of a
+    small layer walks its K loop serially, a memory latency per step, so few wide steps beat
+    many narrow ones (the RMSNorm's statistics pass walks it too)."""
+    return min(256, max(16, 1 << (k - 1).bit_length()))
+
+
 def _column_block(n: int) -> int:
     """The narrowest power-of-two column block (16 to 128) whose launch stays within
     MAX_PROGRAMS programs per row block: narrow blocks spread a small layer over more SMs."""
@@ -100,16 +107,21 @@ class FusedForward:
                                        kernel_cache)
 
         # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
-        halves = dict(BLOCK_K=64) if cfg.head_dim >= 32 else dict(BLOCK_K=16, USE_DOT=False)
+        hidden, attended = cfg.hidden_size, cfg.num_heads * cfg.head_dim
+        halves = (dict(BLOCK_K=_k_block(hidden)) if cfg.head_dim >= 32
+                  else dict(BLOCK_K=16, USE_DOT=False))
         self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **halves)
         self.attention = build_triton_module(kernel_spec("attention", DTYPE=dt,
                                                          HEAD_DIM=cfg.head_dim), kernel_cache)
-        # o_proj and down_proj share a kernel: both write hidden_size columns plus the residual.
-        self.o_proj = self.down = build("fused_linear", RESIDUAL=True,
-                                        BLOCK_N=_column_block(cfg.hidden_size))
-        self.mlp = build("norm_gate_up_silu", BLOCK_N=_column_block(inter))
+        # o_proj and down_proj: hidden_size columns plus the residual.
+        self.o_proj = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
+                            BLOCK_K=_k_block(attended))
+        self.down = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
+                          BLOCK_K=_k_block(inter))
+        self.mlp = build("norm_gate_up_silu", BLOCK_N=_column_block(inter),
+                         BLOCK_K=_k_block(hidden))
         self.head = build("fused_linear", NORM=True, OUT_FP32=True,
-                          BLOCK_N=_column_block(cfg.vocab_size))
+                          BLOCK_N=_column_block(cfg.vocab_size), BLOCK_K=_k_block(hidden))
         self.lm_head = model.lm_head[0]
 
     @staticmethod

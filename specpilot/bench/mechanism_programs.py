@@ -16,9 +16,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_tree_refill, graphed_dynamic_refill   the two trees with continuous refill, graphed
   graphed_fused_drafter   CaptureGraphs + the drafter in fused layer kernels
                       (runtime/fused_forward.py): stock chain(4), its drafter steps cheaper
-  graphed_adaptive_fused, graphed_adaptive_refill_fused   graphed_adaptive and
-                      graphed_adaptive_refill with the fused drafter (the length rule measures
-                      the cheaper rounds)
+  graphed_refill_fused, graphed_adaptive_fused, graphed_adaptive_refill_fused
+                      graphed_refill, graphed_adaptive and graphed_adaptive_refill with the
+                      fused drafter (the length rule measures the cheaper rounds)
   dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
   graphed_two_level   the same, graphed: the cheap verifier's greedy path (top-1) is what the
@@ -77,6 +77,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_tree_refill": [graphs, tree, refill],
         "graphed_dynamic_refill": [graphs, dynamic, refill],
         "graphed_fused_drafter": [graphs, fused],
+        "graphed_refill_fused": [graphs, refill, fused],
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
         "dynamic_tree": [dynamic],

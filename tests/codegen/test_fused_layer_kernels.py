@@ -17,6 +17,7 @@ FUSED_LINEAR_CASES = [
     (dict(DTYPE="fp32", NORM=True, RESIDUAL=True, USE_DOT=False, BLOCK_M=2, BLOCK_N=8,
           BLOCK_K=32), 3, 11, 70),
     (dict(DTYPE="fp16", RESIDUAL=True, BLOCK_N=16), 17, 24, 64),
+    (dict(DTYPE="bf16", NORM=True, RESIDUAL=True, BLOCK_K=256), 4, 24, 300),   # K past one wide step
 ]
 
 
