@@ -33,6 +33,10 @@ from specpilot.ir.errors import SpecPilotError
 from .torch_backend import TorchBackend
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# New tokens per call (batch x width) past which the model's own forward runs instead: the fused
+# kernels tile 16 rows at a time and every row block re-reads its layer's weights, right for
+# decode steps and chain catch-ups, wasteful for a prefill of whole prompts (cuBLAS's GEMMs).
+MAX_FUSED_TOKENS = 256
 # Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
 MAX_PROGRAMS = 264
 
@@ -86,8 +90,9 @@ def _column_block(n: int) -> int:
 
 
 class FusedForward:
-    """`model`'s forward (runtime/model.py's contract) run by the fused kernels; every other
-    attribute (config, dtype, new_cache, ...) is the model's."""
+    """`model`'s forward (runtime/model.py's contract) run by the fused kernels, up to
+    MAX_FUSED_TOKENS new tokens a call (the model's own forward beyond); every other attribute
+    (config, dtype, new_cache, ...) is the model's."""
 
     def __init__(self, model, kernel_cache=None):
         why = fused_forward_refusal(model)
@@ -150,6 +155,8 @@ class FusedForward:
         logits [B, T, V] (or [B, R, V] at the rows logits_at [B, R] picks)."""
         model, cfg = self.model, self.model.config
         b, t = tokens.shape
+        if b * t > MAX_FUSED_TOKENS:
+            return model.forward(tokens, positions, slots, mask, cache, logits_at)
         m, hidden, dev, dt = b * t, cfg.hidden_size, tokens.device, model.dtype
         x = torch.empty((m, hidden), dtype=dt, device=dev)
         mid = torch.empty_like(x)
