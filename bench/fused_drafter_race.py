@@ -31,10 +31,10 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            decoder_capacity)
-from specpilot.bench.decoder_race import call_rows, interleaved_calls, warm_up  # noqa: E402
+from specpilot.bench.decoder_race import (add_race_arguments, call_rows,  # noqa: E402
+                                          interleaved_calls, race_arguments_error, warm_up)
 from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.phase_clock import PhaseClock  # noqa: E402
-from specpilot.cli_common import positive_counts  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
@@ -153,14 +153,11 @@ def one_batch(args, target, drafters, prompts, eos, graphs) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--calls", type=int, default=6, help="timed calls of each decoder")
+    add_race_arguments(ap, calls=6)
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if min(args.k, args.new_tokens, args.calls) < 1:
-        ap.error("--k, --new-tokens and --calls must be at least 1")
+    if race_arguments_error(args):
+        ap.error(race_arguments_error(args))
     try:
         target, drafter, prompts, eos, graphs = decode_models(args, max(args.batch_sizes))
         drafters = {"model": drafter, "fused": FusedForward(drafter)}

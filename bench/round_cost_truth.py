@@ -34,11 +34,11 @@ from pathlib import Path
 from typing import Dict, List
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
-from specpilot.bench.decoder_race import call_rows, interleaved_calls, warm_up
+from specpilot.bench.decoder_race import (add_race_arguments, call_rows, interleaved_calls,
+                                          race_arguments_error, warm_up)
 from specpilot.bench.environment import environment
 from specpilot.bench.phase_clock import PhaseClock
 from specpilot.bench.replay import AcceptanceProfile
-from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
 from specpilot.runtime.adaptive_draft import SMOOTHING
@@ -179,10 +179,7 @@ def one_batch(args, target, drafter, prompts, eos, graphs) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--calls", type=int, default=8, help="timed calls of each decoder")
+    add_race_arguments(ap, calls=8)
     ap.add_argument("--context", type=int, default=0,
                     help="positions before the active timing (default: the longest prompt + "
                          "half the new tokens)")
@@ -192,8 +189,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     batches = args.batch_sizes
-    if min(args.k, args.new_tokens, args.calls) < 1 or args.context < 0:
-        ap.error("--k, --new-tokens and --calls must be at least 1, --context at least 0")
+    if race_arguments_error(args) or args.context < 0:
+        ap.error(race_arguments_error(args) or "--context must be at least 0")
     try:
         target, drafter, prompts, eos, graphs = decode_models(args, max(batches))
     except SpecPilotError as exc:

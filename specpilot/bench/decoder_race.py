@@ -4,10 +4,29 @@ specpilot/bench/phase_clock.py) and rows of each as x the first decoder. Used by
 bench/startoff_gap.py and bench/round_cost_truth.py."""
 from __future__ import annotations
 
+import argparse
 import statistics
 from typing import Dict, List, Optional
 
+from specpilot.cli_common import positive_counts
+
 from .phase_clock import PhaseClock, one_call
+
+
+def add_race_arguments(ap: argparse.ArgumentParser, calls: int) -> None:
+    """The options every race script takes: --batch-sizes, --k, --new-tokens and --calls
+    (`calls` timed calls of each decoder by default); `check_race_arguments` checks them."""
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--new-tokens", type=int, default=256)
+    ap.add_argument("--calls", type=int, default=calls, help="timed calls of each decoder")
+
+
+def race_arguments_error(args) -> Optional[str]:
+    """What is wrong with `add_race_arguments`' options, or None."""
+    if min(args.k, args.new_tokens, args.calls) < 1:
+        return "--k, --new-tokens and --calls must be at least 1"
+    return None
 
 
 def warm_up(decoders, prompts, new: int, calls: int) -> Dict[str, list]:
