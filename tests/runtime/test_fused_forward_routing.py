@@ -1,0 +1,101 @@
+"""runtime/fused_forward.py's routing by call size: a call of more than MAX_FUSED_TOKENS new
+tokens (batch x width) runs the model's own forward, bit for bit, and launches no fused kernel;
+a call within it runs the fused kernels (one norm_qkv_rope launch per layer) and matches the
+model's forward to float32 precision."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest                                                         # noqa: E402
+
+from specpilot.runtime import fused_forward                          # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward              # noqa: E402
+from specpilot.runtime.model import Transformer                       # noqa: E402
+
+from hf_factory import make_checkpoint                               # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+# head_dim 32 (the tl.dot path), GQA; the default tiny llama3 (head_dim 8) is refused.
+SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96)
+CAPACITY = 12
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("routing"), "llama3", seed=7, **SHAPE)
+    return Transformer.from_checkpoint(folder, device=DEVICE)
+
+
+def _inputs(model, batch, width, seed):
+    """A prefill of `width` tokens per row, row r starting at slot r, with a causal mask."""
+    g = torch.Generator().manual_seed(seed)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, width), generator=g).to(DEVICE)
+    pos = (torch.arange(batch)[:, None] + torch.arange(width)[None, :]).to(DEVICE)
+    mask = torch.arange(CAPACITY, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    return tokens, pos, mask
+
+
+def _count_launches(fused, monkeypatch):
+    """Wrap every fused kernel module's launch with a counter: {attribute name: calls}. Modules
+    shared by two attributes (the same spec) are wrapped once, under their first name."""
+    counts, seen = {}, set()
+    for name in ("qkv", "attention", "o_proj", "mlp", "down", "head"):
+        module = getattr(fused, name)
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        counts[name] = 0
+        original = module.launch
+
+        def counting(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
+
+        monkeypatch.setattr(module, "launch", counting)
+    return counts
+
+
+def test_a_call_past_max_fused_tokens_runs_the_models_own_forward(model, monkeypatch):
+    monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", 4)
+    fused = FusedForward(model)
+    counts = _count_launches(fused, monkeypatch)
+    tokens, pos, mask = _inputs(model, 2, 3, seed=1)            # 6 tokens > 4
+    cache, cache_ref = model.new_cache(2, CAPACITY), model.new_cache(2, CAPACITY)
+    mine = fused.forward(tokens, pos, pos, mask, cache)
+    theirs = model.forward(tokens, pos, pos, mask, cache_ref)
+    assert mine.shape == (2, 3, model.config.vocab_size)
+    assert torch.equal(mine, theirs)
+    assert all(n == 0 for n in counts.values()), counts
+    # The cache was written by the model's forward too: the same K/V and positions exactly.
+    for a, b in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
+        assert torch.equal(a, b)
+    assert torch.equal(cache.positions, cache_ref.positions)
+    # logits_at is passed through to the model's forward as well.
+    picked = torch.tensor([[2], [0]], device=DEVICE)
+    mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY), picked)
+    theirs = model.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY), picked)
+    assert mine.shape == (2, 1, model.config.vocab_size) and torch.equal(mine, theirs)
+    assert all(n == 0 for n in counts.values()), counts
+
+
+def test_a_call_within_max_fused_tokens_runs_the_fused_kernels(model, monkeypatch):
+    monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", 4)
+    fused = FusedForward(model)
+    counts = _count_launches(fused, monkeypatch)
+    tokens, pos, mask = _inputs(model, 2, 2, seed=2)            # 4 tokens: the limit itself
+    cache, cache_ref = model.new_cache(2, CAPACITY), model.new_cache(2, CAPACITY)
+    mine = fused.forward(tokens, pos, pos, mask, cache)
+    theirs = model.forward(tokens, pos, pos, mask, cache_ref)
+    layers = model.config.num_layers
+    assert len(model.layers) == layers >= 2
+    assert counts["qkv"] == counts["attention"] == layers, counts
+    assert counts["head"] == 1, counts
+    assert mine.shape == theirs.shape == (2, 2, model.config.vocab_size)
+    assert mine.dtype == torch.float32
+    torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+    for a, b in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+    assert torch.equal(cache.positions, cache_ref.positions)

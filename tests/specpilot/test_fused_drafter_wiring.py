@@ -1,0 +1,142 @@
+"""specpilot/bench/mechanism_programs.py's fused-drafter systems: the four Programs with
+kernels.drafter_kernels "fused" get one FusedForward around the pair's own drafter model (the
+other systems keep the pair as it is), and a drafter the fused kernels cannot run refuses those
+four systems with the reason."""
+import os
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+import pytest                                                         # noqa: E402
+
+from specpilot.bench.mechanism_programs import (fused_drafter_pair,    # noqa: E402
+                                                mechanism_systems)
+from specpilot.deploy import build_deployment                         # noqa: E402
+from specpilot.ir import stock_program                                 # noqa: E402
+from specpilot.runtime.decoder import ModelPair, load_pair            # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward               # noqa: E402
+
+from hf_factory import make_checkpoint, make_pair                     # noqa: E402
+
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
+         "graphed_adaptive_refill_fused"}
+# A drafter the fused kernels run: head_dim 32 (the default tiny llama3's 8 is refused), one
+# layer, the target's vocabulary (hf_factory's families share one).
+FUSABLE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
+               intermediate_size=96, num_hidden_layers=1)
+
+
+def _stock_and_pair(target_dir, drafter_dir):
+    stock = stock_program(build_deployment(target_dir, drafter_dir, dtype="float32"))
+    # On the CPU (as `specpilot bench` loads it off a GPU): the graphed systems cannot capture.
+    return stock, load_pair(target_dir, drafter_dir, "float32", "cpu")
+
+
+def _by_name(systems):
+    out = {s.name.removeprefix("mech:"): s for s in systems}
+    assert len(out) == len(systems) and all(s.name.startswith("mech:") for s in systems)
+    return out
+
+
+@pytest.fixture(scope="module")
+def fusable(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("fusable")
+    target_dir, _ = make_pair(folder, "llama3", seed=3)
+    drafter_dir = make_checkpoint(folder, "llama3", name="fusable-drafter", seed=5, **FUSABLE)
+    return _stock_and_pair(target_dir, drafter_dir)
+
+
+def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusable):
+    stock, pair = fusable
+    assert not isinstance(pair.drafter, FusedForward)       # loaded for the stock Program
+    systems = _by_name(mechanism_systems(stock, pair))
+    assert FUSED <= set(systems)
+    fused_drafters = set()
+    for name, system in systems.items():
+        if name in FUSED:
+            assert system.program.kernels.drafter_kernels == "fused", name
+            assert system.program.kernels.capture_graphs, name
+            assert isinstance(system.pair.drafter, FusedForward), name
+            assert system.pair.drafter.model is pair.drafter, name
+            # the rest of the pair is the original's
+            assert system.pair.target is pair.target and system.pair.eos_ids == pair.eos_ids
+            assert system.pair.tokenizer is pair.tokenizer
+            fused_drafters.add(id(system.pair.drafter))
+        else:
+            assert system.program.kernels.drafter_kernels != "fused", name
+            assert system.pair is pair, name
+    assert len(fused_drafters) == 1
+    # The fused systems are what their non-fused twins are but for the drafter kernels.
+    for name, twin in [("graphed_fused_drafter", None), ("graphed_refill_fused", "graphed_refill"),
+                       ("graphed_adaptive_fused", "graphed_adaptive"),
+                       ("graphed_adaptive_refill_fused", "graphed_adaptive_refill")]:
+        mine = systems[name].program
+        if twin:        # adaptive ones set their token budget per batch size like their twins
+            assert type(systems[name]) is type(systems[twin])
+        other = systems[twin].program if twin else stock
+        assert mine.draft == other.draft and mine.batch == other.batch
+    # Off a GPU every graphed system is refused because its rounds cannot be graphed, the
+    # fused ones included: their fused drafter itself is accepted.
+    for name in FUSED:
+        why = systems[name].unavailable(4)
+        assert why is not None and "its rounds cannot be graphed here" in why, (name, why)
+        assert "CUDA graphs need a CUDA GPU" in why and "fused" not in why, (name, why)
+    assert systems["graphed_fused_drafter"].unavailable(4) == \
+        systems["graphed_refill"].unavailable(4)
+
+
+def test_the_shared_fused_drafter_computes_the_drafters_logits(fusable):
+    stock, cpu_pair = fusable
+    # On the GPU where there is one (the kernels run natively there), else in the interpreter.
+    pair = cpu_pair if DEVICE == "cpu" else load_pair(stock.models.target.checkpoint,
+                                                      stock.models.drafter.checkpoint,
+                                                      "float32", DEVICE)
+    systems = _by_name(mechanism_systems(stock, pair))
+    fused = systems["graphed_fused_drafter"].pair.drafter
+    model = pair.drafter
+    # Attributes not its own are the model's (the decoders read config, dtype, new_cache ...).
+    assert fused.config is model.config and fused.dtype == model.dtype
+    g = torch.Generator().manual_seed(9)
+    tokens = torch.randint(0, model.config.vocab_size, (2, 3), generator=g).to(DEVICE)
+    pos = torch.arange(3, device=DEVICE)[None, :].expand(2, 3).contiguous()
+    mask = torch.arange(8, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    mine = fused.forward(tokens, pos, pos, mask, fused.new_cache(2, 8))
+    theirs = model.forward(tokens, pos, pos, mask, model.new_cache(2, 8))
+    torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_drafter_without_fused_kernels_refuses_the_fused_systems_with_why(tmp_path):
+    target_dir, drafter_dir = make_pair(tmp_path, "llama3", seed=1)   # drafter head_dim 8
+    stock, pair = _stock_and_pair(target_dir, drafter_dir)
+    assert pair.drafter.config.head_dim == 8
+    why = fused_drafter_pair(pair)
+    assert isinstance(why, str) and "head_dim 8" in why
+    systems = _by_name(mechanism_systems(stock, pair))
+    assert FUSED <= set(systems)
+    for name, system in systems.items():
+        refusal = system.unavailable(4)
+        if name in FUSED:
+            assert refusal.startswith("the drafter has no fused kernels: "), (name, refusal)
+            assert "head_dim 8" in refusal, (name, refusal)
+            assert system.pair is pair                  # the original pair, unused
+        else:
+            assert system.pair is pair
+            assert refusal is None or "fused" not in refusal, (name, refusal)
+    # The other systems are refused only where their rounds cannot be graphed (off a GPU),
+    # or run: the drafter's head_dim does not concern them.
+    assert systems["graphed_refill"].unavailable(4).startswith("its rounds cannot be graphed")
+    assert systems["refill"].unavailable(4) is None
+
+
+def test_a_pair_without_a_drafter_has_no_fused_pair(fusable):
+    stock, pair = fusable
+    bare = ModelPair(pair.target, None, pair.tokenizer, pair.eos_ids)
+    assert fused_drafter_pair(bare) == "the pair has no drafter"
+    systems = _by_name(mechanism_systems(stock, bare))
+    for name in FUSED:
+        assert systems[name].unavailable(4) == \
+            "the drafter has no fused kernels: the pair has no drafter"
+        assert systems[name].pair is bare
