@@ -2,8 +2,9 @@
 
 A decode step of a small model is bound by how many kernels it launches, not by the bytes it
 reads (runtime/fast_ops.py). The zoo's drafter (4 layers of 384) reads 25 MB, a few microseconds
-of H200 bandwidth, yet its per-op step launches about 90 kernels, and a chain round runs one step
-per drafted token. Here each layer is
+of H200 bandwidth, yet its per-op step launches some 20 kernels a layer (the target's per-op
+forward launched 255 for its 12 layers, BENCHMARKS.md), and a chain round runs one step per
+drafted token. Here each layer is
 
     norm_qkv_rope      RMSNorm, the q/k/v projection, RoPE, k/v written into the cache
     attention          over the cache with the caller's mask
@@ -67,10 +68,18 @@ def fused_forward_refusal(model) -> Optional[str]:
         return "sliding-window layers are not fused"
     if not model.layers:
         return "it has no layers"
-    if cfg.head_dim % 2 or cfg.head_dim < 16:
-        return (f"head_dim {cfg.head_dim} is odd or below 16 (RoPE pairs its halves; the "
-                "attention kernel takes 16 to 256)")
+    if cfg.head_dim % 2 or not 16 <= cfg.head_dim <= 256:
+        return (f"head_dim {cfg.head_dim} is odd or outside 16..256 (RoPE pairs its halves; "
+                "the attention kernel takes 16 to 256)")
+    if model.device.type != "cuda" and not _interpreting():
+        return (f"Triton kernels need a CUDA device or Triton's interpreter "
+                f"(TRITON_INTERPRET=1); the model is on {model.device}")
     return None
+
+
+def _interpreting() -> bool:
+    from specpilot.codegen.cache import triton_interpreting
+    return triton_interpreting()
 
 
 def _k_block(k: int) -> int:
@@ -104,8 +113,8 @@ class FusedForward:
 
         self.model = model
         cfg, dt = model.config, DTYPE_NAMES[model.dtype]
-        self.layers = [self._layer(layer) for layer in model.layers]
-        inter = self.layers[0].w_gate.shape[0]
+        self.fused_layers = [self._layer(layer) for layer in model.layers]
+        inter = self.fused_layers[0].w_gate.shape[0]
 
         def build(family, **params):
             return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params),
@@ -144,9 +153,20 @@ class FusedForward:
         return FusedLayer(layer.input_norm, layer.post_norm, w_qkv.contiguous(),
                           weight("self_attn.o_proj"), w_gate, w_up, weight("mlp.down_proj"))
 
+    @property
+    def unfused(self):
+        """The model itself, for the runtimes the fused kernels do not serve (the ragged
+        layout's packed attention: runtime/ragged.py)."""
+        return self.model
+
     def __getattr__(self, name):
-        # Only reached for names FusedForward does not define itself.
-        return getattr(self.__dict__["model"], name)
+        # Only reached for names FusedForward does not define itself; AttributeError (not
+        # KeyError) before `model` is set, as copy and pickle expect.
+        try:
+            model = self.__dict__["model"]
+        except KeyError:
+            raise AttributeError(name) from None
+        return getattr(model, name)
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -162,11 +182,11 @@ class FusedForward:
         mid = torch.empty_like(x)
         q = torch.empty((b, t, cfg.num_heads, cfg.head_dim), dtype=dt, device=dev)
         attended = torch.empty_like(q)
-        act = torch.empty((m, self.layers[0].w_gate.shape[0]), dtype=dt, device=dev)
+        act = torch.empty((m, self.fused_layers[0].w_gate.shape[0]), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
         mask = mask.contiguous()
         eps = cfg.rms_norm_eps
-        for i, layer in enumerate(self.layers):
+        for i, layer in enumerate(self.fused_layers):
             first = i == 0
             self.qkv.launch(model.embed if first else x, layer.input_norm, layer.w_qkv, positions,
                             slots, model.inv_freq, q, cache.k[i], cache.v[i], eps,

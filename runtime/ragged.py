@@ -172,6 +172,9 @@ def with_varlen_attention(model, cu_seqlens: Sequence[int], rows: Sequence[int],
     masks differ from layer to layer."""
     if getattr(getattr(model, "config", None), "sliding_window", None) is not None:
         visibility = None
+    # A drafter in fused layer kernels (runtime/fused_forward.py) has no packed attention: the
+    # packed forward is its model's own, per op.
+    model = getattr(model, "unfused", model)
     packed = copy.copy(model)
     packed.backend = VarlenAttention(model.backend, cu_seqlens, rows, capacity, visibility)
     return packed

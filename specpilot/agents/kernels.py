@@ -181,7 +181,7 @@ class KernelAgent(Agent):
         if (program.kernels.backend == "torch" and program.draft.speculates
                 and program.kernels.drafter_kernels == "model"):
             # The drafter in fused layer kernels (runtime/fused_forward.py): five launches a
-            # layer (the zoo's 4-layer drafter launches about 90 a step op by op), and a chain
+            # layer (op by op, some 20 a layer: the zoo target's step launched 255), and a chain
             # round runs one drafter step per drafted token. Whether the drafter's shape has
             # fused kernels is load_pair's to say (a refusal is a failed candidate).
             proposals.append(SetDrafterKernels("fused"))

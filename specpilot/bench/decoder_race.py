@@ -1,7 +1,7 @@
 """Decoders raced in whole calls, interleaved (so drift in the machine falls on all alike):
 their warm-up calls, the timed calls (whole, or split into phases by
 specpilot/bench/phase_clock.py) and rows of each as x the first decoder. Used by
-bench/startoff_gap.py and bench/round_cost_truth.py."""
+bench/startoff_gap.py, bench/round_cost_truth.py and bench/fused_drafter_race.py."""
 from __future__ import annotations
 
 import argparse
@@ -15,7 +15,7 @@ from .phase_clock import PhaseClock, one_call
 
 def add_race_arguments(ap: argparse.ArgumentParser, calls: int) -> None:
     """The options every race script takes: --batch-sizes, --k, --new-tokens and --calls
-    (`calls` timed calls of each decoder by default); `check_race_arguments` checks them."""
+    (`calls` timed calls of each decoder by default); `race_arguments_error` checks them."""
     ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--new-tokens", type=int, default=256)

@@ -115,6 +115,7 @@ def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
         system = cls(f"mech:{name}", program, own, f"stock + {steps}",
                      graphs_only=program.kernels.capture_graphs)
         if program.kernels.drafter_kernels == "fused" and not isinstance(fused, ModelPair):
-            system.refusal = f"the drafter has no fused kernels: {fused}"
+            system.refusal = f"the drafter has no fused kernels: {fused}" + (
+                f"; {system.refusal}" if system.refusal else "")
         out.append(system)
     return out

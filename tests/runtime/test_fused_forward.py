@@ -108,6 +108,8 @@ def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
     ("qwen2", dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1), "biases"),
     ("mistral", dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1), "sliding-window"),
     ("llama3", {}, "head_dim 8"),
+    ("llama3", dict(hidden_size=1040, num_attention_heads=2, num_key_value_heads=1,
+                    intermediate_size=32), "head_dim 520"),
 ])
 def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overrides, reason, tmp_path):
     model = Transformer.from_checkpoint(make_checkpoint(tmp_path, family, **overrides),

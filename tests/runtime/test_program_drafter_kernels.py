@@ -13,8 +13,8 @@ if not torch.cuda.is_available():
 
 from specpilot.codegen.cache import triton_interpreting                   # noqa: E402
 from specpilot.deploy import build_deployment                             # noqa: E402
-from specpilot.ir import (SetDrafterKernels, SetMaxBatchSize, apply, replay,   # noqa: E402
-                          stock_program)
+from specpilot.ir import (SetBatchLayout, SetDrafterKernels, SetMaxBatchSize,  # noqa: E402
+                          apply, replay, stock_program)
 from specpilot.ir.errors import SpecPilotError                            # noqa: E402
 from specpilot.runtime.decoder import (UnsupportedProgram, check_pair_runs, load_pair,  # noqa: E402
                                        needs_own_pair, run_reference, timed_program)
@@ -65,6 +65,22 @@ def test_load_pair_runs_the_drafter_fused_and_the_output_is_the_unfused_pairs(se
     assert fused.mean_accepted == unfused.mean_accepted and 1 < fused.mean_accepted < 5
 
 
+def test_the_ragged_layout_runs_a_fused_drafters_own_model_for_its_packed_steps(setup):
+    """The packed (varlen) attention is the model's: a ragged Program with fused drafter
+    kernels drafts through the drafter's per-op forward, and its output is the unfused one's."""
+    ragged, ragged_fused = (replay(p, [SetBatchLayout("ragged")])
+                            for p in (setup["base"], setup["fused"]))
+    fused_pair = load_pair(setup["target"], setup["drafter"], "float32", DEVICE,
+                           program=ragged_fused)
+    plain = load_pair(setup["target"], setup["drafter"], "float32", DEVICE)
+    prompts = random_prompts((5, 3), seed=44)
+    unfused = timed_program(ragged, plain, prompts, MAX_NEW)
+    fused = timed_program(ragged_fused, fused_pair, prompts, MAX_NEW)
+    assert fused.tokens == unfused.tokens == run_reference(plain, prompts, MAX_NEW,
+                                                          batch_size=2).tokens
+    assert fused.target_forwards == unfused.target_forwards
+
+
 def test_a_pair_built_for_the_other_drafter_kernels_is_refused(setup):
     plain = load_pair(setup["target"], setup["drafter"], "float32", DEVICE)
     with pytest.raises(UnsupportedProgram, match="the drafter was loaded with 'model' drafter "
@@ -87,8 +103,8 @@ def test_a_drafter_the_fused_kernels_cannot_run_is_refused_with_the_reason(tmp_p
     with pytest.raises(SpecPilotError) as info:
         load_pair(target, drafter, "float32", DEVICE, program=program)
     assert str(info.value) == ("the fused forward cannot run this model: head_dim 8 is odd or "
-                               "below 16 (RoPE pairs its halves; the attention kernel takes 16 "
-                               "to 256)")
+                               "outside 16..256 (RoPE pairs its halves; the attention kernel "
+                               "takes 16 to 256)")
 
 
 def test_the_search_loads_a_fused_drafter_program_its_own_pair(setup):
@@ -109,4 +125,3 @@ def test_the_cost_report_and_ir_show_name_the_fused_drafter(setup):
     assert ("backend torch (fast path ops), fused drafter kernels, graph capture off"
             in summarize(setup["fused"]))
     assert "drafter kernels" not in summarize(setup["base"])
-    assert summarize(replay(setup["base"], [])) == summarize(setup["base"])

@@ -137,6 +137,8 @@ def test_a_pair_without_a_drafter_has_no_fused_pair(fusable):
     assert fused_drafter_pair(bare) == "the pair has no drafter"
     systems = _by_name(mechanism_systems(stock, bare))
     for name in FUSED:
-        assert systems[name].unavailable(4) == \
-            "the drafter has no fused kernels: the pair has no drafter"
+        # the fused-kernel reason first, then the system's own refusal, kept
+        assert systems[name].unavailable(4) == (
+            "the drafter has no fused kernels: the pair has no drafter; "
+            "this Program speculates and the pair has no drafter")
         assert systems[name].pair is bare
