@@ -69,12 +69,13 @@ def test_norm_gate_up_silu_matches_reference(params, M, I, K, kernel_cache, devi
     assert_matches(out, norm_gate_up_silu_ref(x, norm_weight, w_gate, w_up, 1e-6), spec.get("DTYPE"))
 
 
-def _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None):
+def _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None, far=0):
     """Random operands of norm_qkv_rope: distinct slots per row, positions apart from slots
-    (a tree's nodes share a position), caches already holding other values."""
+    (a tree's nodes share a position) and `far` further on, caches already holding other
+    values."""
     g = torch.Generator().manual_seed(b * 100 + t)
     slots = torch.stack([torch.randperm(capacity, generator=g)[:t] for _ in range(b)]).to(device)
-    positions = (slots + torch.randint(0, 50, (b, 1), generator=g).to(device))
+    positions = (slots + far + torch.randint(0, 50, (b, 1), generator=g).to(device))
     inv_freq = (1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))).to(device)
     rows = vocab if vocab is not None else b * t
     return dict(x=randn(rows, hidden, dtype=dtype, device=device),
@@ -85,17 +86,20 @@ def _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None):
                 v_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device))
 
 
-@pytest.mark.parametrize("params,b,t,hq,hkv,hidden,gather", [
-    (dict(DTYPE="bf16", HEAD_DIM=32), 2, 3, 4, 2, 48, False),
-    (dict(DTYPE="bf16", HEAD_DIM=32, BLOCK_M=16, BLOCK_K=32), 5, 4, 2, 1, 64, True),   # > one M block
-    (dict(DTYPE="fp32", HEAD_DIM=12, USE_DOT=False, BLOCK_M=4, BLOCK_K=16), 3, 2, 3, 3, 20, True),
-    (dict(DTYPE="fp16", HEAD_DIM=48), 1, 5, 2, 2, 40, False),        # D/2 not a power of two
+@pytest.mark.parametrize("params,b,t,hq,hkv,hidden,gather,far", [
+    (dict(DTYPE="bf16", HEAD_DIM=32), 2, 3, 4, 2, 48, False, 0),
+    (dict(DTYPE="fp32", HEAD_DIM=32), 2, 3, 4, 2, 48, False, 7000),   # large RoPE angles
+    (dict(DTYPE="bf16", HEAD_DIM=32, BLOCK_M=16, BLOCK_K=32), 5, 4, 2, 1, 64, True, 0),  # > one M block
+    (dict(DTYPE="fp32", HEAD_DIM=12, USE_DOT=False, BLOCK_M=4, BLOCK_K=16), 3, 2, 3, 3, 20, True, 0),
+    (dict(DTYPE="fp16", HEAD_DIM=48), 1, 5, 2, 2, 40, False, 0),     # D/2 not a power of two
 ])
-def test_norm_qkv_rope_matches_reference(params, b, t, hq, hkv, hidden, gather, kernel_cache, device):
+def test_norm_qkv_rope_matches_reference(params, b, t, hq, hkv, hidden, gather, far, kernel_cache,
+                                         device):
     spec = kernel_spec("norm_qkv_rope", **params)
     dtype, d, capacity = TORCH_DTYPES[spec.get("DTYPE")], spec.get("HEAD_DIM"), 11
     module = build_triton_module(spec, kernel_cache)
-    case = _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=29 if gather else None)
+    case = _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity,
+                     vocab=29 if gather else None, far=far)
     tokens = (torch.randint(0, 29, (b, t), generator=torch.Generator().manual_seed(7)).to(device)
               if gather else None)
     cache_positions = torch.full((b, capacity), -5, dtype=torch.int64, device=device)
