@@ -75,9 +75,6 @@ def unmodelled(program: Program) -> List[str]:
                      "modelled: its kernels are counted as the per-op path's")
     if not program.draft.speculates:
         return notes        # greedy AR: nothing of a draft to estimate
-    if program.kernels.drafter_kernels != "model":
-        notes.append(f"the drafter's {program.kernels.drafter_kernels} kernels are not "
-                     "modelled: its launches are counted as the per-op path's")
     if getattr(program.verify, "prune", None) is not None:
         notes.append(f"two-level verification ({program.verify.prune}) is not modelled: costed "
                      "as if the target verified every drafted node")

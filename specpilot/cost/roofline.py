@@ -24,6 +24,11 @@ ATTENTION_OPS = 8
 QK_NORM_OPS = 2
 MLP_OPS = 6
 HEAD_OPS = 2          # final norm + lm_head
+# A drafter in fused layer kernels (kernels.drafter_kernels "fused", runtime/fused_forward.py):
+# five launches a layer (norm + q/k/v + RoPE + cache write, attention, o_proj + residual,
+# norm + gate/up + SiLU, down_proj + residual) and one for the final norm with the LM head.
+FUSED_LAYER_OPS = 5
+FUSED_HEAD_OPS = 1
 # Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
 ACCEPT_OPS = 2
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
@@ -110,8 +115,9 @@ def attention_flops(model: ModelSpec, rows: int, keys: int) -> float:
 
 
 def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: float, context: float,
-                 gpu: GpuSpec) -> NodeCost:
-    """A whole-model forward of `tokens` new tokens per request after `context` positions."""
+                 gpu: GpuSpec, fused: bool = False) -> NodeCost:
+    """A whole-model forward of `tokens` new tokens per request after `context` positions;
+    `fused`: in the fused layer kernels (FUSED_LAYER_OPS a layer), not op by op."""
     rows = batch * tokens
     keys = context + tokens
     dtype_bytes = DTYPE_BYTES[model.dtype]
@@ -120,8 +126,12 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
     kv = model.num_layers * batch * keys * kv_row_bytes(model)
     flops = (2.0 * rows * _linear_params(model, model.linears)
              + model.num_layers * attention_flops(model, rows, keys))
-    launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS + (QK_NORM_OPS if model.qk_norm else 0))
-                + HEAD_OPS + 1)
+    if fused:
+        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
+    else:
+        launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
+                                        + (QK_NORM_OPS if model.qk_norm else 0))
+                    + HEAD_OPS + 1)
     return NodeCost(name, kind, model.role, weights, kv, rows * model.hidden_size * dtype_bytes,
                     flops, launches, ideal, kv, flops, gpu.flops_for(model.dtype))
 
@@ -152,7 +162,8 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
         if kind == "drafter_forward":
             # The first forward re-feeds what the previous step committed (accepted + bonus).
             width = mean_accepted + 1.0 if a["depth"] == 1 else tokens
-            node = forward_cost(name, kind, drafter, batch, width, context, gpu)
+            node = forward_cost(name, kind, drafter, batch, width, context, gpu,
+                                fused=program.kernels.drafter_kernels == "fused")
         elif kind in ("attention", "mlp", "lm_head", "embed"):
             linears = a["linears"]
             ideal_w = sum(smallest_lossless_bytes(target, n) for n in linears)

@@ -114,14 +114,23 @@ def test_the_search_loads_a_fused_drafter_program_its_own_pair(setup):
     assert _build_key(setup["base"]) != _build_key(setup["fused"])
 
 
-def test_the_cost_report_and_ir_show_name_the_fused_drafter(setup):
+def test_the_cost_model_prices_the_fused_drafter_and_ir_show_names_it(setup):
     from specpilot.cli_ir import summarize
-    from specpilot.cost import AssumedAcceptance, CostModel, gpu_spec
+    from specpilot.cost import CostModel, gpu_spec
+    from specpilot.cost.roofline import step_nodes
 
-    model = CostModel(gpu_spec("h200"))
-    note = "the drafter's fused kernels are not modelled"
-    assert any(note in n for n in model.report(setup["fused"], AssumedAcceptance(0.6)).notes)
-    assert not any(note in n for n in model.report(setup["base"], AssumedAcceptance(0.6)).notes)
+    gpu = gpu_spec("h200")
+
+    def drafter_launches(program):
+        return [n.launches for n in step_nodes(program, gpu, 2, 40, 2.0)
+                if n.kind == "drafter_forward"]
+    # one layer: five fused launches and the LM head's, against the per-op count (q/k/v,
+    # RoPE, attention, o_proj and the norms and adds: 8 + 6 a layer, the head's 2, the embedding)
+    assert drafter_launches(setup["fused"]) == [1 * 5 + 1] * 4
+    assert drafter_launches(setup["base"]) == [1 * (8 + 6) + 2 + 1] * 4
+    model = CostModel(gpu)
+    assert (model.step_seconds(setup["fused"], 2, 40, 2.0)
+            < model.step_seconds(setup["base"], 2, 40, 2.0))
     assert ("backend torch (fast path ops), fused drafter kernels, graph capture off"
             in summarize(setup["fused"]))
     assert "drafter kernels" not in summarize(setup["base"])
