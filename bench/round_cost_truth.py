@@ -31,11 +31,10 @@ from __future__ import annotations
 import argparse
 import statistics
 from pathlib import Path
-from typing import Dict, List
+from typing import List
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
-from specpilot.bench.decoder_race import (add_race_arguments, call_rows, interleaved_calls,
-                                          race_arguments_error, warm_up)
+from specpilot.bench.decoder_race import add_race_arguments, interleaved_calls, race, warm_up
 from specpilot.bench.environment import environment
 from specpilot.bench.phase_clock import PhaseClock
 from specpilot.bench.replay import AcceptanceProfile
@@ -82,32 +81,6 @@ def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
                               source)
     return per_round, rounds, chain, fixed, warm
-
-
-def race(decoders: Dict[str, GraphedChainDecoder], prompts, new, calls,
-         warmed: Dict[str, list]) -> List[dict]:
-    """Whole calls of every decoder in turn; rows x the first decoder (plain AR). Decoders not
-    in `warmed` (name -> its warm-up results) are warmed up first. Each row also keeps its
-    warm-up calls' rounds per length and, for an adaptive decoder, what its workload memory
-    holds at the end (each remembered request's accepted drafts and rejections, the
-    acceptance its batch's first turn-off decision judged it by): whether, and where, its
-    speculating batches turned off."""
-    warm = {**warmed, **warm_up({n: d for n, d in decoders.items() if n not in warmed},
-                                prompts, new, WARM_CALLS)}
-    started_off: Dict[str, List[bool]] = {}
-    rows = call_rows(interleaved_calls(decoders, prompts, new, calls, started_off=started_off))
-    for row in rows:
-        name = row["system"]
-        row["warm_up_stats"] = [dict(r.stats) for r in warm[name]]
-        if name in started_off:
-            policy = decoders[name].policy
-            memory = policy.memory
-            row["length_update"] = {"compiled": policy.compiled, "smoothing": policy.smoothing}
-            row["calls_started_off"] = started_off[name]
-            row["memory"] = {"counts": [list(c) for c in memory.counts],
-                             "first_judged": memory.first_judged,
-                             "explore_after": memory.explore_after}
-    return rows
 
 
 def price_rounds(args, target, drafter, prompts, eos, graphs, capacity):
@@ -158,7 +131,7 @@ def race_adaptive(args, target, drafter, prompts, eos, graphs, capacity, fixed, 
                      for s in args.smoothings})
     decoders.update({f"chain({n})": fixed[n] for n in range(1, k + 1)})
     warmed = {"plain AR": fixed_warm[0], **{f"chain({n})": fixed_warm[n] for n in range(1, k + 1)}}
-    rows = race(decoders, prompts, args.new_tokens, args.calls, warmed)
+    rows = race(decoders, prompts, args.new_tokens, args.calls, WARM_CALLS, warmed)
     for r in rows:
         off = r.get("calls_started_off")
         print(f"batch {batch:3d} {r['system']:32s} {r['x_plain_ar']:.4f}x "
@@ -189,8 +162,8 @@ def main(argv=None) -> int:
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     batches = args.batch_sizes
-    if race_arguments_error(args) or args.context < 0:
-        ap.error(race_arguments_error(args) or "--context must be at least 0")
+    if args.context < 0:
+        ap.error("--context must be at least 0")
     try:
         target, drafter, prompts, eos, graphs = decode_models(args, max(batches))
     except SpecPilotError as exc:

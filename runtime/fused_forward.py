@@ -71,22 +71,19 @@ def fused_forward_refusal(model) -> Optional[str]:
     if cfg.head_dim % 2 or not 16 <= cfg.head_dim <= 256:
         return (f"head_dim {cfg.head_dim} is odd or outside 16..256 (RoPE pairs its halves; "
                 "the attention kernel takes 16 to 256)")
-    if model.device.type != "cuda" and not _interpreting():
+    from specpilot.codegen.cache import triton_interpreting
+    if model.device.type != "cuda" and not triton_interpreting():
         return (f"Triton kernels need a CUDA device or Triton's interpreter "
                 f"(TRITON_INTERPRET=1); the model is on {model.device}")
     return None
-
-
-def _interpreting() -> bool:
-    from specpilot.codegen.cache import triton_interpreting
-    return triton_interpreting()
 
 
 def _k_block(k: int) -> int:
     """The reduction step for a reduction of length k: all of it up to 256. Each program of a
     small layer walks its K loop serially, a memory latency per step, so few wide steps beat
     many narrow ones (the RMSNorm's statistics pass walks it too)."""
-    return min(256, max(16, 1 << (k - 1).bit_length()))
+    from specpilot.codegen.families import next_power_of_two
+    return min(256, max(16, next_power_of_two(k)))
 
 
 def _column_block(n: int) -> int:
@@ -114,7 +111,7 @@ class FusedForward:
         self.model = model
         cfg, dt = model.config, DTYPE_NAMES[model.dtype]
         self.fused_layers = [self._layer(layer) for layer in model.layers]
-        inter = self.fused_layers[0].w_gate.shape[0]
+        inter = self.intermediate = self.fused_layers[0].w_gate.shape[0]
 
         def build(family, **params):
             return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params),
@@ -150,7 +147,7 @@ class FusedForward:
             w_gate, w_up = weight("mlp.gate_up_proj").chunk(2, dim=0)
         else:
             w_gate, w_up = weight("mlp.gate_proj"), weight("mlp.up_proj")
-        return FusedLayer(layer.input_norm, layer.post_norm, w_qkv.contiguous(),
+        return FusedLayer(layer.input_norm, layer.post_norm, w_qkv,
                           weight("self_attn.o_proj"), w_gate, w_up, weight("mlp.down_proj"))
 
     @property
@@ -182,7 +179,7 @@ class FusedForward:
         mid = torch.empty_like(x)
         q = torch.empty((b, t, cfg.num_heads, cfg.head_dim), dtype=dt, device=dev)
         attended = torch.empty_like(q)
-        act = torch.empty((m, self.fused_layers[0].w_gate.shape[0]), dtype=dt, device=dev)
+        act = torch.empty((m, self.intermediate), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
         mask = mask.contiguous()
         eps = cfg.rms_norm_eps

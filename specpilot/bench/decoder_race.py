@@ -1,6 +1,7 @@
 """Decoders raced in whole calls, interleaved (so drift in the machine falls on all alike):
 their warm-up calls, the timed calls (whole, or split into phases by
-specpilot/bench/phase_clock.py) and rows of each as x the first decoder. Used by
+specpilot/bench/phase_clock.py), rows of each as x the first decoder, and the whole race with
+what each adaptive decoder learnt (`race`). Used by
 bench/startoff_gap.py, bench/round_cost_truth.py and bench/fused_drafter_race.py."""
 from __future__ import annotations
 
@@ -8,25 +9,18 @@ import argparse
 import statistics
 from typing import Dict, List, Optional
 
-from specpilot.cli_common import positive_counts
+from specpilot.cli_common import positive_counts, positive_int
 
 from .phase_clock import PhaseClock, one_call
 
 
 def add_race_arguments(ap: argparse.ArgumentParser, calls: int) -> None:
-    """The options every race script takes: --batch-sizes, --k, --new-tokens and --calls
-    (`calls` timed calls of each decoder by default); `race_arguments_error` checks them."""
+    """The options every race script takes, each checked as it is parsed: --batch-sizes, --k,
+    --new-tokens and --calls (`calls` timed calls of each decoder by default)."""
     ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
-    ap.add_argument("--k", type=int, default=4)
-    ap.add_argument("--new-tokens", type=int, default=256)
-    ap.add_argument("--calls", type=int, default=calls, help="timed calls of each decoder")
-
-
-def race_arguments_error(args) -> Optional[str]:
-    """What is wrong with `add_race_arguments`' options, or None."""
-    if min(args.k, args.new_tokens, args.calls) < 1:
-        return "--k, --new-tokens and --calls must be at least 1"
-    return None
+    ap.add_argument("--k", type=positive_int, default=4)
+    ap.add_argument("--new-tokens", type=positive_int, default=256)
+    ap.add_argument("--calls", type=positive_int, default=calls, help="timed calls of each decoder")
 
 
 def warm_up(decoders, prompts, new: int, calls: int) -> Dict[str, list]:
@@ -61,4 +55,33 @@ def call_rows(seconds: Dict[str, List[float]]) -> List[dict]:
     for row in rows:
         row["x_plain_ar"] = rows[0]["call_ms_median"] / row["call_ms_median"]
         row["x_plain_ar_mean"] = rows[0]["call_ms_mean"] / row["call_ms_mean"]
+    return rows
+
+
+def race(decoders, prompts, new: int, calls: int, warm_calls: int,
+         warmed: Optional[Dict[str, list]] = None) -> List[dict]:
+    """Whole calls of every decoder in turn; rows x the first decoder (plain AR). Decoders not
+    in `warmed` (name -> its warm-up results) get `warm_calls` warm-up calls first. Each row
+    also keeps its warm-up calls' rounds per length and, for an adaptive decoder, its round
+    costs, how its length update runs, which calls started off, and what its workload memory
+    holds at the end (each remembered request's accepted drafts and rejections, the acceptance
+    its batch's first turn-off decision judged it by): whether, and where, its speculating
+    batches turned off."""
+    warmed = warmed or {}
+    warm = {**warmed, **warm_up({n: d for n, d in decoders.items() if n not in warmed},
+                                prompts, new, warm_calls)}
+    started_off: Dict[str, List[bool]] = {}
+    rows = call_rows(interleaved_calls(decoders, prompts, new, calls, started_off=started_off))
+    for row in rows:
+        name = row["system"]
+        row["warm_up_stats"] = [dict(r.stats) for r in warm[name]]
+        if name in started_off:
+            policy = decoders[name].policy
+            memory = policy.memory
+            row["round_costs"] = policy.round_cost_host.tolist()
+            row["length_update"] = {"compiled": policy.compiled, "smoothing": policy.smoothing}
+            row["calls_started_off"] = started_off[name]
+            row["memory"] = {"counts": [list(c) for c in memory.counts],
+                             "first_judged": memory.first_judged,
+                             "explore_after": memory.explore_after}
     return rows

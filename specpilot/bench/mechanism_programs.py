@@ -115,7 +115,8 @@ def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
         system = cls(f"mech:{name}", program, own, f"stock + {steps}",
                      graphs_only=program.kernels.capture_graphs)
         if program.kernels.drafter_kernels == "fused" and not isinstance(fused, ModelPair):
-            system.refusal = f"the drafter has no fused kernels: {fused}" + (
-                f"; {system.refusal}" if system.refusal else "")
+            # The reason, alone: the unfused pair's own refusals (a pair built for other
+            # drafter kernels) would only mislead.
+            system.refusal = f"the drafter has no fused kernels: {fused}"
         out.append(system)
     return out

@@ -20,6 +20,9 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import torch
 
 VOCAB_SIZE = 97  # not a power of two, shared by every family so pairs can mix sizes
+# Overrides that give head_dim 32: the fused layer kernels' tensor-core path
+# (runtime/fused_forward.py takes head_dim 16 to 256; the tiny presets have 8).
+FUSABLE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96)
 
 _TINY = dict(vocab_size=VOCAB_SIZE, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
              num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
@@ -221,3 +224,11 @@ def with_noise(tensors, noise: float, seed: int):
     gen = torch.Generator().manual_seed(seed)
     return {k: t + noise * t.std() * torch.randn(t.shape, generator=gen) if t.dim() == 2 else t
             for k, t in tensors.items()}
+
+
+def kernel_device() -> str:
+    """Where generated Triton kernels run in this test run, and so where their tensors go: the
+    CPU under Triton's interpreter (tests/conftest.py sets it where there is no CUDA), else the
+    GPU."""
+    from specpilot.codegen.cache import triton_interpreting
+    return "cpu" if triton_interpreting() else "cuda"

@@ -1,30 +1,23 @@
 """runtime/fused_forward.py: a model's forward in the fused layer kernels against the model's
 own per-op forward, and as a chain decoder's drafter. On the CPU the kernels run in Triton's
 interpreter; with a GPU, natively on CUDA tensors."""
-import os
-
 import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.checkpoint import load_checkpoint
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.model import Transformer
 
-from specpilot.ir.errors import SpecPilotError                      # noqa: E402
-from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal   # noqa: E402
-from specpilot.runtime.ar import generate_ar                         # noqa: E402
-from specpilot.runtime.checkpoint import load_checkpoint            # noqa: E402
-from specpilot.runtime.graphed_chain import GraphedChainDecoder     # noqa: E402
-from specpilot.runtime.model import Transformer                     # noqa: E402
+from hf_factory import FUSABLE, kernel_device, make_checkpoint, with_noise
+from mechanism_setup import MAX_NEW, pair_setup
 
-from hf_factory import make_checkpoint                              # noqa: E402
-from hf_factory import with_noise                                   # noqa: E402
-from mechanism_setup import MAX_NEW, pair_setup                     # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
+DEVICE = kernel_device()
 
 # head_dim 32 (the dot path) and 16 (multiply-add), GQA, an odd vocabulary, llama3.1 RoPE scaling.
-SHAPES = {"dot": dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1,
-                      intermediate_size=96),
+SHAPES = {"dot": FUSABLE,
           "fma": dict(hidden_size=48, num_attention_heads=3, num_key_value_heads=3,
                       intermediate_size=40)}
 

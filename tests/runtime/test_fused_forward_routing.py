@@ -2,30 +2,22 @@
 tokens (batch x width) runs the model's own forward, bit for bit, and launches no fused kernel;
 a call within it runs the fused kernels (one norm_qkv_rope launch per layer) and matches the
 model's forward to float32 precision."""
-import os
-
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
+from specpilot.runtime import fused_forward
+from specpilot.runtime.fused_forward import FusedForward
+from specpilot.runtime.model import Transformer
 
-import pytest                                                         # noqa: E402
+from hf_factory import FUSABLE, kernel_device, make_checkpoint
 
-from specpilot.runtime import fused_forward                          # noqa: E402
-from specpilot.runtime.fused_forward import FusedForward              # noqa: E402
-from specpilot.runtime.model import Transformer                       # noqa: E402
-
-from hf_factory import make_checkpoint                               # noqa: E402
-
-DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
-# head_dim 32 (the tl.dot path), GQA; the default tiny llama3 (head_dim 8) is refused.
-SHAPE = dict(hidden_size=64, num_attention_heads=2, num_key_value_heads=1, intermediate_size=96)
+DEVICE = kernel_device()
 CAPACITY = 12
 
 
 @pytest.fixture(scope="module")
 def model(tmp_path_factory):
-    folder = make_checkpoint(tmp_path_factory.mktemp("routing"), "llama3", seed=7, **SHAPE)
+    folder = make_checkpoint(tmp_path_factory.mktemp("routing"), "llama3", seed=7, **FUSABLE)
     return Transformer.from_checkpoint(folder, device=DEVICE)
 
 
@@ -86,16 +78,8 @@ def test_a_call_within_max_fused_tokens_runs_the_fused_kernels(model, monkeypatc
     fused = FusedForward(model)
     counts = _count_launches(fused, monkeypatch)
     tokens, pos, mask = _inputs(model, 2, 2, seed=2)            # 4 tokens: the limit itself
-    cache, cache_ref = model.new_cache(2, CAPACITY), model.new_cache(2, CAPACITY)
-    mine = fused.forward(tokens, pos, pos, mask, cache)
-    theirs = model.forward(tokens, pos, pos, mask, cache_ref)
-    layers = model.config.num_layers
-    assert len(model.layers) == layers >= 2
-    assert counts["qkv"] == counts["attention"] == layers, counts
+    mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY))
+    # What it computes is test_fused_forward.py's to check: here, that the kernels ran.
+    assert counts["qkv"] == counts["attention"] == model.config.num_layers, counts
     assert counts["head"] == 1, counts
-    assert mine.shape == theirs.shape == (2, 2, model.config.vocab_size)
-    assert mine.dtype == torch.float32
-    torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-4)
-    for a, b in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
-    assert torch.equal(cache.positions, cache_ref.positions)
+    assert mine.shape == (2, 2, model.config.vocab_size)
