@@ -1,7 +1,7 @@
 """runtime/fused_forward.py's routing by call size: a call of more than MAX_FUSED_TOKENS new
 tokens (batch x width) runs the model's own forward, bit for bit, and launches no fused kernel;
-a call within it runs the fused kernels (one norm_qkv_rope launch per layer) and matches the
-model's forward to float32 precision."""
+a call within it runs the fused kernels (one norm_qkv_rope launch per layer; what they compute is
+test_fused_forward.py's to check)."""
 import pytest
 import torch
 
