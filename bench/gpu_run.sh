@@ -35,6 +35,9 @@
 #              length update eager, other smoothings and the fixed chains raced against plain AR
 #   fuseddrafter bench/fused_drafter_race.py on the trained pair: the drafter's step as its model
 #              runs it and in fused layer kernels, fixed chains and the adaptive decoder with each
+#   breakdown  bench/round_breakdown.py: a chain round's pieces (drafter steps, verification,
+#              acceptance and commit) timed as graphs and their kernels listed, and a refill's
+#              admission (random weights unless BREAKDOWN_ARGS names --pair)
 #   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
 #              20 whole calls of each decoder
 #
@@ -44,7 +47,7 @@
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
 # SYSTEMS (the bench phases' --systems; all by default), FUSED_ARGS (more options of
-# fused_drafter_race.py), EXTREMES_ARGS (more options of
+# fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
 # RESULTS (default /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
@@ -129,6 +132,9 @@ phase() {
     fuseddrafter)
         step fuseddrafter timeout 400 python3 bench/fused_drafter_race.py --pair "$PAIR" \
             ${FUSED_ARGS:-} --out "$RESULTS/fused-drafter-race.json" ;;
+    breakdown)
+        step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
+            --out "$RESULTS/round-breakdown.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;

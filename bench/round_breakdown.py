@@ -1,0 +1,218 @@
+"""Where a speculative round's time goes, piece by piece, and what a refill's admission costs.
+
+Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_forward.py):
+
+- device time of each piece captured alone as a CUDA graph (median of CUDA-event times):
+  the drafter's k steps (`draft`), those and the target's verification (`draft_verify`), the
+  whole round (`round`), so verify = draft_verify - draft and the acceptance and commit =
+  round - draft_verify; beside them a plain step (`plain_round`), the round with the drafter as
+  its model runs it, with adaptive lengths (the length policy's update included) and with
+  refill's per-row log; and the target's forward of 1 and k + 1 tokens alone;
+- the kernels each piece launches, run eagerly under torch.profiler (count, summed device time
+  and the costliest names): what a piece's graph time is made of, kernels or the gaps between
+  them;
+- a refill's admission of a newcomer into one row (its results taken, both caches prefilled
+  in the row's graph, the row's state set), host clock: what each of a refill decoder's
+  newcomers costs besides its rounds.
+
+  python3 bench/round_breakdown.py --out bench/results/round-breakdown.json
+  python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
+
+Random weights by default (a round's cost does not depend on what it accepts: every piece
+runs its fixed shapes). Off a GPU it runs uncaptured in float32 with Triton's interpreter,
+without kernel lists (to check the script).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specpilot.bench.decode_models import add_model_arguments, decode_models  # noqa: E402
+from specpilot.bench.environment import environment  # noqa: E402
+from specpilot.bench.step_costs import measure_forwards, time_median  # noqa: E402
+from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
+from specpilot.ir.errors import SpecPilotError  # noqa: E402
+from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
+from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
+from specpilot.search.run_folder import write_json_atomic  # noqa: E402
+
+WARMUP, REPEATS = 5, 40
+TOP_KERNELS = 8
+ADMIT_LIMIT = 64      # new tokens of an admitted newcomer (its state only; nothing decodes)
+
+
+def round_pieces(dec: GraphedChainDecoder, k: int) -> Dict[str, Callable[[], object]]:
+    """One round of `dec` (chain(k), every row active) cut into the pieces it runs, in order:
+    `draft` returns the drafts, `verify(drafts)` the target's argmaxes, `commit(drafts, g)`
+    accepts and moves the state on. Composed they are `dec._round(k)`."""
+    def commit(drafts, g):
+        dec._commit(g, dec._accepted(drafts, g),
+                    drafted=torch.full_like(dec.count, k) if dec.adaptive else None)
+
+    return {"draft": lambda: dec._draft(k), "verify": dec._verify, "commit": commit}
+
+
+def kernel_profile(fn: Callable[[], object], device: torch.device) -> dict:
+    """The CUDA kernels (and copies) of one eager call of `fn`: count, summed device time in
+    microseconds, and the costliest names with their counts. Empty off a GPU."""
+    if device.type != "cuda":
+        return {}
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize(device)
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        fn()
+        torch.cuda.synchronize(device)
+    by_name: Dict[str, List[float]] = {}
+    for e in prof.events():
+        if e.device_type != torch.autograd.DeviceType.CUDA:
+            continue
+        us = getattr(e, "device_time", None)
+        us = e.cuda_time if us is None else us
+        by_name.setdefault(e.name, []).append(float(us))
+    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
+    return {"kernels": sum(len(v) for v in by_name.values()),
+            "kernel_us": sum(sum(v) for v in by_name.values()),
+            "top": [{"name": name[:120], "count": len(v), "us": sum(v)} for name, v in top]}
+
+
+def graph_ms(fn: Callable[[], object], dec: GraphedChainDecoder, context: int,
+             graphs: bool) -> float:
+    """Median device ms of `fn` captured alone (eager off a GPU) from every row active after
+    `context` positions."""
+    dec.reset_all_active(context)
+    run = capture_graph(fn, dec.device)[0].replay if graphs else fn
+    return time_median(run, dec.device, *((WARMUP, REPEATS) if graphs else (0, 1))) * 1e3
+
+
+def round_ms(dec: GraphedChainDecoder, context: int, graphs: bool) -> float:
+    """Median device ms of one captured round of `dec` (its own `timing_round`)."""
+    return time_median(dec.timing_round(context), dec.device,
+                       *((WARMUP, REPEATS) if graphs else (0, 1))) * 1e3
+
+
+def piece_kernels(dec: GraphedChainDecoder, k: int, context: int) -> dict:
+    """Each piece's kernels (`kernel_profile`), run eagerly once warm."""
+    pieces = round_pieces(dec, k)
+    dec.reset_all_active(context)
+    drafts = pieces["draft"]()
+    g = pieces["verify"](drafts)
+    pieces["commit"](drafts, g)                 # warm: compiled ops, allocator
+    dec.reset_all_active(context)
+    out = {"draft": kernel_profile(pieces["draft"], dec.device)}
+    out["verify"] = kernel_profile(lambda: pieces["verify"](drafts), dec.device)
+    out["commit"] = kernel_profile(lambda: pieces["commit"](drafts, g), dec.device)
+    return out
+
+
+def admission(dec: GraphedRefillDecoder, prompt: List[int], graphs: bool) -> dict:
+    """Host ms of one newcomer taking row 0 (its predecessor's results cloned out, the prompt
+    prefilled into the row of both caches, the row's state set), and its kernels."""
+    dec.prepare_prefill([prompt])
+
+    def admit():
+        dec._take_row(0, refilled=True)
+        dec._admit(0, prompt, ADMIT_LIMIT)
+
+    admit()                                     # captures the row's bucket, untimed
+    ms = time_median(admit, dec.device, *((3, 20) if graphs else (0, 1)), host_bound=True) * 1e3
+    return {"prompt_tokens": len(prompt), "host_ms": ms,
+            "kernels": kernel_profile(admit, dec.device)}
+
+
+def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
+    b, k = len(prompts), args.k
+    context = max(len(p) for p in prompts) + args.new_tokens // 2
+    # Room for every timed round to stay inside the cache (a row past it would clamp).
+    capacity = context + (WARMUP + REPEATS + 8) * (k + 1)
+    steps = {"target": measure_forwards(target, b, (1, k + 1), context, graphs,
+                                        *((WARMUP, REPEATS) if graphs else (0, 1)))}
+    for name, model in (("drafter_model", drafter), ("drafter_fused", fused)):
+        steps[name] = measure_forwards(model, b, (1, 2), context, graphs,
+                                       *((WARMUP, REPEATS) if graphs else (0, 1)))
+    out = {"batch": b, "k": k, "context": context,
+           "forward_ms": {name: {str(w): s * 1e3 for w, s in widths.items()}
+                          for name, widths in steps.items()}}
+    plain = GraphedChainDecoder(target, None, b, capacity, 0, capture=graphs)
+    ms = {"plain_round": round_ms(plain, context, graphs)}
+    del plain
+    model_chain = GraphedChainDecoder(target, drafter, b, capacity, k, capture=graphs)
+    ms["round_model_drafter"] = round_ms(model_chain, context, graphs)
+    del model_chain
+    dec = GraphedChainDecoder(target, fused, b, capacity, k, capture=graphs)
+    pieces = round_pieces(dec, k)
+    ms["round"] = round_ms(dec, context, graphs)
+    ms["draft"] = graph_ms(pieces["draft"], dec, context, graphs)
+    ms["draft_verify"] = graph_ms(lambda: pieces["verify"](pieces["draft"]()), dec, context,
+                                  graphs)
+    ms["verify"] = ms["draft_verify"] - ms["draft"]
+    ms["commit"] = ms["round"] - ms["draft_verify"]
+    out["kernels"] = piece_kernels(dec, k, context)
+    del dec
+    # Fixed costs of the lengths 0..k in plain steps: the adaptive decoder measures nothing.
+    costs = [1.0 + 0.3 * n for n in range(k + 1)]
+    adaptive = GraphedChainDecoder(target, fused, b, capacity, k, capture=graphs, adaptive=True,
+                                   round_costs=costs)
+    ms["round_adaptive"] = round_ms(adaptive, context, graphs)
+    out["kernels"]["commit_adaptive"] = piece_kernels(adaptive, k, context)["commit"]
+    del adaptive
+    refill = GraphedRefillDecoder(target, fused, b, capacity, k, capture=graphs)
+    ms["round_refill"] = round_ms(refill, context, graphs)
+    out["kernels"]["commit_refill"] = piece_kernels(refill, k, context)["commit"]
+    out["admission"] = admission(refill, prompts[0], graphs)
+    del refill
+    out["graph_ms"] = ms
+    return out
+
+
+def report(row: dict) -> str:
+    ms, kern = row["graph_ms"], row["kernels"]
+    lines = [f"batch {row['batch']}: plain {ms['plain_round']:.3f} ms, chain({row['k']}) round "
+             f"{ms['round']:.3f} (model drafter {ms['round_model_drafter']:.3f}, adaptive "
+             f"{ms['round_adaptive']:.3f}, refill {ms['round_refill']:.3f}); draft "
+             f"{ms['draft']:.3f}, verify {ms['verify']:.3f}, commit {ms['commit']:.3f}"]
+    for piece, prof in kern.items():
+        if prof:
+            lines.append(f"  {piece}: {prof['kernels']} kernels, {prof['kernel_us']:.1f} us")
+    adm = row["admission"]
+    lines.append(f"  admission of {adm['prompt_tokens']} tokens: {adm['host_ms']:.3f} ms host")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(ap)
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[16, 64])
+    ap.add_argument("--k", type=positive_int, default=4)
+    ap.add_argument("--new-tokens", type=positive_int, default=256,
+                    help="the rounds are timed after prompt + half this many positions")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    try:
+        target, drafter, prompts, _, graphs = decode_models(args, max(args.batch_sizes))
+        fused = FusedForward(drafter)
+    except SpecPilotError as exc:
+        ap.error(str(exc))
+    results = []
+    started = time.perf_counter()
+    for b in args.batch_sizes:
+        results.append(one_batch(args, target, drafter, fused, prompts[:b], graphs))
+        print(report(results[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
+        # Written after every batch size: a run cut short keeps what it finished.
+        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
+                                           "settings": vars(args), "batches": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,94 @@
+"""bench/round_breakdown.py: its pieces composed are the round they time (the state after
+draft, verify and commit equals the state after the decoder's own round, for fixed, adaptive
+and refill decoders), and the script runs end to end at a tiny size (uncaptured, float32,
+Triton's interpreter for the fused drafter), writing a row per batch size."""
+import json
+
+import pytest
+import torch
+
+from bench_script import load_bench_script
+from hf_factory import FUSABLE, kernel_device, make_checkpoint, random_prompts, with_noise
+from torch_threads import single_thread_fixture
+from specpilot.runtime.checkpoint import load_checkpoint
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+from specpilot.runtime.model import Transformer
+from specpilot.runtime.steps import append_step
+
+one_thread = single_thread_fixture()
+
+DEVICE = kernel_device()
+K, CONTEXT, CAPACITY, BATCH = 2, 6, 40, 2
+STATE = ("length", "last", "prev", "count", "active", "out", "accepted", "status")
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("breakdown"), "llama3", seed=8, **FUSABLE)
+    ckpt = load_checkpoint(folder)
+    target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
+    drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 12), torch.float32, DEVICE)
+    return target, drafter
+
+
+def _filled(cls, target, drafter, **options):
+    """A decoder whose caches hold a random context and whose rows are all active after it."""
+    dec = cls(target, drafter, BATCH, CAPACITY, K, capture=False, **options)
+    prompts = random_prompts([CONTEXT] * BATCH, seed=5)
+    zeros = torch.zeros(BATCH, dtype=torch.int64, device=DEVICE)
+    append_step(target, dec.tcache, zeros, prompts)
+    append_step(drafter, dec.dcache, zeros, prompts)
+    dec.reset_all_active(CONTEXT)
+    dec.last.copy_(torch.tensor([p[-1] for p in prompts], device=DEVICE))
+    dec.prev.copy_(torch.tensor([p[-2] for p in prompts], device=DEVICE))
+    return dec
+
+
+@pytest.mark.parametrize("cls, options", [(GraphedChainDecoder, {}),
+                                          (GraphedChainDecoder, {"adaptive": True,
+                                                                 "round_costs": [1.0, 1.2, 1.4]}),
+                                          (GraphedRefillDecoder, {})],
+                         ids=["fixed", "adaptive", "refill"])
+def test_the_pieces_composed_are_the_round(models, cls, options):
+    target, drafter = models
+    script = load_bench_script("round_breakdown")
+    whole = _filled(cls, target, drafter, **options)
+    cut = _filled(cls, target, drafter, **options)
+    for _ in range(3):
+        whole._round(K)
+        pieces = script.round_pieces(cut, K)
+        drafts = pieces["draft"]()
+        pieces["commit"](drafts, pieces["verify"](drafts))
+    for name in STATE:
+        assert torch.equal(getattr(whole, name), getattr(cut, name)), name
+    for a, b in ((whole.tcache, cut.tcache), (whole.dcache, cut.dcache)):
+        assert all(torch.equal(x, y) for x, y in zip(a.k + a.v, b.k + b.v))
+    # the rounds moved on: not three rounds of nothing
+    assert (whole.count > 1).all()
+
+
+def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatch):
+    target, drafter = models
+    script = load_bench_script("round_breakdown")
+
+    def tiny_models(args, count):
+        return target, drafter, random_prompts([args.prompt_len] * count, seed=3), [], False
+
+    monkeypatch.setattr(script, "decode_models", tiny_models)
+    monkeypatch.setattr(script, "REPEATS", 1)
+    out = tmp_path / "b.json"
+    assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
+                        "--batch-sizes", "1,2", "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    assert [b["batch"] for b in doc["batches"]] == [1, 2]
+    for b in doc["batches"]:
+        ms = b["graph_ms"]
+        assert set(ms) == {"plain_round", "round_model_drafter", "round", "draft", "draft_verify",
+                           "verify", "commit", "round_adaptive", "round_refill"}
+        assert ms["verify"] == pytest.approx(ms["draft_verify"] - ms["draft"])
+        assert set(b["forward_ms"]) == {"target", "drafter_model", "drafter_fused"}
+        assert set(b["forward_ms"]["target"]) == {"1", str(K + 1)}
+        assert b["admission"]["prompt_tokens"] == 4 and b["admission"]["host_ms"] > 0
+        # off a GPU no kernel lists: the profiler's CUDA events would be empty
+        assert all(prof == {} for prof in b["kernels"].values())
