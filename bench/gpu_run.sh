@@ -35,6 +35,8 @@
 #              length update eager, other smoothings and the fixed chains raced against plain AR
 #   fuseddrafter bench/fused_drafter_race.py on the trained pair: the drafter's step as its model
 #              runs it and in fused layer kernels, fixed chains and the adaptive decoder with each
+#   attnsweep  bench/attention_sweep.py: the attention kernel's slot blocks and warps at the
+#              drafter's decode shapes, whole cache against bounded by the last visible slot
 #   breakdown  bench/round_breakdown.py: a chain round's pieces (drafter steps, verification,
 #              acceptance and commit) timed as graphs and their kernels listed, and a refill's
 #              admission (random weights unless BREAKDOWN_ARGS names --pair)
@@ -132,6 +134,9 @@ phase() {
     fuseddrafter)
         step fuseddrafter timeout 400 python3 bench/fused_drafter_race.py --pair "$PAIR" \
             ${FUSED_ARGS:-} --out "$RESULTS/fused-drafter-race.json" ;;
+    attnsweep)
+        step attnsweep timeout 300 python3 bench/attention_sweep.py \
+            --out "$RESULTS/attention-sweep.json" ;;
     breakdown)
         step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
             --out "$RESULTS/round-breakdown.json" ;;

@@ -26,9 +26,11 @@ MLP_OPS = 6
 HEAD_OPS = 2          # final norm + lm_head
 # A drafter in fused layer kernels (kernels.drafter_kernels "fused", runtime/fused_forward.py):
 # five launches a layer (norm + q/k/v + RoPE + cache write, attention, o_proj + residual,
-# norm + gate/up + SiLU, down_proj + residual) and one for the final norm with the LM head.
+# norm + gate/up + SiLU, down_proj + residual), one for the final norm with the LM head, and
+# two a forward for the attention's bound (each request's last visible slot).
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
+FUSED_FORWARD_OPS = 2
 # Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
 ACCEPT_OPS = 2
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
@@ -127,7 +129,7 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
     flops = (2.0 * rows * _linear_params(model, model.linears)
              + model.num_layers * attention_flops(model, rows, keys))
     if fused:
-        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
+        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS + FUSED_FORWARD_OPS
     else:
         launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
                                         + (QK_NORM_OPS if model.qk_norm else 0))

@@ -110,3 +110,18 @@ def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overri
     assert reason in fused_forward_refusal(model)
     with pytest.raises(SpecPilotError, match="cannot run this model"):
         FusedForward(model)
+
+
+def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
+    """`_visible_end` by hand: one past the last slot any of a request's queries sees, holes in
+    a tree's mask included, 0 for a request that sees nothing; the attention is bounded by it
+    (the float32 comparisons above run with caches larger than what is visible)."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
+    fused = FusedForward(Transformer.from_checkpoint(folder, device=DEVICE))
+    mask = torch.zeros((3, 2, 12), dtype=torch.bool)
+    mask[0, 0, :4] = True                           # causal rows: the second sees one more
+    mask[0, 1, :5] = True
+    mask[1, 0, [0, 1, 2, 9]] = True                 # a tree node: its ancestors, then itself
+    mask[1, 1, [0, 1, 2, 7]] = True
+    ends = fused._visible_end(mask.to(DEVICE))      # request 2 sees nothing
+    assert ends.tolist() == [5, 10, 0]

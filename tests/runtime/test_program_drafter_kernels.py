@@ -114,9 +114,10 @@ def test_the_cost_model_prices_the_fused_drafter_and_ir_show_names_it(setup):
     def drafter_launches(program):
         return [n.launches for n in step_nodes(program, gpu, 2, 40, 2.0)
                 if n.kind == "drafter_forward"]
-    # one layer: five fused launches and the LM head's, against the per-op count (q/k/v,
-    # RoPE, attention, o_proj and the norms and adds: 8 + 6 a layer, the head's 2, the embedding)
-    assert drafter_launches(setup["fused"]) == [1 * 5 + 1] * 4
+    # one layer: five fused launches, the LM head's and the attention bound's two, against the
+    # per-op count (q/k/v, RoPE, attention, o_proj and the norms and adds: 8 + 6 a layer, the
+    # head's 2, the embedding)
+    assert drafter_launches(setup["fused"]) == [1 * 5 + 1 + 2] * 4
     assert drafter_launches(setup["base"]) == [1 * (8 + 6) + 2 + 1] * 4
     model = CostModel(gpu)
     assert (model.step_seconds(setup["fused"], 2, 40, 2.0)
