@@ -124,8 +124,13 @@ class FusedForward:
         halves = (dict(BLOCK_K=_k_block(hidden)) if cfg.head_dim >= 32
                   else dict(BLOCK_K=16, USE_DOT=False))
         self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **halves)
+        # Eight warps: a step has one program per (request, kv head), too few to fill the GPU,
+        # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
+        # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
+        # the fastest at one token a request, and within 0.3 us of the fastest at two).
         self.attention = build_triton_module(kernel_spec("attention", DTYPE=dt,
-                                                         HEAD_DIM=cfg.head_dim), kernel_cache)
+                                                         HEAD_DIM=cfg.head_dim, num_warps=8),
+                                             kernel_cache)
         # o_proj and down_proj: hidden_size columns plus the residual.
         self.o_proj = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
                             BLOCK_K=_k_block(attended))
