@@ -137,7 +137,8 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
                         device: torch.device) -> List[float]:
     """cost(L) for every length in `replays` (which must hold 0, the plain step): the best of a
     few timed replays of each, over the plain step's. `reset` puts the decoder in a state where
-    replays change nothing that a later prefill does not overwrite (every row inactive). Timed
+    replays change nothing a later call reads (every row inactive; a decoder puts them at a
+    call's typical context, `GraphedChainDecoder.timing_context`). Timed
     with CUDA events on a GPU, with the host clock elsewhere (eager replays: a script's check)."""
     cuda = torch.device(device).type == "cuda"
     if cuda:

@@ -156,7 +156,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         forced = references is not None
         lengths = self._lengths()
         replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
-        self._ensure_round_costs()
+        self._ensure_round_costs(prompts, limits)
         first = list(range(min(n, b)))
         self._start([prompts[i] for i in first], [limits[i] for i in first],
                     None if references is None else [references[i] for i in first], requests=n)
