@@ -3,7 +3,8 @@ in its decoder, and what the rule does with each price.
 
 The rule (runtime/batch_length.py) picks each round's length, and turns speculation off for good,
 from the cost of a round of every length L = 0..k in plain steps. A decoder times those rounds
-once, at its first call (`measure_round_costs`: best of a few replays with every row inactive).
+once, at its first call (`measure_round_costs`: best of a few replays with every row inactive at
+the call's typical context, `GraphedChainDecoder.timing_context`).
 Per batch size this script measures:
 
 - true costs: fixed-length decoders (plain AR, and chain(L) for L = 1..k) decode the workload,
@@ -11,7 +12,8 @@ Per batch size this script measures:
   its rounds phase per round over plain AR's per step;
 - captured costs: what an adaptive decoder measured at its first call;
 - inactive / active costs: the same replays timed again by the decoder's own timing, every row
-  inactive (as the decoder does) or active at `--context` positions;
+  inactive at the call's typical context (as the decoder does) or active at `--context`
+  positions;
 
 and saves the fixed chain(k)'s acceptance profile (`<out>.b<batch>.chain<k>.acceptance.json`,
 for replaying the rule on this workload: specpilot/bench/adaptive_replay.py; written as each
@@ -100,7 +102,9 @@ def price_rounds(args, target, drafter, prompts, eos, graphs, capacity):
     captured.generate(prompts, new)             # times its rounds at the first call
     replays = captured.round_replays()
     costs = {"true": truth, "captured": captured.policy.round_cost_host.tolist(),
-             "inactive": measure_round_costs(replays, captured._reset, captured.device),
+             "inactive": measure_round_costs(
+                 replays, lambda: captured._inactive_at(
+                     captured.timing_context(prompts, [new] * len(prompts))), captured.device),
              "active": measure_round_costs(replays, lambda: captured.reset_all_active(context),
                                            captured.device)}
     for name, values in costs.items():

@@ -369,8 +369,9 @@ class GraphedChainDecoder:
 
     def _inactive_at(self, context: int) -> None:
         """`_reset`, with every (inactive) row's position at `context`: replays then attend
-        over that many slots and write only past it, where no row has committed anything (a
-        row's slots past its position are rewritten before they are ever visible)."""
+        over that many slots and write from context - 1 on (the drafter's catch-up rewrites
+        the slot before), slots a later call's prefill or rounds rewrite before they are ever
+        visible."""
         self._reset()
         self.length.fill_(context)
 

@@ -232,3 +232,17 @@ def kernel_device() -> str:
     GPU."""
     from specpilot.codegen.cache import triton_interpreting
     return "cpu" if triton_interpreting() else "cuda"
+
+
+def fusable_pair(folder: str, seed: int, noise_seed: int):
+    """(target, drafter) of FUSABLE shape in float32 on `kernel_device()`: a random llama3
+    checkpoint made in `folder` and a copy with 10 % noise on every matrix, which agrees with
+    it often, so chains accept drafts (what the bench scripts' end-to-end tests decode with)."""
+    from specpilot.runtime.checkpoint import load_checkpoint
+    from specpilot.runtime.model import Transformer
+
+    ckpt = load_checkpoint(make_checkpoint(folder, "llama3", seed=seed, **FUSABLE))
+    device = kernel_device()
+    return (Transformer(ckpt.config, ckpt.tensors, torch.float32, device),
+            Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, noise_seed), torch.float32,
+                        device))

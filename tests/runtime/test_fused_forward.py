@@ -114,8 +114,9 @@ def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overri
 
 def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
     """`_visible_end` by hand: one past the last slot any of a request's queries sees, holes in
-    a tree's mask included, 0 for a request that sees nothing; the attention is bounded by it
-    (the float32 comparisons above run with caches larger than what is visible)."""
+    a tree's mask included, 0 for a request that sees nothing. And the forward stops there: with
+    NaN in every cache slot past it (masked, but a walk over them would multiply a zero weight
+    by NaN), its logits are the model's on a clean cache."""
     folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
     fused = FusedForward(Transformer.from_checkpoint(folder, device=DEVICE))
     mask = torch.zeros((3, 2, 12), dtype=torch.bool)
@@ -125,3 +126,15 @@ def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
     mask[1, 1, [0, 1, 2, 7]] = True
     ends = fused._visible_end(mask.to(DEVICE))      # request 2 sees nothing
     assert ends.tolist() == [5, 10, 0]
+    model = fused.model
+    prompt = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator()
+                           .manual_seed(3)).to(DEVICE)
+    pos = torch.tensor([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]], device=DEVICE)
+    slot_ids = torch.arange(12, device=DEVICE)[None, None, :]
+    clean, poisoned = model.new_cache(2, 12), model.new_cache(2, 12)
+    for layer in range(len(poisoned.v)):
+        poisoned.k[layer][:, 7:] = float("nan")
+        poisoned.v[layer][:, 7:] = float("nan")
+    expected = model.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], clean)
+    actual = fused.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], poisoned)
+    torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)

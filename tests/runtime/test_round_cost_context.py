@@ -9,7 +9,7 @@ from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
-from mechanism_setup import MAX_NEW, one_thread, pair_setup  # noqa: F401
+from mechanism_setup import MAX_NEW, SEEDS, one_thread, pair_setup  # noqa: F401
 
 COSTS = [1.0, 1.3, 1.5]
 
@@ -31,7 +31,7 @@ def _recording(monkeypatch, dec):
 
 @pytest.mark.parametrize("cls, batch", [(GraphedChainDecoder, 4), (GraphedRefillDecoder, 2)])
 def test_costs_are_timed_at_the_calls_typical_context(monkeypatch, cls, batch):
-    s = pair_setup(3)
+    s = pair_setup(SEEDS[0])
     prompts, limits = s["prompts"][:4], [MAX_NEW, 3, MAX_NEW - 1, 2]
     capacity = max(len(p) for p in prompts) + MAX_NEW + 8
     dec = cls(s["target"], s["drafter"], batch, capacity, 2, capture=False, adaptive=True,
@@ -48,7 +48,7 @@ def test_costs_are_timed_at_the_calls_typical_context(monkeypatch, cls, batch):
 
 
 def test_a_context_past_the_cache_is_held_to_where_two_rounds_fit(monkeypatch):
-    s = pair_setup(4)
+    s = pair_setup(SEEDS[1])
     prompts = s["prompts"][:2]
     reference = generate_ar(s["target"], prompts, MAX_NEW).tokens
     capacity = max(len(p) for p in prompts) + MAX_NEW + 5       # k = 2: a span of 2

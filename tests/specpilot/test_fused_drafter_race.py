@@ -11,28 +11,20 @@ the chains accept drafts and their rounds say something."""
 import json
 
 import pytest
-import torch
 
 from bench_script import load_bench_script
-from hf_factory import FUSABLE, kernel_device, make_checkpoint, random_prompts, with_noise
+from hf_factory import fusable_pair, random_prompts
 from torch_threads import single_thread_fixture
-from specpilot.runtime.checkpoint import load_checkpoint
-from specpilot.runtime.model import Transformer
 
 one_thread = single_thread_fixture()
 
-DEVICE = kernel_device()
 PROMPT_LEN, NEW, K, CALLS = 3, 4, 2, 1
 BATCHES = (2,)
 
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    folder = make_checkpoint(tmp_path_factory.mktemp("race"), "llama3", seed=4, **FUSABLE)
-    ckpt = load_checkpoint(folder)
-    target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
-    drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 11), torch.float32, DEVICE)
-    return target, drafter
+    return fusable_pair(tmp_path_factory.mktemp("race"), seed=4, noise_seed=11)
 
 
 def test_the_race_times_both_drafters_and_they_run_the_same_rounds(models, tmp_path,

@@ -8,12 +8,10 @@ import pytest
 import torch
 
 from bench_script import load_bench_script
-from hf_factory import FUSABLE, kernel_device, make_checkpoint, random_prompts, with_noise
+from hf_factory import fusable_pair, kernel_device, random_prompts
 from torch_threads import single_thread_fixture
-from specpilot.runtime.checkpoint import load_checkpoint
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
-from specpilot.runtime.model import Transformer
 from specpilot.runtime.steps import append_step
 
 one_thread = single_thread_fixture()
@@ -25,11 +23,7 @@ STATE = ("length", "last", "prev", "count", "active", "out", "accepted", "status
 
 @pytest.fixture(scope="module")
 def models(tmp_path_factory):
-    folder = make_checkpoint(tmp_path_factory.mktemp("breakdown"), "llama3", seed=8, **FUSABLE)
-    ckpt = load_checkpoint(folder)
-    target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
-    drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 12), torch.float32, DEVICE)
-    return target, drafter
+    return fusable_pair(tmp_path_factory.mktemp("breakdown"), seed=8, noise_seed=12)
 
 
 def _filled(cls, target, drafter, **options):
@@ -86,9 +80,8 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
         ms = b["graph_ms"]
         assert set(ms) == {"plain_round", "round_model_drafter", "round", "draft", "draft_verify",
                            "verify", "commit", "round_adaptive", "round_refill"}
-        assert ms["verify"] == pytest.approx(ms["draft_verify"] - ms["draft"])
         assert set(b["forward_ms"]) == {"target", "drafter_model", "drafter_fused"}
         assert set(b["forward_ms"]["target"]) == {"1", str(K + 1)}
-        assert b["admission"]["prompt_tokens"] == 4 and b["admission"]["host_ms"] > 0
-        # off a GPU no kernel lists: the profiler's CUDA events would be empty
-        assert all(prof == {} for prof in b["kernels"].values())
+        assert set(b["kernels"]) == {"draft", "verify", "commit", "commit_adaptive",
+                                     "commit_refill"}
+        assert b["admission"]["prompt_tokens"] == 4
