@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 from pathlib import Path
 
 import torch
@@ -30,18 +29,15 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            decoder_capacity)
-from specpilot.bench.decoder_race import (add_race_arguments, call_rows,  # noqa: E402
-                                          interleaved_calls, race, warm_up)
+from specpilot.bench.decoder_race import (WARM_CALLS, add_race_arguments,  # noqa: E402
+                                          call_rows, phase_race, race)
 from specpilot.bench.environment import environment  # noqa: E402
-from specpilot.bench.phase_clock import PhaseClock  # noqa: E402
 from specpilot.bench.step_costs import measure_forwards  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
-from specpilot.runtime.graphed_loop import rounds_run  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
-WARM_CALLS = 3      # before timing: capture, and (adaptive) the round costs and memory
 STEP_WARMUP, STEP_REPEATS = 3, 100     # replays of one captured drafter step
 
 
@@ -55,17 +51,14 @@ def fixed_race(args, target, drafters, plain, prompts, eos, graphs, capacity):
         for n in range(1, args.k + 1):
             decoders[f"chain({n}), {name} drafter"] = GraphedChainDecoder(
                 target, drafter, batch, capacity, n, eos, capture=graphs)
-    warm = warm_up(decoders, prompts, new, WARM_CALLS)
-    phases = interleaved_calls(decoders, prompts, new, args.calls, PhaseClock())
+    warm, phases, rounds, per_round = phase_race(decoders, prompts, new, args.calls)
     rows = call_rows({name: [sum(p.values()) for p in runs] for name, runs in phases.items()})
     for row in rows:
         name = row["system"]
-        rounds = rounds_run(warm[name][-1].stats)
-        row["rounds"] = rounds
-        row["ms_per_round"] = statistics.median(p["rounds"] for p in phases[name]) * 1e3 / rounds
+        row["rounds"], row["ms_per_round"] = rounds[name], per_round[name]
         row["mean_accepted"] = warm[name][-1].mean_accepted
         print(f"batch {batch:3d} {name:28s} {row['x_plain_ar']:.4f}x  "
-              f"{row['ms_per_round']:.3f} ms/round  {rounds} rounds", flush=True)
+              f"{row['ms_per_round']:.3f} ms/round  {rounds[name]} rounds", flush=True)
     return rows, warm["plain AR"]
 
 

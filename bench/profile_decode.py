@@ -30,6 +30,7 @@ import time
 import torch
 
 from specpilot.bench.environment import environment
+from specpilot.bench.kernel_profile import kernel_profile
 from specpilot.bench.shapes import parse_shapes, random_tensors
 from specpilot.bench.step_costs import measure_round, time_median
 from specpilot.cli_common import positive_counts
@@ -72,19 +73,14 @@ def first_forward_s(model, batch: int, context: int) -> float:
 
 def kernels_per_forward(model, batch: int, context: int):
     """CUDA kernels of one eager forward (None off a GPU)."""
-    from torch.profiler import ProfilerActivity, profile
-
     if model.device.type != "cuda":
         return None
     cache, slots, mask = ar_step_inputs(model, batch, context)
     tokens = torch.randint(0, model.config.vocab_size, (batch, 1), device=model.device)
     for _ in range(3):  # compile and warm up outside the profile
         model.forward(tokens, slots, slots, mask, cache)
-    torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        model.forward(tokens, slots, slots, mask, cache)
-        torch.cuda.synchronize()
-    return sum(1 for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA)
+    return kernel_profile(lambda: model.forward(tokens, slots, slots, mask, cache),
+                          model.device)["kernels"]
 
 
 def wall(fn) -> float:

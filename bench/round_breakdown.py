@@ -37,8 +37,9 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models  # noqa: E402
 from specpilot.bench.environment import environment  # noqa: E402
+from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
+from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
 from specpilot.bench.step_costs import measure_forwards, time_median  # noqa: E402
-from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
@@ -47,43 +48,20 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 WARMUP, REPEATS = 5, 40
-TOP_KERNELS = 8
 ADMIT_LIMIT = 64      # new tokens of an admitted newcomer (its state only; nothing decodes)
 
 
-def round_pieces(dec: GraphedChainDecoder, k: int) -> Dict[str, Callable[[], object]]:
+def timed_runs(graphs: bool):
+    """(warm-up, timed) runs of each measurement: one eager run off a GPU (a script check)."""
+    return (WARMUP, REPEATS) if graphs else (0, 1)
+
+
+def round_pieces(dec: GraphedChainDecoder, k: int) -> Dict[str, Callable[..., object]]:
     """One round of `dec` (chain(k), every row active) cut into the pieces it runs, in order:
-    `draft` returns the drafts, `verify(drafts)` the target's argmaxes, `commit(drafts, g)`
-    accepts and moves the state on. Composed they are `dec._round(k)`."""
-    def commit(drafts, g):
-        dec._commit(g, dec._accepted(drafts, g),
-                    drafted=torch.full_like(dec.count, k) if dec.adaptive else None)
-
-    return {"draft": lambda: dec._draft(k), "verify": dec._verify, "commit": commit}
-
-
-def kernel_profile(fn: Callable[[], object], device: torch.device) -> dict:
-    """The CUDA kernels (and copies) of one eager call of `fn`: count, summed device time in
-    microseconds, and the costliest names with their counts. Empty off a GPU."""
-    if device.type != "cuda":
-        return {}
-    from torch.profiler import ProfilerActivity, profile
-
-    torch.cuda.synchronize(device)
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        fn()
-        torch.cuda.synchronize(device)
-    by_name: Dict[str, List[float]] = {}
-    for e in prof.events():
-        if e.device_type != torch.autograd.DeviceType.CUDA:
-            continue
-        us = getattr(e, "device_time", None)
-        us = e.cuda_time if us is None else us
-        by_name.setdefault(e.name, []).append(float(us))
-    top = sorted(by_name.items(), key=lambda kv: -sum(kv[1]))[:TOP_KERNELS]
-    return {"kernels": sum(len(v) for v in by_name.values()),
-            "kernel_us": sum(sum(v) for v in by_name.values()),
-            "top": [{"name": name[:120], "count": len(v), "us": sum(v)} for name, v in top]}
+    `draft()` returns the drafts, `verify(drafts)` the target's argmaxes, `commit(drafts, g)`
+    accepts and moves the state on: `dec._round(k)`'s three calls."""
+    return {"draft": lambda: dec._draft(k), "verify": dec._verify,
+            "commit": lambda drafts, g: dec._accept_and_commit(drafts, g, k)}
 
 
 def graph_ms(fn: Callable[[], object], dec: GraphedChainDecoder, context: int,
@@ -92,27 +70,26 @@ def graph_ms(fn: Callable[[], object], dec: GraphedChainDecoder, context: int,
     `context` positions."""
     dec.reset_all_active(context)
     run = capture_graph(fn, dec.device)[0].replay if graphs else fn
-    return time_median(run, dec.device, *((WARMUP, REPEATS) if graphs else (0, 1))) * 1e3
+    return time_median(run, dec.device, *timed_runs(graphs)) * 1e3
 
 
 def round_ms(dec: GraphedChainDecoder, context: int, graphs: bool) -> float:
     """Median device ms of one captured round of `dec` (its own `timing_round`)."""
-    return time_median(dec.timing_round(context), dec.device,
-                       *((WARMUP, REPEATS) if graphs else (0, 1))) * 1e3
+    return time_median(dec.timing_round(context), dec.device, *timed_runs(graphs)) * 1e3
 
 
-def piece_kernels(dec: GraphedChainDecoder, k: int, context: int) -> dict:
-    """Each piece's kernels (`kernel_profile`), run eagerly once warm."""
+def piece_kernels(dec: GraphedChainDecoder, k: int, context: int,
+                  names=("draft", "verify", "commit")) -> dict:
+    """The kernels (`kernel_profile`) of the pieces `names`, run eagerly once warm."""
     pieces = round_pieces(dec, k)
     dec.reset_all_active(context)
     drafts = pieces["draft"]()
     g = pieces["verify"](drafts)
     pieces["commit"](drafts, g)                 # warm: compiled ops, allocator
     dec.reset_all_active(context)
-    out = {"draft": kernel_profile(pieces["draft"], dec.device)}
-    out["verify"] = kernel_profile(lambda: pieces["verify"](drafts), dec.device)
-    out["commit"] = kernel_profile(lambda: pieces["commit"](drafts, g), dec.device)
-    return out
+    runs = {"draft": pieces["draft"], "verify": lambda: pieces["verify"](drafts),
+            "commit": lambda: pieces["commit"](drafts, g)}
+    return {name: kernel_profile(runs[name], dec.device) for name in names}
 
 
 def admission(dec: GraphedRefillDecoder, prompt: List[int], graphs: bool) -> dict:
@@ -136,10 +113,9 @@ def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
     # Room for every timed round to stay inside the cache (a row past it would clamp).
     capacity = context + (WARMUP + REPEATS + 8) * (k + 1)
     steps = {"target": measure_forwards(target, b, (1, k + 1), context, graphs,
-                                        *((WARMUP, REPEATS) if graphs else (0, 1)))}
+                                        *timed_runs(graphs))}
     for name, model in (("drafter_model", drafter), ("drafter_fused", fused)):
-        steps[name] = measure_forwards(model, b, (1, 2), context, graphs,
-                                       *((WARMUP, REPEATS) if graphs else (0, 1)))
+        steps[name] = measure_forwards(model, b, (1, 2), context, graphs, *timed_runs(graphs))
     out = {"batch": b, "k": k, "context": context,
            "forward_ms": {name: {str(w): s * 1e3 for w, s in widths.items()}
                           for name, widths in steps.items()}}
@@ -164,11 +140,11 @@ def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
     adaptive = GraphedChainDecoder(target, fused, b, capacity, k, capture=graphs, adaptive=True,
                                    round_costs=costs)
     ms["round_adaptive"] = round_ms(adaptive, context, graphs)
-    out["kernels"]["commit_adaptive"] = piece_kernels(adaptive, k, context)["commit"]
+    out["kernels"]["commit_adaptive"] = piece_kernels(adaptive, k, context, ["commit"])["commit"]
     del adaptive
     refill = GraphedRefillDecoder(target, fused, b, capacity, k, capture=graphs)
     ms["round_refill"] = round_ms(refill, context, graphs)
-    out["kernels"]["commit_refill"] = piece_kernels(refill, k, context)["commit"]
+    out["kernels"]["commit_refill"] = piece_kernels(refill, k, context, ["commit"])["commit"]
     out["admission"] = admission(refill, prompts[0], graphs)
     del refill
     out["graph_ms"] = ms
@@ -192,10 +168,7 @@ def report(row: dict) -> str:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--batch-sizes", type=positive_counts, default=[16, 64])
-    ap.add_argument("--k", type=positive_int, default=4)
-    ap.add_argument("--new-tokens", type=positive_int, default=256,
-                    help="the rounds are timed after prompt + half this many positions")
+    add_race_arguments(ap, calls=None)      # rounds are timed after prompt + new tokens / 2
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     try:

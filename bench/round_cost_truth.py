@@ -31,14 +31,12 @@ Off a GPU it runs uncaptured in float32 (to check the script, with --scale).
 from __future__ import annotations
 
 import argparse
-import statistics
 from pathlib import Path
 from typing import List
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
-from specpilot.bench.decoder_race import add_race_arguments, interleaved_calls, race, warm_up
+from specpilot.bench.decoder_race import WARM_CALLS, add_race_arguments, phase_race, race
 from specpilot.bench.environment import environment
-from specpilot.bench.phase_clock import PhaseClock
 from specpilot.bench.replay import AcceptanceProfile
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain
@@ -46,10 +44,8 @@ from specpilot.runtime.adaptive_draft import SMOOTHING
 from specpilot.runtime.batch_length import measure_round_costs
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_context
-from specpilot.runtime.graphed_loop import rounds_run
 from specpilot.search.run_folder import write_json_atomic
 
-WARM_CALLS = 3      # before timing: capture, and (adaptive) the workload memory learns
 
 
 def smoothings(text: str) -> List[float]:
@@ -73,11 +69,7 @@ def true_costs(target, drafter, prompts, eos, capacity, k, new, calls, graphs):
     batch = len(prompts)
     fixed = {n: GraphedChainDecoder(target, drafter if n else None, batch, capacity, n, eos,
                                     capture=graphs) for n in range(k + 1)}
-    warm = warm_up(fixed, prompts, new, WARM_CALLS)
-    rounds = {n: rounds_run(results[-1].stats) for n, results in warm.items()}
-    phases = interleaved_calls(fixed, prompts, new, calls, PhaseClock())
-    per_round = {n: statistics.median(p["rounds"] for p in runs) * 1e3 / rounds[n]
-                 for n, runs in phases.items()}
+    warm, _, rounds, per_round = phase_race(fixed, prompts, new, calls)
     last = warm[k][-1]
     source = {"system": f"fixed chain({k}), round_cost_truth", "batch_size": batch}
     chain = AcceptanceProfile(Chain(k), last.accepted_lengths, [len(t) for t in last.tokens],
@@ -102,9 +94,7 @@ def price_rounds(args, target, drafter, prompts, eos, graphs, capacity):
     captured.generate(prompts, new)             # times its rounds at the first call
     replays = captured.round_replays()
     costs = {"true": truth, "captured": captured.policy.round_cost_host.tolist(),
-             "inactive": measure_round_costs(
-                 replays, lambda: captured._inactive_at(
-                     captured.timing_context(prompts, [new] * len(prompts))), captured.device),
+             "inactive": captured.time_round_costs(prompts, [new] * len(prompts)),
              "active": measure_round_costs(replays, lambda: captured.reset_all_active(context),
                                            captured.device)}
     for name, values in costs.items():

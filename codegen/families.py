@@ -318,6 +318,9 @@ def _check_norm_qkv_rope(p: Mapping[str, Value]) -> Optional[str]:
                                             or p["BLOCK_K"] < 16):
         problem = ("USE_DOT needs HEAD_DIM >= 32 (two dots of D/2 columns) and BLOCK_M, BLOCK_K "
                    ">= 16 (tl.dot)")
+    if problem is None and not p["USE_DOT"]:
+        # the multiply-add's register tile: BLOCK_M rows x one half's columns x BLOCK_K
+        problem = check_matmul_tiles({**p, "BLOCK_N": next_power_of_two(p["HEAD_DIM"] // 2)})
     return problem
 
 

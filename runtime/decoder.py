@@ -3,7 +3,7 @@ against the stock decoder (plain greedy AR of the target)."""
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence
 
 import torch
@@ -102,11 +102,21 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
         drafter = model(drafter_dir, "drafter")
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
-        if program is not None and program.kernels.drafter_kernels == "fused":
-            # Imported here: only a Program that asks for fused drafter kernels needs them.
-            from .fused_forward import FusedForward
-            drafter = FusedForward(drafter, kernel_cache)
-    return ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
+    pair = ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
+    if drafter is not None and program is not None and program.kernels.drafter_kernels == "fused":
+        pair = with_fused_drafter(pair, kernel_cache)
+    return pair
+
+
+def with_fused_drafter(pair: "ModelPair", kernel_cache=None) -> "ModelPair":
+    """`pair` (sharing its models) with its drafter run by the fused layer kernels, as a
+    Program whose kernels.drafter_kernels is "fused" runs it; a SpecPilotError saying why the
+    drafter cannot be."""
+    if pair.drafter is None:
+        raise SpecPilotError("the pair has no drafter")
+    # Imported here: only a Program that asks for fused drafter kernels needs them.
+    from .fused_forward import FusedForward
+    return replace(pair, drafter=FusedForward(pair.drafter, kernel_cache))
 
 
 def needs_own_pair(program: Program) -> bool:

@@ -107,8 +107,11 @@ class FusedForward:
         if why is not None:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
         # Imported here: only a Program that asks for fused kernels needs codegen.
-        from specpilot.codegen.cache import build_triton_module
+        from specpilot.codegen.cache import KernelCache, build_triton_module
         from specpilot.codegen.kernel_spec import kernel_spec
+
+        # One cache for all six builds: o_proj's and down_proj's specs are often the same.
+        cache = kernel_cache if kernel_cache is not None else KernelCache()
 
         self.model = model
         cfg, dt = model.config, DTYPE_NAMES[model.dtype]
@@ -116,21 +119,20 @@ class FusedForward:
         inter = self.intermediate = self.fused_layers[0].w_gate.shape[0]
 
         def build(family, **params):
-            return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params),
-                                       kernel_cache)
+            return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params), cache)
 
         # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
         hidden, attended = cfg.hidden_size, cfg.num_heads * cfg.head_dim
-        halves = (dict(BLOCK_K=_k_block(hidden)) if cfg.head_dim >= 32
-                  else dict(BLOCK_K=16, USE_DOT=False))
-        self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **halves)
+        qkv_tiles = (dict(BLOCK_K=_k_block(hidden)) if cfg.head_dim >= 32
+                     else dict(BLOCK_K=16, USE_DOT=False))
+        self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **qkv_tiles)
         # Eight warps: a step has one program per (request, kv head), too few to fill the GPU,
         # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
         # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
         # the fastest at one token a request, and within 0.3 us of the fastest at two).
         self.attention = build_triton_module(kernel_spec("attention", DTYPE=dt,
                                                          HEAD_DIM=cfg.head_dim, num_warps=8),
-                                             kernel_cache)
+                                             cache)
         # o_proj and down_proj: hidden_size columns plus the residual.
         self.o_proj = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
                             BLOCK_K=_k_block(attended))
@@ -140,7 +142,7 @@ class FusedForward:
                          BLOCK_K=_k_block(hidden))
         self.head = build("fused_linear", NORM=True, OUT_FP32=True,
                           BLOCK_N=_column_block(cfg.vocab_size), BLOCK_K=_k_block(hidden))
-        self.lm_head = model.lm_head[0]
+        self.lm_head_weight = model.lm_head[0]
         self._slot_ends = {}        # (cache slots, device) -> 1..S, for `_visible_end`
 
     @staticmethod
@@ -167,11 +169,12 @@ class FusedForward:
         launches a forward, not a layer."""
         b, t, s = mask.shape
         if b * t == 0:
-            return torch.zeros(b, dtype=torch.int64, device=mask.device)
+            return torch.zeros(b, dtype=torch.int32, device=mask.device)
         key = (s, mask.device)
         ends = self._slot_ends.get(key)
         if ends is None:
-            ends = torch.arange(1, s + 1, device=mask.device)
+            # int32: what the kernel reads, and half the bytes of the [B, T, S] product
+            ends = torch.arange(1, s + 1, dtype=torch.int32, device=mask.device)
             # A capture only records the arange: kept, it would hold nothing until a replay.
             if not (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
                 self._slot_ends[key] = ends
@@ -227,7 +230,7 @@ class FusedForward:
             rows = torch.gather(rows, 1, logits_at[:, :, None].expand(-1, -1, hidden))
         r = rows.shape[1]
         logits = torch.empty((b * r, cfg.vocab_size), dtype=torch.float32, device=dev)
-        self.head.launch(rows.reshape(b * r, hidden), self.lm_head, logits,
+        self.head.launch(rows.reshape(b * r, hidden), self.lm_head_weight, logits,
                          norm_weight=model.final_norm, eps=eps)
         return logits.view(b, r, cfg.vocab_size)
 

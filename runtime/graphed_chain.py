@@ -50,10 +50,15 @@ from .ar import ARResult
 from .steps import append_step, check_capacity, top2_margin
 
 
+def last_timing_context(span: int, capacity: int) -> int:
+    """The last context from which two rounds of `span` draft slots fit in `capacity` slots."""
+    return capacity - 2 * (span + 1)
+
+
 def check_timing_context(context: int, span: int, capacity: int) -> None:
     """A CapacityError unless rounds of `span` draft slots can be timed from `context`
     positions: two rounds must fit in the `capacity` slots after it."""
-    if context < 1 or context + 2 * (span + 1) > capacity:
+    if context < 1 or context > last_timing_context(span, capacity):
         raise CapacityError(f"a timing context of {context} does not fit a cache of "
                             f"{capacity} slots with rounds of {span} draft slots")
 
@@ -239,6 +244,10 @@ class GraphedChainDecoder:
     def _round(self, k: int) -> None:
         drafts = self._draft(k)
         g = self._verify(drafts)
+        self._accept_and_commit(drafts, g, k)
+
+    def _accept_and_commit(self, drafts: torch.Tensor, g: torch.Tensor, k: int) -> None:
+        """A round's end after its verification: accept the leading drafts that match, commit."""
         n = self._accepted(drafts, g)
         # Padded rows all verify k drafts: each accepts what it can (capping a row below k
         # would only throw verified tokens away). A plain step of an adaptive decoder runs
@@ -343,29 +352,32 @@ class GraphedChainDecoder:
         its round costs are timed on."""
         return {k: self._runner(False, k) for k in sorted({0, *self._lengths()})}
 
-    def _ensure_round_costs(self, prompts: Sequence[Sequence[int]] = (),
-                            limits: Sequence[int] = ()) -> None:
-        """With capture and no given costs: time each length's unforced graph against the plain
-        step's once, the first time the decoder runs (runtime/batch_length.py), with its rows
-        at the typical context of that call's `prompts` and `limits` (`timing_context`)."""
+    def _ensure_round_costs(self, prompts: Sequence[Sequence[int]], limits: Sequence[int]) -> None:
+        """With capture and no given costs: time the round costs (`time_round_costs`) once,
+        the first time the decoder runs (runtime/batch_length.py): a compile's first call is
+        its forced run, whose reference lengths then set the context."""
         if not self._measure_costs:
             return
-        context = self.timing_context(prompts, limits)
-        self.policy.set_round_costs(measure_round_costs(
-            self.round_replays(), lambda: self._inactive_at(context), self.device))
+        self.policy.set_round_costs(self.time_round_costs(prompts, limits))
         self._measure_costs = False
+
+    def time_round_costs(self, prompts: Sequence[Sequence[int]],
+                         limits: Sequence[int]) -> List[float]:
+        """Each length's unforced graph timed against the plain step's (`measure_round_costs`),
+        every row inactive at the typical context of a call of `prompts` and `limits`."""
+        context = self.timing_context(prompts, limits)
+        return measure_round_costs(self.round_replays(), lambda: self._inactive_at(context),
+                                   self.device)
 
     def timing_context(self, prompts: Sequence[Sequence[int]], limits: Sequence[int]) -> int:
         """Where a call's rounds are on average: the mean prompt length plus half the longest
-        limit (1 without prompts), held to where two rounds still fit in the cache. A round's
+        limit, held to where two rounds still fit in the cache. A round's
         kernels that walk only the visible cache slots (the fused drafter's attention) cost by
         it: timed at context 1, a fused drafter's rounds were priced 2-4 % of a plain step a draft
         below what a whole call's rounds cost (H200, batch 16 and 64), where the model
         drafter's, whose kernels walk every slot, agreed within 1 %."""
-        if not prompts:
-            return 1
-        typical = sum(len(p) for p in prompts) // len(prompts) + max(limits, default=0) // 2
-        return max(1, min(typical, self.capacity - 2 * (self.span + 1)))
+        typical = sum(len(p) for p in prompts) // len(prompts) + max(limits) // 2
+        return max(1, min(typical, last_timing_context(self.span, self.capacity)))
 
     def _inactive_at(self, context: int) -> None:
         """`_reset`, with every (inactive) row's position at `context`: replays then attend
@@ -395,8 +407,7 @@ class GraphedChainDecoder:
         two rounds fit after `context` (rows past the cache clamp their positions, so later
         rounds stay inside it, but no longer time what a decode there would)."""
         check_timing_context(context, self.span, self.capacity)
-        self._reset()
-        self.length.fill_(context)
+        self._inactive_at(context)
         self.count.fill_(1)
         self.limit.fill_(self.width)
         self.active.fill_(True)

@@ -11,16 +11,26 @@ from typing import Dict, List, Optional
 
 from specpilot.cli_common import positive_counts, positive_int
 
+from specpilot.runtime.graphed_loop import rounds_run
+
 from .phase_clock import PhaseClock, one_call
 
 
-def add_race_arguments(ap: argparse.ArgumentParser, calls: int) -> None:
+def add_race_arguments(ap: argparse.ArgumentParser, calls: Optional[int]) -> None:
     """The options every race script takes, each checked as it is parsed: --batch-sizes, --k,
-    --new-tokens and --calls (`calls` timed calls of each decoder by default)."""
+    --new-tokens and --calls (`calls` timed calls of each decoder by default; None: a script
+    that times no whole calls, without --calls)."""
     ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
     ap.add_argument("--k", type=positive_int, default=4)
     ap.add_argument("--new-tokens", type=positive_int, default=256)
-    ap.add_argument("--calls", type=positive_int, default=calls, help="timed calls of each decoder")
+    if calls is not None:
+        ap.add_argument("--calls", type=positive_int, default=calls,
+                        help="timed calls of each decoder")
+
+
+# Untimed calls of each decoder before timing: its captures, and (adaptive) its round costs
+# and workload memory.
+WARM_CALLS = 3
 
 
 def warm_up(decoders, prompts, new: int, calls: int) -> Dict[str, list]:
@@ -56,6 +66,19 @@ def call_rows(seconds: Dict[str, List[float]]) -> List[dict]:
         row["x_plain_ar"] = rows[0]["call_ms_median"] / row["call_ms_median"]
         row["x_plain_ar_mean"] = rows[0]["call_ms_mean"] / row["call_ms_mean"]
     return rows
+
+
+def phase_race(decoders, prompts, new: int, calls: int, warm_calls: int = WARM_CALLS):
+    """`warm_calls` warm-up calls of each decoder, then `calls` whole calls of each in turn split
+    into phases (specpilot/bench/phase_clock.py). Per decoder: (its warm-up results, each timed
+    call's phases, the rounds of a call (its last warm-up's), ms per round (the median rounds
+    phase over them))."""
+    warm = warm_up(decoders, prompts, new, warm_calls)
+    phases = interleaved_calls(decoders, prompts, new, calls, PhaseClock())
+    rounds = {name: rounds_run(results[-1].stats) for name, results in warm.items()}
+    per_round = {name: statistics.median(p["rounds"] for p in runs) * 1e3 / rounds[name]
+                 for name, runs in phases.items()}
+    return warm, phases, rounds, per_round
 
 
 def race(decoders, prompts, new: int, calls: int, warm_calls: int,

@@ -39,7 +39,7 @@ from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, S
                           SetDrafterKernels, SetDraftLengthPolicy, SetRefill, SetTopology,
                           SetVerifyPrune, Tree, replay)
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.decoder import ModelPair
+from specpilot.runtime.decoder import ModelPair, with_fused_drafter
 
 from .systems import ProgramSystem
 
@@ -90,14 +90,10 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
 
 
 def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
-    """`pair` with its drafter in fused layer kernels (as load_pair builds it for a Program
-    whose kernels.drafter_kernels is "fused"), sharing its models; or why it cannot be."""
-    from specpilot.runtime.fused_forward import FusedForward
-
-    if pair.drafter is None:
-        return "the pair has no drafter"
+    """`pair` with its drafter in fused layer kernels (runtime/decoder.py's
+    `with_fused_drafter`), or why it cannot be."""
     try:
-        return replace(pair, drafter=FusedForward(pair.drafter))
+        return with_fused_drafter(pair)
     except SpecPilotError as exc:
         return str(exc)
 
@@ -108,15 +104,18 @@ def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
     for name, program in mechanism_programs(stock).items():
         steps = ", ".join(str(t) for t in program.history)
         cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem
-        own = pair
+        own, refusal = pair, None
         if program.kernels.drafter_kernels == "fused":
             fused = fused_drafter_pair(pair) if fused is None else fused
-            own = fused if isinstance(fused, ModelPair) else pair
+            if isinstance(fused, ModelPair):
+                own = fused
+            else:
+                refusal = f"the drafter has no fused kernels: {fused}"
         system = cls(f"mech:{name}", program, own, f"stock + {steps}",
                      graphs_only=program.kernels.capture_graphs)
-        if program.kernels.drafter_kernels == "fused" and not isinstance(fused, ModelPair):
+        if refusal is not None:
             # The reason, alone: the unfused pair's own refusals (a pair built for other
             # drafter kernels) would only mislead.
-            system.refusal = f"the drafter has no fused kernels: {fused}"
+            system.refusal = refusal
         out.append(system)
     return out

@@ -30,7 +30,7 @@ HEAD_OPS = 2          # final norm + lm_head
 # two a forward for the attention's bound (each request's last visible slot).
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
-FUSED_FORWARD_OPS = 2
+FUSED_BOUND_OPS = 2
 # Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
 ACCEPT_OPS = 2
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
@@ -129,7 +129,7 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
     flops = (2.0 * rows * _linear_params(model, model.linears)
              + model.num_layers * attention_flops(model, rows, keys))
     if fused:
-        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS + FUSED_FORWARD_OPS
+        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS + FUSED_BOUND_OPS
     else:
         launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
                                         + (QK_NORM_OPS if model.qk_norm else 0))
@@ -157,6 +157,10 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
     # share of the verified tokens that are kept (all of them in a greedy AR step)
     useful = (mean_accepted + 1.0) / graph.graph["verify_tokens"]
     t_rate = gpu.flops_for(target.dtype)
+    fused_drafter = program.kernels.drafter_kernels == "fused"
+    if fused_drafter:
+        # Imported here (it imports torch): a fused forward hands wider calls to the model's.
+        from specpilot.runtime.fused_forward import MAX_FUSED_TOKENS
     out: List[NodeCost] = []
     for name, a in graph.nodes(data=True):
         kind, tokens = a["kind"], a["tokens"]
@@ -165,7 +169,7 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             # The first forward re-feeds what the previous step committed (accepted + bonus).
             width = mean_accepted + 1.0 if a["depth"] == 1 else tokens
             node = forward_cost(name, kind, drafter, batch, width, context, gpu,
-                                fused=program.kernels.drafter_kernels == "fused")
+                                fused=fused_drafter and batch * width <= MAX_FUSED_TOKENS)
         elif kind in ("attention", "mlp", "lm_head", "embed"):
             linears = a["linears"]
             ideal_w = sum(smallest_lossless_bytes(target, n) for n in linears)

@@ -5,6 +5,7 @@ import torch
 
 from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, randn
 from specpilot.codegen.cache import build_triton_module
+from specpilot.codegen.errors import KernelSpecError
 from specpilot.codegen.kernel_spec import kernel_spec
 from specpilot.runtime.reference_ops import (fused_linear_ref, norm_gate_up_silu_ref,
                                              norm_qkv_rope_ref)
@@ -131,3 +132,13 @@ def test_norm_qkv_rope_refuses_mismatched_operands(kernel_cache, device):
         module.launch(**case, q_out=q_out, eps=1e-6, x_out=case["x"].clone())
     with pytest.raises(ValueError, match="inv_freq must be"):
         module.launch(**{**case, "inv_freq": case["inv_freq"].double()}, q_out=q_out, eps=1e-6)
+
+
+def test_norm_qkv_rope_specs_outside_its_tiles_are_refused():
+    with pytest.raises(KernelSpecError, match="USE_DOT needs HEAD_DIM >= 32"):
+        kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=16)
+    # the multiply-add's tile: 64 rows x 128 columns (half of 256) x 1024 is past the registers
+    with pytest.raises(KernelSpecError, match="must be <= 32768"):
+        kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=256, USE_DOT=False, BLOCK_M=64,
+                    BLOCK_K=1024)
+    kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=16, USE_DOT=False, BLOCK_K=16)  # fits

@@ -94,6 +94,7 @@ def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
         # The same drafts accepted round by round: in float32 the fused drafter proposes the
         # per-op drafter's tokens.
         assert b.accepted_lengths == a.accepted_lengths
+        assert sum(map(sum, b.accepted_lengths)) > 0    # drafts were accepted: not all rejected
 
 
 @pytest.mark.parametrize("family,overrides,reason", [
@@ -132,9 +133,10 @@ def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
     pos = torch.tensor([[0, 1, 2, 3, 4], [2, 3, 4, 5, 6]], device=DEVICE)
     slot_ids = torch.arange(12, device=DEVICE)[None, None, :]
     clean, poisoned = model.new_cache(2, 12), model.new_cache(2, 12)
-    for layer in range(len(poisoned.v)):
-        poisoned.k[layer][:, 7:] = float("nan")
-        poisoned.v[layer][:, 7:] = float("nan")
+    for layer in range(len(poisoned.v)):   # each request's own end: 5 and 7
+        for row, end in ((0, 5), (1, 7)):
+            poisoned.k[layer][row, end:] = float("nan")
+            poisoned.v[layer][row, end:] = float("nan")
     expected = model.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], clean)
     actual = fused.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], poisoned)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)

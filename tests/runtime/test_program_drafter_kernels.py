@@ -43,7 +43,8 @@ def test_load_pair_runs_the_drafter_fused_and_the_output_is_the_unfused_pairs(se
     assert not isinstance(fused_pair.target, FusedForward)
     assert not isinstance(plain.drafter, FusedForward)
     # the wrapped model is the drafter checkpoint's, not the target's
-    assert not torch.equal(fused_pair.drafter.lm_head[0], fused_pair.target.lm_head[0])
+    assert torch.equal(fused_pair.drafter.lm_head_weight, plain.drafter.lm_head[0])
+    assert not torch.equal(fused_pair.drafter.lm_head_weight, plain.target.lm_head[0])
     prompts = random_prompts((5, 3), seed=43)
     reference = run_reference(plain, prompts, MAX_NEW, batch_size=2)
     unfused = timed_program(setup["base"], plain, prompts, MAX_NEW)
@@ -111,14 +112,17 @@ def test_the_cost_model_prices_the_fused_drafter_and_ir_show_names_it(setup):
 
     gpu = gpu_spec("h200")
 
-    def drafter_launches(program):
-        return [n.launches for n in step_nodes(program, gpu, 2, 40, 2.0)
+    def drafter_launches(program, batch=2):
+        return [n.launches for n in step_nodes(program, gpu, batch, 40, 2.0)
                 if n.kind == "drafter_forward"]
     # one layer: five fused launches, the LM head's and the attention bound's two, against the
     # per-op count (q/k/v, RoPE, attention, o_proj and the norms and adds: 8 + 6 a layer, the
     # head's 2, the embedding)
     assert drafter_launches(setup["fused"]) == [1 * 5 + 1 + 2] * 4
     assert drafter_launches(setup["base"]) == [1 * (8 + 6) + 2 + 1] * 4
+    # past 256 new tokens a call the fused forward hands over to the model's: at batch 100 the
+    # catch-up (3 tokens a request: 2 accepted and the bonus) is priced per op, the steps fused
+    assert drafter_launches(setup["fused"], batch=100) == [1 * (8 + 6) + 2 + 1] + [1 * 5 + 1 + 2] * 3
     model = CostModel(gpu)
     assert (model.step_seconds(setup["fused"], 2, 40, 2.0)
             < model.step_seconds(setup["base"], 2, 40, 2.0))

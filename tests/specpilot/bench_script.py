@@ -39,3 +39,19 @@ def write_profile(path, topology: dict, accepted, new_tokens, source=None) -> st
                                 "topology": topology, "accepted_lengths": accepted,
                                 "new_tokens": new_tokens, "source": source or {"hand": True}}))
     return str(path)
+
+
+def count_fused_forwards(monkeypatch, script) -> list:
+    """Make `script`'s FusedForward record the token shape of every call it serves; returns the
+    record (so a test can tell the script's "fused" rows really ran the fused forward)."""
+    from specpilot.runtime.fused_forward import FusedForward
+
+    calls = []
+
+    class Counting(FusedForward):
+        def forward(self, tokens, *args, **kwargs):
+            calls.append(tuple(tokens.shape))
+            return super().forward(tokens, *args, **kwargs)
+
+    monkeypatch.setattr(script, "FusedForward", Counting)
+    return calls

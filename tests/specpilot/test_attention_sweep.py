@@ -1,9 +1,10 @@
 """bench/attention_sweep.py end to end at a tiny size (Triton's interpreter, float32): a row per
 (batch, tokens) and per variant (slot block, warps, bounded or not), each variant's output
-checked against the float64 reference; the bounded variants give the whole cache's results."""
+checked against the float64 reference (float32 in the interpreter; bf16 and timed on a GPU)."""
 import json
 
 from bench_script import load_bench_script
+from hf_factory import kernel_device
 from torch_threads import single_thread_fixture
 
 one_thread = single_thread_fixture()
@@ -21,5 +22,7 @@ def test_every_variant_is_checked_against_the_reference(tmp_path):
         variants = {(v["block_s"], v["num_warps"], v["kv_len"]): v for v in shape["variants"]}
         assert set(variants) == {(b, 4, bounded) for b in (16, 32) for bounded in (False, True)}
         for v in variants.values():
-            assert v["max_abs_error"] < 1e-5          # float32 against float64
-            assert v["us_per_launch"] is None         # untimed off a GPU
+            if kernel_device() == "cpu":
+                assert v["max_abs_error"] < 1e-5 and v["us_per_launch"] is None
+            else:
+                assert v["max_abs_error"] < 2e-2 and v["us_per_launch"] > 0

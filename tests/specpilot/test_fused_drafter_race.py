@@ -12,7 +12,7 @@ import json
 
 import pytest
 
-from bench_script import load_bench_script
+from bench_script import count_fused_forwards, load_bench_script
 from hf_factory import fusable_pair, random_prompts
 from torch_threads import single_thread_fixture
 
@@ -39,12 +39,14 @@ def test_the_race_times_both_drafters_and_they_run_the_same_rounds(models, tmp_p
         return target, drafter, prompts, [], False          # no eos, uncaptured
 
     monkeypatch.setattr(script, "decode_models", tiny_models)
+    fused_calls = count_fused_forwards(monkeypatch, script)
     out = tmp_path / "r.json"
     assert script.main(["--prompt-len", str(PROMPT_LEN), "--new-tokens", str(NEW), "--k", str(K),
                         "--calls", str(CALLS), "--batch-sizes", ",".join(map(str, BATCHES)),
                         "--out", str(out)]) == 0
     assert asked == [(PROMPT_LEN, max(BATCHES))]                 # the largest batch's prompts
     doc = json.loads(out.read_text())
+    assert fused_calls                          # the "fused" rows ran the fused forward
     assert doc["settings"]["k"] == K and doc["settings"]["new_tokens"] == NEW
     assert "environment" in doc
     assert [b["batch"] for b in doc["batches"]] == list(BATCHES)
