@@ -4,8 +4,8 @@ cache or only up to the last visible slot (`kv_len`).
 
 A drafter's step at batch 4-64 runs one program per (request, kv head): too few to fill the GPU,
 so each program's walk over the cache is the attention's time. Per variant: device microseconds
-per launch (a CUDA graph of REPLAYED_LAUNCHES back-to-back launches, median of CUDA-event
-times), and its largest difference from runtime/reference_ops.py's `attention_ref` in float32.
+per launch (bench/kernel_bench's `time_thunks`: a CUDA graph of REPLAYED_LAUNCHES
+back-to-back launches, median of CUDA-event times), and its largest difference from runtime/reference_ops.py's `attention_ref` in float32.
 
   python3 bench/attention_sweep.py --out bench/results/attention-sweep.json
   python3 bench/attention_sweep.py --shape zoo-gpu-small-drafter --batch-sizes 16,64 --out F
@@ -17,21 +17,24 @@ from __future__ import annotations
 import argparse
 import itertools
 import os
+import sys
 from pathlib import Path
 
 import torch
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))      # bench/kernel_bench
+
+from kernel_bench.measure import TimingSettings, time_thunks  # noqa: E402
 
 from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.shapes import get_preset  # noqa: E402
-from specpilot.bench.step_costs import time_median  # noqa: E402
 from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.codegen.cache import build_triton_module  # noqa: E402
 from specpilot.codegen.kernel_spec import kernel_spec  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
-from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
+from specpilot.runtime.fused_forward import DTYPE_NAMES  # noqa: E402
 from specpilot.runtime.reference_ops import attention_ref  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
@@ -57,7 +60,6 @@ def inputs(batch: int, t: int, capacity: int, context: int, heads: int, kv_heads
 def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
     cfg = preset.config(args.scale)
     dtype = torch.bfloat16 if graphs else torch.float32
-    dt = "bf16" if graphs else "fp32"
     capacity = args.context + args.slack
     q, k, v, mask, kv_len = inputs(batch, t, capacity, args.context, cfg.num_heads,
                                    cfg.num_kv_heads, cfg.head_dim, dtype, device, seed=batch + t)
@@ -65,7 +67,7 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
     rows = []
     for block_s, warps, bounded in itertools.product(args.blocks, args.warps, (False, True)):
         try:
-            spec = kernel_spec("attention", DTYPE=dt, HEAD_DIM=cfg.head_dim, BLOCK_S=block_s,
+            spec = kernel_spec("attention", DTYPE=DTYPE_NAMES[dtype], HEAD_DIM=cfg.head_dim, BLOCK_S=block_s,
                                num_warps=warps)
         except SpecPilotError as exc:
             rows.append({"block_s": block_s, "num_warps": warps, "kv_len": bounded,
@@ -79,11 +81,9 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
 
         launch()
         error = (out.double() - ref).abs().max().item()
-        if graphs:
-            graph = capture_graph(lambda: [launch() for _ in range(REPLAYED_LAUNCHES)], device)[0]
-            us = time_median(graph.replay, device, 3, args.repeats) * 1e6 / REPLAYED_LAUNCHES
-        else:
-            us = None
+        us = (time_thunks([launch], TimingSettings(device.type, args.repeats,
+                                                   REPLAYED_LAUNCHES))["us"]
+              if graphs else None)
         rows.append({"block_s": block_s, "num_warps": warps, "kv_len": bounded,
                      "us_per_launch": us, "max_abs_error": error})
     return rows

@@ -40,8 +40,6 @@ DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp
 # kernels tile 16 rows at a time and every row block re-reads its layer's weights, right for
 # decode steps and chain catch-ups, wasteful for a prefill of whole prompts (cuBLAS's GEMMs).
 MAX_FUSED_TOKENS = 256
-# Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
-MAX_PROGRAMS = 264
 
 
 @dataclass
@@ -80,23 +78,6 @@ def fused_forward_refusal(model) -> Optional[str]:
     return None
 
 
-def _k_block(k: int) -> int:
-    """The reduction step for a reduction of length k: all of it up to 256. Each program of a
-    small layer walks its K loop serially, a memory latency per step, so few wide steps beat
-    many narrow ones (the RMSNorm's statistics pass walks it too)."""
-    from specpilot.codegen.families import next_power_of_two
-    return min(256, max(16, next_power_of_two(k)))
-
-
-def _column_block(n: int) -> int:
-    """The narrowest power-of-two column block (16 to 128) whose launch stays within
-    MAX_PROGRAMS programs per row block: narrow blocks spread a small layer over more SMs."""
-    block = 16
-    while block < 128 and -(-n // block) > MAX_PROGRAMS:
-        block *= 2
-    return block
-
-
 class FusedForward:
     """`model`'s forward (runtime/model.py's contract) run by the fused kernels, up to
     MAX_FUSED_TOKENS new tokens a call (the model's own forward beyond); every other attribute
@@ -108,40 +89,18 @@ class FusedForward:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
         # Imported here: only a Program that asks for fused kernels needs codegen.
         from specpilot.codegen.cache import KernelCache, build_triton_module
-        from specpilot.codegen.kernel_spec import kernel_spec
-
-        # One cache for all six builds: o_proj's and down_proj's specs are often the same.
-        cache = kernel_cache if kernel_cache is not None else KernelCache()
+        from specpilot.codegen.fused_layer import fused_layer_specs
 
         self.model = model
-        cfg, dt = model.config, DTYPE_NAMES[model.dtype]
+        cfg = model.config
         self.fused_layers = [self._layer(layer) for layer in model.layers]
-        inter = self.intermediate = self.fused_layers[0].w_gate.shape[0]
-
-        def build(family, **params):
-            return build_triton_module(kernel_spec(family, DTYPE=dt, BLOCK_M=16, **params), cache)
-
-        # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
-        hidden, attended = cfg.hidden_size, cfg.num_heads * cfg.head_dim
-        qkv_tiles = (dict(BLOCK_K=_k_block(hidden)) if cfg.head_dim >= 32
-                     else dict(BLOCK_K=16, USE_DOT=False))
-        self.qkv = build("norm_qkv_rope", HEAD_DIM=cfg.head_dim, **qkv_tiles)
-        # Eight warps: a step has one program per (request, kv head), too few to fill the GPU,
-        # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
-        # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
-        # the fastest at one token a request, and within 0.3 us of the fastest at two).
-        self.attention = build_triton_module(kernel_spec("attention", DTYPE=dt,
-                                                         HEAD_DIM=cfg.head_dim, num_warps=8),
-                                             cache)
-        # o_proj and down_proj: hidden_size columns plus the residual.
-        self.o_proj = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
-                            BLOCK_K=_k_block(attended))
-        self.down = build("fused_linear", RESIDUAL=True, BLOCK_N=_column_block(hidden),
-                          BLOCK_K=_k_block(inter))
-        self.mlp = build("norm_gate_up_silu", BLOCK_N=_column_block(inter),
-                         BLOCK_K=_k_block(hidden))
-        self.head = build("fused_linear", NORM=True, OUT_FP32=True,
-                          BLOCK_N=_column_block(cfg.vocab_size), BLOCK_K=_k_block(hidden))
+        specs = fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
+                                  cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+        # One cache for all six builds: o_proj's and down_proj's specs are often the same.
+        cache = kernel_cache if kernel_cache is not None else KernelCache()
+        self.qkv, self.attention, self.o_proj, self.down, self.mlp, self.head = (
+            build_triton_module(specs[name], cache)
+            for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
         self.lm_head_weight = model.lm_head[0]
         self._slot_ends = {}        # (cache slots, device) -> 1..S, for `_visible_end`
 
@@ -209,7 +168,7 @@ class FusedForward:
         mid = torch.empty_like(x)
         q = torch.empty((b, t, cfg.num_heads, cfg.head_dim), dtype=dt, device=dev)
         attended = torch.empty_like(q)
-        act = torch.empty((m, self.intermediate), dtype=dt, device=dev)
+        act = torch.empty((m, cfg.intermediate_size), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
         mask = mask.contiguous()
         kv_len = self._visible_end(mask)

@@ -1,0 +1,63 @@
+"""The kernel specs of a small model's forward in fused kernels (runtime/fused_forward.py): per
+layer norm_qkv_rope, attention, fused_linear for o_proj and down_proj with the residual and
+norm_gate_up_silu, and the LM head as fused_linear with the final norm and float32 logits.
+
+Tiles for a decode step's few rows (16 a program): full-width reduction steps up to 256, since
+each program of a small layer walks its K loop serially, a memory latency per step, so few wide
+steps beat many narrow ones (the RMSNorm's statistics pass walks it too); and the narrowest
+column block that keeps a launch within MAX_PROGRAMS programs per row block, since narrow
+blocks spread a small layer over more SMs.
+"""
+from __future__ import annotations
+
+from typing import Dict
+
+from .families import next_power_of_two
+from .kernel_spec import KernelSpec, kernel_spec
+
+# Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
+MAX_PROGRAMS = 264
+ROWS_PER_PROGRAM = 16
+
+
+def reduction_block(k: int) -> int:
+    """The reduction step for a reduction of length k: all of it, within 16..256."""
+    return min(256, max(16, next_power_of_two(k)))
+
+
+def column_block(n: int) -> int:
+    """The narrowest power-of-two column block (16 to 128) whose launch of n columns stays
+    within MAX_PROGRAMS programs per row block."""
+    block = 16
+    while block < 128 and -(-n // block) > MAX_PROGRAMS:
+        block *= 2
+    return block
+
+
+def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, intermediate: int,
+                      vocab: int) -> Dict[str, KernelSpec]:
+    """The six specs {qkv, attention, o_proj, down, mlp, head} for a model of these widths in
+    `dtype` ("bf16", "fp16" or "fp32")."""
+    def spec(family, **params):
+        return kernel_spec(family, DTYPE=dtype, BLOCK_M=ROWS_PER_PROGRAM, **params)
+
+    # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
+    qkv_tiles = (dict(BLOCK_K=reduction_block(hidden)) if head_dim >= 32
+                 else dict(BLOCK_K=16, USE_DOT=False))
+    return {
+        "qkv": spec("norm_qkv_rope", HEAD_DIM=head_dim, **qkv_tiles),
+        # Eight warps: a step has one program per (request, kv head), too few to fill the GPU,
+        # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
+        # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
+        # the fastest at one token a request, and within 0.3 us of the fastest at two).
+        "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8),
+        # o_proj and down_proj: hidden columns plus the residual.
+        "o_proj": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
+                       BLOCK_K=reduction_block(heads * head_dim)),
+        "down": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
+                     BLOCK_K=reduction_block(intermediate)),
+        "mlp": spec("norm_gate_up_silu", BLOCK_N=column_block(intermediate),
+                    BLOCK_K=reduction_block(hidden)),
+        "head": spec("fused_linear", NORM=True, OUT_FP32=True, BLOCK_N=column_block(vocab),
+                     BLOCK_K=reduction_block(hidden)),
+    }
