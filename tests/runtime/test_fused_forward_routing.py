@@ -1,7 +1,7 @@
 """runtime/fused_forward.py's routing by call size: a call of more than MAX_FUSED_TOKENS new
 tokens (batch x width) runs the model's own forward, bit for bit, and launches no fused kernel;
-a call within it runs the fused kernels (one norm_qkv_rope launch per layer; what they compute is
-test_fused_forward.py's to check)."""
+a call within it runs the fused kernels (five launches a layer and the head's; what they compute
+is test_fused_forward.py's to check)."""
 import pytest
 import torch
 
@@ -54,11 +54,11 @@ def test_a_call_past_max_fused_tokens_runs_the_models_own_forward(model, monkeyp
     monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", 4)
     fused = FusedForward(model)
     counts = _count_launches(fused, monkeypatch)
-    tokens, pos, mask = _inputs(model, 2, 3, seed=1)            # 6 tokens > 4
-    cache, cache_ref = model.new_cache(2, CAPACITY), model.new_cache(2, CAPACITY)
+    tokens, pos, mask = _inputs(model, 1, 5, seed=1)            # 5 tokens: one past 4
+    cache, cache_ref = model.new_cache(1, CAPACITY), model.new_cache(1, CAPACITY)
     mine = fused.forward(tokens, pos, pos, mask, cache)
     theirs = model.forward(tokens, pos, pos, mask, cache_ref)
-    assert mine.shape == (2, 3, model.config.vocab_size)
+    assert mine.shape == (1, 5, model.config.vocab_size)
     assert torch.equal(mine, theirs)
     assert all(n == 0 for n in counts.values()), counts
     # The cache was written by the model's forward too: the same K/V and positions exactly.
@@ -66,10 +66,10 @@ def test_a_call_past_max_fused_tokens_runs_the_models_own_forward(model, monkeyp
         assert torch.equal(a, b)
     assert torch.equal(cache.positions, cache_ref.positions)
     # logits_at is passed through to the model's forward as well.
-    picked = torch.tensor([[2], [0]], device=DEVICE)
-    mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY), picked)
-    theirs = model.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY), picked)
-    assert mine.shape == (2, 1, model.config.vocab_size) and torch.equal(mine, theirs)
+    picked = torch.tensor([[2]], device=DEVICE)
+    mine = fused.forward(tokens, pos, pos, mask, model.new_cache(1, CAPACITY), picked)
+    theirs = model.forward(tokens, pos, pos, mask, model.new_cache(1, CAPACITY), picked)
+    assert mine.shape == (1, 1, model.config.vocab_size) and torch.equal(mine, theirs)
     assert all(n == 0 for n in counts.values()), counts
 
 
@@ -80,6 +80,9 @@ def test_a_call_within_max_fused_tokens_runs_the_fused_kernels(model, monkeypatc
     tokens, pos, mask = _inputs(model, 2, 2, seed=2)            # 4 tokens: the limit itself
     mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY))
     # What it computes is test_fused_forward.py's to check: here, that the kernels ran.
-    assert counts["qkv"] == counts["attention"] == model.config.num_layers, counts
+    layers = model.config.num_layers
+    assert counts["qkv"] == counts["attention"] == counts["mlp"] == layers, counts
+    # o_proj and down_proj (one module where their specs agree): two a layer
+    assert counts["o_proj"] + counts.get("down", 0) == 2 * layers, counts
     assert counts["head"] == 1, counts
     assert mine.shape == (2, 2, model.config.vocab_size)

@@ -78,6 +78,8 @@ def test_a_pair_built_for_the_other_drafter_kernels_is_refused(setup):
                                                  "kernels but the Program runs "
                                                  "kernels.drafter_kernels 'fused'"):
         check_pair_runs(setup["fused"], plain)
+    with pytest.raises(UnsupportedProgram, match="loaded with 'model' drafter kernels"):
+        timed_program(setup["fused"], plain, random_prompts((3,), seed=44), MAX_NEW)
     fused_pair = load_pair(setup["target"], setup["drafter"], "float32", DEVICE,
                            program=setup["fused"])
     with pytest.raises(UnsupportedProgram, match="loaded with 'fused' drafter kernels but the "
@@ -98,7 +100,7 @@ def test_a_drafter_the_fused_kernels_cannot_run_is_refused_with_the_reason(tmp_p
                                "takes 16 to 256)")
 
 
-def test_the_search_loads_a_fused_drafter_program_its_own_pair(setup):
+def test_the_search_builds_a_fused_drafter_program_its_own_pair(setup):
     from specpilot.search.evaluate import _build_key
 
     assert not needs_own_pair(setup["base"]) and needs_own_pair(setup["fused"])
