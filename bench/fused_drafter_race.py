@@ -28,7 +28,7 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
-                                           decoder_capacity)
+                                           decoder_capacity, mid_run_context)
 from specpilot.bench.decoder_race import (WARM_CALLS, add_race_arguments,  # noqa: E402
                                           call_rows, phase_race, race)
 from specpilot.bench.environment import environment  # noqa: E402
@@ -84,7 +84,7 @@ def adaptive_race(args, target, drafters, plain, plain_warm, prompts, eos, graph
 def one_batch(args, target, drafters, prompts, eos, graphs) -> dict:
     batch = len(prompts)
     capacity = decoder_capacity(prompts, args.new_tokens, args.k)
-    context = max(len(p) for p in prompts) + args.new_tokens // 2
+    context = mid_run_context(prompts, args.new_tokens)
     steps = {}
     for name, d in drafters.items():
         # Off a GPU (a script check) one eager call each: the interpreter's timings mean nothing.

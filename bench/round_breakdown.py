@@ -35,7 +35,8 @@ import torch
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
-from specpilot.bench.decode_models import add_model_arguments, decode_models  # noqa: E402
+from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
+                                           mid_run_context)
 from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
 from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
@@ -109,7 +110,7 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], graphs: bool) -> dic
 
 def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
     b, k = len(prompts), args.k
-    context = max(len(p) for p in prompts) + args.new_tokens // 2
+    context = mid_run_context(prompts, args.new_tokens)
     # Room for every timed round to stay inside the cache (a row past it would clamp).
     capacity = context + (WARMUP + REPEATS + 8) * (k + 1)
     steps = {"target": measure_forwards(target, b, (1, k + 1), context, graphs,

@@ -34,7 +34,8 @@ import argparse
 from pathlib import Path
 from typing import List
 
-from specpilot.bench.decode_models import add_model_arguments, decode_models, decoder_capacity
+from specpilot.bench.decode_models import (add_model_arguments, decode_models, decoder_capacity,
+                                           mid_run_context)
 from specpilot.bench.decoder_race import WARM_CALLS, add_race_arguments, phase_race, race
 from specpilot.bench.environment import environment
 from specpilot.bench.replay import AcceptanceProfile
@@ -82,7 +83,7 @@ def price_rounds(args, target, drafter, prompts, eos, graphs, capacity):
     profile saved; returns (the batch's figures, the fixed-length decoders {L: decoder},
     their warm-up calls {L: results})."""
     batch, k, new = len(prompts), args.k, args.new_tokens
-    context = args.context or max(len(p) for p in prompts) + new // 2
+    context = args.context or mid_run_context(prompts, new)
     per_round, rounds, chain, fixed, warm = true_costs(target, drafter, prompts, eos, capacity,
                                                        k, new, args.calls, graphs)
     truth = [per_round[n] / per_round[0] for n in fixed]

@@ -120,10 +120,7 @@ class KernelsSpec:
     """Kernel backend, CUDA-graph capture, per-node kernel parameter overrides
     (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted),
     the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS), and how the
-    drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS): "model" runs the drafter as its
-    model runs (its backend and fast path); "fused" runs it in the fused layer kernels of
-    runtime/fused_forward.py (five launches a layer), which pays where a small drafter's step is
-    bound by its kernel count."""
+    drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS)."""
     backend: str
     capture_graphs: bool
     overrides: Tuple[Tuple[str, Tuple[Tuple[str, OverrideValue], ...]], ...] = field(default=())

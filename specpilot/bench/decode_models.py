@@ -29,6 +29,12 @@ def decoder_capacity(prompts, new_tokens: int, k: int) -> int:
     return max(len(p) for p in prompts) + new_tokens + 2 * k + 2
 
 
+def mid_run_context(prompts, new_tokens: int) -> int:
+    """The context a script times rounds or steps at: the longest prompt plus half the new
+    tokens, where a call's rounds are halfway through (every row's cache holds it)."""
+    return max(len(p) for p in prompts) + new_tokens // 2
+
+
 def decode_models(args, count: int):
     """(target, drafter, prompts, eos ids, graphs) for `count` prompts, by the options of
     `add_model_arguments`: bf16 and captured on a CUDA GPU, else float32 and eager. A
