@@ -12,8 +12,9 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
   and the costliest names): what a piece's graph time is made of, kernels or the gaps between
   them;
 - a refill's admission of a newcomer into one row (its results taken, both caches prefilled
-  in the row's graph, the row's state set), host clock: what each of a refill decoder's
-  newcomers costs besides its rounds.
+  in the bucket's graph and copied into the row, the row's state set): host clock alone, and
+  device time added to the round it is queued after (`added_ms`): what each of a refill
+  decoder's newcomers costs besides its rounds.
 
   python3 bench/round_breakdown.py --out bench/results/round-breakdown.json
   python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
@@ -93,9 +94,12 @@ def piece_kernels(dec: GraphedChainDecoder, k: int, context: int,
     return {name: kernel_profile(runs[name], dec.device) for name in names}
 
 
-def admission(dec: GraphedRefillDecoder, prompt: List[int], graphs: bool) -> dict:
-    """Host ms of one newcomer taking row 0 (its predecessor's results cloned out, the prompt
-    prefilled into the row of both caches, the row's state set), and its kernels."""
+def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs: bool) -> dict:
+    """One newcomer taking row 0 (its predecessor's results cloned out, the prompt prefilled
+    into the row of both caches, the row's state set): host ms and kernels of the admission
+    alone, and device ms of a round alone and of a round with an admission queued after it, as
+    the refill's loop queues them (on a GPU the prefill runs beside the round:
+    runtime/row_prefill.py). Their difference is what a newcomer adds to the batch's time."""
     dec.prepare_prefill([prompt])
 
     def admit():
@@ -103,9 +107,19 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], graphs: bool) -> dic
         dec._admit(0, prompt, ADMIT_LIMIT)
 
     admit()                                     # captures the row's bucket, untimed
-    ms = time_median(admit, dec.device, *((3, 20) if graphs else (0, 1)), host_bound=True) * 1e3
-    return {"prompt_tokens": len(prompt), "host_ms": ms,
-            "kernels": kernel_profile(admit, dec.device)}
+    runs = (3, 20) if graphs else (0, 1)
+    ms = time_median(admit, dec.device, *runs, host_bound=True) * 1e3
+    kernels = kernel_profile(admit, dec.device)
+    alone = time_median(dec.timing_round(context), dec.device, *runs) * 1e3
+    round_ = dec.timing_round(context)
+
+    def round_then_admit():
+        round_()
+        admit()
+
+    beside = time_median(round_then_admit, dec.device, *runs) * 1e3
+    return {"prompt_tokens": len(prompt), "host_ms": ms, "kernels": kernels,
+            "round_ms": alone, "round_and_admission_ms": beside, "added_ms": beside - alone}
 
 
 def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
@@ -146,7 +160,7 @@ def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
     refill = GraphedRefillDecoder(target, fused, b, capacity, k, capture=graphs)
     ms["round_refill"] = round_ms(refill, context, graphs)
     out["kernels"]["commit_refill"] = piece_kernels(refill, k, context, ["commit"])["commit"]
-    out["admission"] = admission(refill, prompts[0], graphs)
+    out["admission"] = admission(refill, prompts[0], context, graphs)
     del refill
     out["graph_ms"] = ms
     return out
@@ -162,7 +176,9 @@ def report(row: dict) -> str:
         if prof:
             lines.append(f"  {piece}: {prof['kernels']} kernels, {prof['kernel_us']:.1f} us")
     adm = row["admission"]
-    lines.append(f"  admission of {adm['prompt_tokens']} tokens: {adm['host_ms']:.3f} ms host")
+    lines.append(f"  admission of {adm['prompt_tokens']} tokens: {adm['host_ms']:.3f} ms host; "
+                 f"a round {adm['round_ms']:.3f} ms, with an admission after it "
+                 f"{adm['round_and_admission_ms']:.3f} (+{adm['added_ms']:.3f})")
     return "\n".join(lines)
 
 

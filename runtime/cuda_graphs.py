@@ -27,13 +27,15 @@ from .errors import CapacityError
 WARMUP_RUNS = 3  # eager runs on a side stream before capture (cuBLAS handles, allocator pools)
 
 
-def capture_graph(body, device, pool=None):
+def capture_graph(body, device, pool=None, stream=None):
     """Run `body` WARMUP_RUNS times eagerly on a side stream (so that cuBLAS handles, allocator
     pools and compiled kernels exist before capture), then capture one run of it into a CUDA
     graph. Returns (the graph, what the captured run returned: tensors its replays rewrite).
-    Every graphed piece of the runtime is captured this way."""
+    Every graphed piece of the runtime is captured this way. `stream`, if given, is the side
+    stream: a graph that will replay alongside others is captured on a stream of its own, so
+    that its GEMMs' cuBLAS workspace (one per stream, see below) is not one they use too."""
     current = torch.cuda.current_stream(device)
-    side = torch.cuda.Stream(device=device)
+    side = stream if stream is not None else torch.cuda.Stream(device=device)
     side.wait_stream(current)
     with torch.cuda.stream(side):
         for _ in range(WARMUP_RUNS):

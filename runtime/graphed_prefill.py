@@ -7,31 +7,43 @@ does anyway (runtime/steps.append_step): pad tokens write K/V past each prompt's
 nothing reads them before the decode overwrites them. Run eagerly (capture=False) the same
 static buffers serve, so the padding logic is tested without a GPU.
 
+With `bounded`, each bucket's forward sees only the bucket's first `width` slots of the caches
+(views of them): a prefill into an empty cache has nothing past them to attend to, and the
+attention then walks `width` slots, not the whole cache (on an H200, cuDNN's attention over
+457 slots was a fifth of a 64-token refill's kernel time, BENCHMARKS.md twelfth set).
+
 `run(rows, first_only=True)` prefills the first model alone (its own graphs, in the same pool): a
 padded adaptive batch that starts with speculation off for good never runs its drafter, so its
 drafter's prefill would be wasted work (as large as the target's with a target-sized drafter).
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Sequence, Tuple
 
 import torch
 
 from .cuda_graphs import capture_graph, to_device
+from .kv_cache import KVCache
 
 BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
+
+
+def leading_slots(cache: KVCache, width: int) -> KVCache:
+    """The first `width` slots of every row of `cache`, as views (writes reach `cache`)."""
+    return KVCache(k=[t[:, :width] for t in cache.k], v=[t[:, :width] for t in cache.v],
+                   positions=cache.positions[:, :width])
 
 
 class StaticPrefill:
     """Prefill of up to `batch` prompts into each (model, cache) of `models` (or the first
     alone); `run` returns the first model's float32 logits at each row's last prompt token,
-    [batch, V]. `after`, if given, runs after the forwards with the bucket's width, inside the
-    bucket's graph."""
+    [batch, V]. With `bounded` a bucket's forward attends over its own `width` slots only;
+    `stream` is the stream its graphs are captured on (runtime/cuda_graphs.capture_graph)."""
 
     def __init__(self, models: Sequence[Tuple[object, object]], batch: int, capacity: int,
-                 capture: bool, after: Optional[Callable[[int], None]] = None):
+                 capture: bool, bounded: bool = False, stream=None):
         self.models, self.batch, self.capacity, self.capture = list(models), batch, capacity, capture
-        self.after = after
+        self.bounded, self.stream = bounded, stream
         self.device = self.models[0][0].device
         self._buckets: Dict[Tuple[int, bool], dict] = {}
         self._pool = torch.cuda.graph_pool_handle() if capture else None
@@ -50,25 +62,28 @@ class StaticPrefill:
         if key in self._buckets:
             return self._buckets[key]
         dev, b = self.device, self.batch
+        models = self.models[:1] if key[1] else self.models
+        seen = self.capacity
+        if self.bounded:
+            models = [(model, leading_slots(cache, width)) for model, cache in models]
+            seen = width
         pos = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(b, width).clone()
         static = {"tokens": torch.zeros((b, width), dtype=torch.int64, device=dev),
                   "positions": pos,
-                  "mask": torch.arange(self.capacity, device=dev)[None, None, :] <= pos[:, :, None],
+                  "mask": torch.arange(seen, device=dev)[None, None, :] <= pos[:, :, None],
                   "last": torch.zeros((b, 1), dtype=torch.int64, device=dev)}
 
         def body():
             out = None
-            for model, cache in self.models[:1] if key[1] else self.models:
+            for model, cache in models:
                 logits = model.forward(static["tokens"], static["positions"], static["positions"],
                                        static["mask"], cache, static["last"])
                 out = logits if out is None else out
-            if self.after is not None:
-                self.after(width)
             return out[:, 0]
 
         static["body"] = body
         if self.capture:
-            static["graph"], static["logits"] = capture_graph(body, dev, self._pool)
+            static["graph"], static["logits"] = capture_graph(body, dev, self._pool, self.stream)
         self._buckets[key] = static
         return static
 

@@ -1,23 +1,32 @@
-"""One newcomer's prefill into one row of a running batch's caches, as a graph per bucket.
+"""One newcomer's prefill into one row of a running batch's caches.
 
 Continuous refill (runtime/graphed_refill.py) prefills each newcomer on its own, between two
 replays of the batch's round graphs. Run eagerly, that prefill was the refill's cost: on an
 H200, with 64 HumanEval prompts on 4 and 16 slots of a 161M/12.6M pair, each refill added about
 26 ms, so plain AR with refill ran at 0.48-0.70x the padded loop although it needed 20-35 %
 fewer target forwards; the eager prefill alone took 17.6-23.5 ms on those shapes, the graph
-below 1.7 ms (BENCHMARKS.md, fourth set). Here both models prefill the prompt at batch 1 into
-scratch caches, padded to a bucket width (runtime/graphed_prefill.py), and the bucket's slots
-are copied into the row named by a device index: one graph per bucket serves every row, and a
-refill is one replay plus the row's state writes.
+1.7-2.0 ms (BENCHMARKS.md, fourth and twelfth sets). Here both models prefill the prompt at
+batch 1 into scratch caches, padded to a bucket width and attending over the bucket's slots only
+(runtime/graphed_prefill.py, a graph per bucket), and the bucket's slots are then copied into
+the chosen row.
+
+With graphs on a GPU the prefill runs on a stream of its own, beside the round already queued:
+a decode round of a small model leaves most of the GPU idle (it is bound by its kernels'
+latency, not by their work), so the newcomer's prefill fills that room instead of following the
+round. Only the copy into the row, which must come after the round (the round still writes that
+row), is on the batch's stream. Two sets of scratch caches alternate, so a second newcomer in
+the same gap need not wait for the first one's copy before its prefill starts.
 """
 from __future__ import annotations
 
-from typing import Sequence, Tuple
+from typing import List, Sequence, Tuple
 
 import torch
 
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
+
+SCRATCH_SETS = 2     # with a stream of its own; one without
 
 
 class RowPrefill:
@@ -26,25 +35,59 @@ class RowPrefill:
 
     def __init__(self, models: Sequence[Tuple[object, KVCache]], capacity: int, capture: bool):
         self.device = models[0][0].device
-        self.row = torch.zeros(1, dtype=torch.int64, device=self.device)
-        # (the batch's cache, this prefill's one-row scratch cache) per model
-        self.caches = [(cache, model.new_cache(1, capacity)) for model, cache in models]
-        scratch = [(model, mine) for (model, _), (_, mine) in zip(models, self.caches)]
-        self._prefill = StaticPrefill(scratch, 1, capacity, capture, after=self._copy)
-
-    def _copy(self, width: int) -> None:
-        """The bucket's slots of the scratch caches into row `self.row` of the batch's caches
-        (slots past the prompt hold padding, as a batch prefill leaves them)."""
-        for cache, scratch in self.caches:
-            for dst, src in zip(cache.k + cache.v + [cache.positions],
-                                scratch.k + scratch.v + [scratch.positions]):
-                dst[:, :width].index_copy_(0, self.row, src[:, :width])
+        # Beside the batch's stream only where the prefill is a graph: its graphs are captured
+        # on this stream (cuda_graphs.capture_graph says why). High priority: the pool of
+        # high-priority streams is apart from the one every other capture draws from.
+        self.stream = (torch.cuda.Stream(device=self.device, priority=-1)
+                       if capture and self.device.type == "cuda" else None)
+        sets = SCRATCH_SETS if self.stream is not None else 1
+        # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
+        self.caches: List[Tuple[KVCache, List[KVCache]]] = [
+            (cache, [model.new_cache(1, capacity) for _ in range(sets)]) for model, cache in models]
+        self._prefills = [StaticPrefill([(model, scratch[s]) for (model, _), (_, scratch)
+                                         in zip(models, self.caches)],
+                                        1, capacity, capture, bounded=True, stream=self.stream)
+                          for s in range(sets)]
+        if self.stream is not None:
+            self._prefilled = [torch.cuda.Event() for _ in range(sets)]
+            self._read = [torch.cuda.Event() for _ in range(sets)]    # the set's scratch is free
+        self._next = 0
 
     def prepare(self, lengths: Sequence[int]) -> None:
         """Build (capture) the buckets of these prompt lengths now, e.g. before timing."""
-        self._prefill.prepare(lengths)
+        for prefill in self._prefills:
+            prefill.prepare(lengths)
+
+    def _copy(self, s: int, row: int, width: int) -> None:
+        """The bucket's slots of scratch set `s` into `row` of the batch's caches (slots past
+        the prompt hold padding, as a batch prefill leaves them): one multi-tensor copy for the
+        K/V of every layer."""
+        dst, src = [], []
+        for cache, scratch in self.caches:
+            dst += [t[row, :width] for t in cache.k + cache.v]
+            src += [t[0, :width] for t in scratch[s].k + scratch[s].v]
+            cache.positions[row, :width].copy_(scratch[s].positions[0, :width])
+        torch._foreach_copy_(dst, src)
 
     def run(self, row: int, prompt: Sequence[int]) -> torch.Tensor:
-        """Prefill `prompt` into `row` of every cache; the logits at its last token."""
-        self.row.fill_(row)
-        return self._prefill.run([list(prompt)])
+        """Prefill `prompt` into `row` of every cache; the logits at its last token (a tensor
+        of its own). On the batch's stream, the row is written after everything queued there
+        before this call, and the logits are ready for what is queued after it."""
+        s = self._next
+        self._next = (s + 1) % len(self._prefills)
+        prefill = self._prefills[s]
+        width = prefill.width_for(len(prompt))
+        if self.stream is None:
+            logits = prefill.run([list(prompt)])
+        else:
+            batch_stream = torch.cuda.current_stream(self.device)
+            self.stream.wait_event(self._read[s])      # the set's last copy and logits are read
+            with torch.cuda.stream(self.stream):
+                logits = prefill.run([list(prompt)])
+                self._prefilled[s].record()
+            batch_stream.wait_event(self._prefilled[s])
+        self._copy(s, row, width)
+        logits = logits.clone()
+        if self.stream is not None:
+            self._read[s].record()
+        return logits

@@ -1,0 +1,69 @@
+"""The captured one-row prefill (runtime/row_prefill.py) on its own stream: while the batch's
+stream is still busy writing the row (a long sleep, then a stand-in for the round's write),
+the prefill's result lands in the row after that write, and its logits and K/V are the eager
+prefill's; newcomers one after another alternate the scratch sets without mixing them. Also
+checks its graphs are captured on its own high-priority stream. Skipped without CUDA."""
+import pytest
+import torch
+
+from hf_factory import make_checkpoint, random_prompts
+from specpilot.runtime.model import Transformer
+from specpilot.runtime.row_prefill import RowPrefill
+from specpilot.runtime.steps import append_step
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CAPACITY = 160
+
+
+def _eager(model, prompt):
+    """(logits at the prompt's last token, its cache) of an eager prefill into a fresh cache."""
+    cache = model.new_cache(1, CAPACITY)
+    logits = append_step(model, cache, torch.zeros(1, dtype=torch.int64, device="cuda"),
+                         [list(prompt)])
+    return logits, cache
+
+
+def test_captured_row_prefill_waits_for_the_batch_stream_and_gives_the_eager_prefill(tmp_path):
+    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=41),
+                                         "float32", "cuda")
+    drafter = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=42),
+                                          "float32", "cuda")
+    caches = [target.new_cache(3, CAPACITY), drafter.new_cache(3, CAPACITY)]
+    for c in caches:
+        for t in c.k + c.v:
+            t.normal_()
+    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY, capture=True)
+    assert prefill.stream is not None and prefill.stream.priority < 0
+    prompts = random_prompts((9, 70, 30, 5), seed=43)
+    prefill.prepare([len(p) for p in prompts])
+    rows = (1, 2, 1, 0)
+    got = []
+    for row, prompt in zip(rows, prompts):
+        # The batch's stream is busy for a while, then writes the row (as a round does).
+        torch.cuda._sleep(20_000_000)
+        for c in caches:
+            for t in c.k + c.v:
+                t[row].fill_(7.0)
+        got.append(prefill.run(row, prompt))
+        if len(got) == 1:     # row 1 as the first newcomer left it, before the third takes it
+            snapshot = [t[1].clone() for t in caches[0].k]
+    torch.cuda.synchronize()
+    last_newcomer = {row: i for i, row in enumerate(rows)}
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        n = len(prompt)
+        torch.testing.assert_close(got[i], _eager(target, prompt)[0], rtol=1e-4, atol=1e-4)
+        if last_newcomer[row] != i:
+            continue
+        for model, cache in ((target, caches[0]), (drafter, caches[1])):
+            eager = _eager(model, prompt)[1]
+            for mine, theirs in zip(cache.k + cache.v, eager.k + eager.v):
+                torch.testing.assert_close(mine[row, :n], theirs[0, :n], rtol=1e-4, atol=1e-4)
+            assert torch.equal(cache.positions[row, :n].cpu(), torch.arange(n))
+    _, first = _eager(target, prompts[0])
+    n = len(prompts[0])
+    for mine, theirs in zip(snapshot, first.k):
+        torch.testing.assert_close(mine[:n], theirs[0, :n], rtol=1e-4, atol=1e-4)
