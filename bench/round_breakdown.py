@@ -7,7 +7,9 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
   whole round (`round`), so verify = draft_verify - draft and the acceptance and commit =
   round - draft_verify; beside them a plain step (`plain_round`), the round with the drafter as
   its model runs it, with adaptive lengths (the length policy's update included) and with
-  refill's per-row log; and the target's forward of 1 and k + 1 tokens alone;
+  refill's per-row log, and a plain step and the round with the target in fused kernels too;
+  and the target's forward of 1 and k + 1 tokens alone, as its model
+  runs it and in the fused kernels (runtime/fused_forward.py);
 - the kernels each piece launches, run eagerly under torch.profiler (count, summed device time
   and the costliest names): what a piece's graph time is made of, kernels or the gaps between
   them;
@@ -122,13 +124,13 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
             "round_ms": alone, "round_and_admission_ms": beside, "added_ms": beside - alone}
 
 
-def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
+def one_batch(args, target, drafter, fused, fused_target, prompts, graphs) -> dict:
     b, k = len(prompts), args.k
     context = mid_run_context(prompts, args.new_tokens)
     # Room for every timed round to stay inside the cache (a row past it would clamp).
     capacity = context + (WARMUP + REPEATS + 8) * (k + 1)
-    steps = {"target": measure_forwards(target, b, (1, k + 1), context, graphs,
-                                        *timed_runs(graphs))}
+    steps = {name: measure_forwards(model, b, (1, k + 1), context, graphs, *timed_runs(graphs))
+             for name, model in (("target", target), ("target_fused", fused_target))}
     for name, model in (("drafter_model", drafter), ("drafter_fused", fused)):
         steps[name] = measure_forwards(model, b, (1, 2), context, graphs, *timed_runs(graphs))
     out = {"batch": b, "k": k, "context": context,
@@ -137,6 +139,12 @@ def one_batch(args, target, drafter, fused, prompts, graphs) -> dict:
     plain = GraphedChainDecoder(target, None, b, capacity, 0, capture=graphs)
     ms = {"plain_round": round_ms(plain, context, graphs)}
     del plain
+    # Both models in fused kernels: a plain step and the chain's round.
+    for name, drafting in (("plain_round_fused_target", None), ("round_fused_target", fused)):
+        dec = GraphedChainDecoder(fused_target, drafting, b, capacity, k if drafting else 0,
+                                  capture=graphs)
+        ms[name] = round_ms(dec, context, graphs)
+        del dec
     model_chain = GraphedChainDecoder(target, drafter, b, capacity, k, capture=graphs)
     ms["round_model_drafter"] = round_ms(model_chain, context, graphs)
     del model_chain
@@ -171,7 +179,9 @@ def report(row: dict) -> str:
     lines = [f"batch {row['batch']}: plain {ms['plain_round']:.3f} ms, chain({row['k']}) round "
              f"{ms['round']:.3f} (model drafter {ms['round_model_drafter']:.3f}, adaptive "
              f"{ms['round_adaptive']:.3f}, refill {ms['round_refill']:.3f}); draft "
-             f"{ms['draft']:.3f}, verify {ms['verify']:.3f}, commit {ms['commit']:.3f}"]
+             f"{ms['draft']:.3f}, verify {ms['verify']:.3f}, commit {ms['commit']:.3f}; "
+             f"fused target: plain {ms['plain_round_fused_target']:.3f}, round "
+             f"{ms['round_fused_target']:.3f}"]
     for piece, prof in kern.items():
         if prof:
             lines.append(f"  {piece}: {prof['kernels']} kernels, {prof['kernel_us']:.1f} us")
@@ -191,12 +201,13 @@ def main(argv=None) -> int:
     try:
         target, drafter, prompts, _, graphs = decode_models(args, max(args.batch_sizes))
         fused = FusedForward(drafter)
+        fused_target = FusedForward(target)
     except SpecPilotError as exc:
         ap.error(str(exc))
     results = []
     started = time.perf_counter()
     for b in args.batch_sizes:
-        results.append(one_batch(args, target, drafter, fused, prompts[:b], graphs))
+        results.append(one_batch(args, target, drafter, fused, fused_target, prompts[:b], graphs))
         print(report(results[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
         # Written after every batch size: a run cut short keeps what it finished.
         write_json_atomic(Path(args.out), {"environment": environment(target.device.type),

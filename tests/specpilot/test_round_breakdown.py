@@ -82,9 +82,13 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
     for b in doc["batches"]:
         ms = b["graph_ms"]
         assert set(ms) == {"plain_round", "round_model_drafter", "round", "draft", "draft_verify",
-                           "verify", "commit", "round_adaptive", "round_refill"}
-        assert set(b["forward_ms"]) == {"target", "drafter_model", "drafter_fused"}
+                           "verify", "commit", "round_adaptive", "round_refill",
+                           "plain_round_fused_target", "round_fused_target"}
+        assert set(b["forward_ms"]) == {"target", "target_fused", "drafter_model", "drafter_fused"}
         assert set(b["forward_ms"]["target"]) == {"1", str(K + 1)}
         assert set(b["kernels"]) == {"draft", "verify", "commit", "commit_adaptive",
                                      "commit_refill"}
         assert b["admission"]["prompt_tokens"] == 4
+        adm = b["admission"]
+        assert adm["round_ms"] > 0 and adm["round_and_admission_ms"] > 0
+        assert adm["added_ms"] == pytest.approx(adm["round_and_admission_ms"] - adm["round_ms"])
