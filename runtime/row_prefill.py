@@ -16,17 +16,34 @@ latency, not by their work), so the newcomer's prefill fills that room instead o
 round. Only the copy into the row, which must come after the round (the round still writes that
 row), is on the batch's stream. Two sets of scratch caches alternate, so a second newcomer in
 the same gap need not wait for the first one's copy before its prefill starts.
+SPECPILOT_REFILL_PREFILL=after queues it on the batch's stream after the round instead (one
+scratch set), to measure what running beside the round gains.
 """
 from __future__ import annotations
 
+import os
 from typing import List, Sequence, Tuple
 
 import torch
+
+from specpilot.ir.errors import SpecPilotError
 
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
 
 SCRATCH_SETS = 2     # with a stream of its own; one without
+PLACEMENT_ENV = "SPECPILOT_REFILL_PREFILL"
+PLACEMENTS = ("beside", "after")
+
+
+def prefill_placement() -> str:
+    """Where a captured newcomer's prefill runs: `beside` the queued round (its own stream, the
+    default) or `after` it on the batch's stream (set by the environment variable
+    SPECPILOT_REFILL_PREFILL)."""
+    value = os.environ.get(PLACEMENT_ENV, "beside")
+    if value not in PLACEMENTS:
+        raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
+    return value
 
 
 class RowPrefill:
@@ -38,8 +55,9 @@ class RowPrefill:
         # Beside the batch's stream only where the prefill is a graph: its graphs are captured
         # on this stream (cuda_graphs.capture_graph says why). High priority: the pool of
         # high-priority streams is apart from the one every other capture draws from.
+        beside = prefill_placement() == "beside"
         self.stream = (torch.cuda.Stream(device=self.device, priority=-1)
-                       if capture and self.device.type == "cuda" else None)
+                       if capture and self.device.type == "cuda" and beside else None)
         sets = SCRATCH_SETS if self.stream is not None else 1
         # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
         self.caches: List[Tuple[KVCache, List[KVCache]]] = [

@@ -2,8 +2,10 @@
 float32: the chosen row of each batch cache holds what an eager prefill of the prompt writes,
 its logits are the eager prefill's, and every other row keeps what it held; capture is covered
 by tests/gpu/test_graphed_refill_gpu.py."""
+import pytest
 import torch
 
+from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.row_prefill import RowPrefill
 from specpilot.runtime.steps import append_step
 
@@ -43,3 +45,16 @@ def test_row_prefill_writes_only_its_row_and_gives_the_eager_logits():
                     assert torch.equal(now[other], then[other])
             for i, t in enumerate(cache.k + cache.v + [cache.positions]):
                 old[i] = t.clone()
+
+
+def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypatch):
+    s = pair_setup(7)
+    target = s["target"]
+    monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "sideways")
+    with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_PREFILL='sideways'"):
+        RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
+    for placement in ("beside", "after"):
+        monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
+        prefill = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
+        # uncaptured, the prefill is the caller's own work, on the caller's stream
+        assert prefill.stream is None and len(prefill.caches[0][1]) == 1
