@@ -13,8 +13,9 @@ already runs along inactive); only the host loop and the state of one row change
   - its results (output row, count, per-round acceptance) are cloned on the device, in stream
     order, before a newcomer reuses the row (a row no newcomer takes is read in place at the end);
   - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
-    a graph per bucket width, the row a device index), and the row's state is set as a batch
-    prefill would set it. A snapshot taken before the refill is not trusted for that row.
+    a graph per bucket width on scratch caches, beside the queued round on a GPU, then copied
+    into the row), and the row's state is set as a batch prefill would set it. A snapshot taken
+    before the refill is not trusted for that row.
 
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
