@@ -101,7 +101,8 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
     into the row of both caches, the row's state set): host ms and kernels of the admission
     alone, and device ms of a round alone and of a round with an admission queued after it, as
     the refill's loop queues them (on a GPU the prefill runs beside the round:
-    runtime/row_prefill.py). Their difference is what a newcomer adds to the batch's time."""
+    runtime/row_prefill.py). Their difference is what a newcomer adds to the batch's time; it
+    includes the admission's host work where that outlasts the round, as in the refill's loop."""
     dec.prepare_prefill([prompt])
 
     def admit():

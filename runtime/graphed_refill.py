@@ -157,6 +157,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         forced = references is not None
         lengths = self._lengths()
         replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
+        # The newcomers' prefill graphs too: captured lazily, a bucket would sync the device
+        # mid-call (a capture does) and its first prefill could not run beside a round.
+        self._row_prefill.prepare([len(p) for p in prompts[self.batch:]])
         self._ensure_round_costs(prompts, limits)
         first = list(range(min(n, b)))
         self._start([prompts[i] for i in first], [limits[i] for i in first],

@@ -67,3 +67,36 @@ def test_captured_row_prefill_waits_for_the_batch_stream_and_gives_the_eager_pre
     n = len(prompts[0])
     for mine, theirs in zip(snapshot, first.k):
         torch.testing.assert_close(mine[:n], theirs[0, :n], rtol=1e-4, atol=1e-4)
+
+
+def test_the_copy_waits_for_a_slow_prefill_on_its_own_stream(tmp_path, monkeypatch):
+    """The other way round: the prefill's stream is the slow one, so the copy into the row must
+    wait for it; and its graphs are captured on that stream."""
+    import specpilot.runtime.graphed_prefill as graphed_prefill
+    streams = []
+    real_capture = graphed_prefill.capture_graph
+
+    def spy(body, device, pool=None, stream=None):
+        streams.append(stream)
+        return real_capture(body, device, pool, stream)
+
+    monkeypatch.setattr(graphed_prefill, "capture_graph", spy)
+    target = Transformer.from_checkpoint(make_checkpoint(tmp_path, "llama3", seed=44),
+                                         "float32", "cuda")
+    cache = target.new_cache(2, CAPACITY)
+    for t in cache.k + cache.v:
+        t.normal_()
+    prefill = RowPrefill([(target, cache)], CAPACITY, capture=True)
+    prompt = random_prompts((40,), seed=45)[0]
+    prefill.prepare([len(prompt)])
+    assert streams and all(s is prefill.stream for s in streams)
+    with torch.cuda.stream(prefill.stream):
+        torch.cuda._sleep(50_000_000)           # the prefill queued after this starts late
+    logits = prefill.run(1, prompt)
+    rows = [t[1].clone() for t in cache.k + cache.v]    # on the batch's stream, after the copy
+    torch.cuda.synchronize()
+    want_logits, eager = _eager(target, prompt)
+    torch.testing.assert_close(logits, want_logits, rtol=1e-4, atol=1e-4)
+    n = len(prompt)
+    for mine, theirs in zip(rows, eager.k + eager.v):
+        torch.testing.assert_close(mine[:n], theirs[0, :n], rtol=1e-4, atol=1e-4)

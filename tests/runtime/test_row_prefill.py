@@ -1,7 +1,8 @@
 """The one-row prefill of continuous refill (runtime/row_prefill.py), run eagerly on CPU in
 float32: the chosen row of each batch cache holds what an eager prefill of the prompt writes,
-its logits are the eager prefill's, and every other row keeps what it held; capture is covered
-by tests/gpu/test_graphed_refill_gpu.py."""
+its logits are the eager prefill's, and every other row keeps what it held; capture and the
+prefill's own stream are covered by tests/gpu/test_row_prefill_gpu.py and
+tests/gpu/test_graphed_refill_gpu.py."""
 import pytest
 import torch
 
