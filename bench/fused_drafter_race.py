@@ -32,7 +32,7 @@ from specpilot.bench.decode_models import (add_model_arguments, decode_models,  
 from specpilot.bench.decoder_race import (WARM_CALLS, add_race_arguments,  # noqa: E402
                                           call_rows, phase_race, race)
 from specpilot.bench.environment import environment  # noqa: E402
-from specpilot.bench.step_costs import measure_forwards  # noqa: E402
+from specpilot.bench.step_costs import measure_forwards, timed_runs  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
@@ -87,9 +87,8 @@ def one_batch(args, target, drafters, prompts, eos, graphs) -> dict:
     context = mid_run_context(prompts, args.new_tokens)
     steps = {}
     for name, d in drafters.items():
-        # Off a GPU (a script check) one eager call each: the interpreter's timings mean nothing.
         seconds = measure_forwards(d, batch, (1, 2), context, graphs,
-                                   *((STEP_WARMUP, STEP_REPEATS) if graphs else (0, 1)))
+                                   *timed_runs(graphs, STEP_WARMUP, STEP_REPEATS))
         steps[name] = {"step_ms": seconds[1] * 1e3, "catch_up_ms": seconds[2] * 1e3}
     for name, s in steps.items():
         print(f"batch {batch:3d} {name} drafter: step {s['step_ms']:.4f} ms, catch-up "

@@ -38,8 +38,9 @@
 #   attnsweep  bench/attention_sweep.py: the attention kernel's slot blocks and warps at the
 #              drafter's decode shapes, whole cache against bounded by the last visible slot
 #   breakdown  bench/round_breakdown.py: a chain round's pieces (drafter steps, verification,
-#              acceptance and commit) timed as graphs and their kernels listed, and a refill's
-#              admission (random weights unless BREAKDOWN_ARGS names --pair)
+#              acceptance and commit) timed as graphs and their kernels listed, the target in
+#              fused kernels too, and what a refill's admission adds to a round (random weights
+#              unless BREAKDOWN_ARGS names --pair)
 #   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
 #              20 whole calls of each decoder
 #

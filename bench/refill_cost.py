@@ -28,7 +28,6 @@ from specpilot.cli_common import positive_counts
 from specpilot.bench.step_costs import time_median
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
-from specpilot.runtime.kv_cache import KVCache
 from specpilot.runtime.row_prefill import RowPrefill
 from specpilot.runtime.steps import append_step
 from specpilot.search.run_folder import write_json_atomic
@@ -44,9 +43,7 @@ def eager_row_prefill(models, row: int, prompt):
     """The first refill's prefill: an eager forward of each model into a one-row view."""
     zero = torch.zeros(1, dtype=torch.int64, device=models[0][0].device)
     for model, cache in models:
-        view = KVCache(k=[t[row:row + 1] for t in cache.k], v=[t[row:row + 1] for t in cache.v],
-                       positions=cache.positions[row:row + 1])
-        append_step(model, view, zero, [list(prompt)])
+        append_step(model, cache.view(rows=slice(row, row + 1)), zero, [list(prompt)])
 
 
 def prefill_rows(target, drafter, prompts, batch: int, capacity: int, steps: int,

@@ -43,7 +43,7 @@ from specpilot.bench.decode_models import (add_model_arguments, decode_models,  
 from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
 from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
-from specpilot.bench.step_costs import measure_forwards, time_median  # noqa: E402
+from specpilot.bench.step_costs import measure_forwards, time_median, timed_runs  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
@@ -52,12 +52,8 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 WARMUP, REPEATS = 5, 40
-ADMIT_LIMIT = 64      # new tokens of an admitted newcomer (its state only; nothing decodes)
-
-
-def timed_runs(graphs: bool):
-    """(warm-up, timed) runs of each measurement: one eager run off a GPU (a script check)."""
-    return (WARMUP, REPEATS) if graphs else (0, 1)
+ADMIT_WARMUP, ADMIT_REPEATS = 3, 20    # fewer: each admission has host work to wait for
+ADMIT_LIMIT = 64       # new tokens of an admitted newcomer (its state only; nothing decodes)
 
 
 def round_pieces(dec: GraphedChainDecoder, k: int) -> Dict[str, Callable[..., object]]:
@@ -74,12 +70,13 @@ def graph_ms(fn: Callable[[], object], dec: GraphedChainDecoder, context: int,
     `context` positions."""
     dec.reset_all_active(context)
     run = capture_graph(fn, dec.device)[0].replay if graphs else fn
-    return time_median(run, dec.device, *timed_runs(graphs)) * 1e3
+    return time_median(run, dec.device, *timed_runs(graphs, WARMUP, REPEATS)) * 1e3
 
 
 def round_ms(dec: GraphedChainDecoder, context: int, graphs: bool) -> float:
     """Median device ms of one captured round of `dec` (its own `timing_round`)."""
-    return time_median(dec.timing_round(context), dec.device, *timed_runs(graphs)) * 1e3
+    return time_median(dec.timing_round(context), dec.device,
+                       *timed_runs(graphs, WARMUP, REPEATS)) * 1e3
 
 
 def piece_kernels(dec: GraphedChainDecoder, k: int, context: int,
@@ -110,7 +107,7 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
         dec._admit(0, prompt, ADMIT_LIMIT)
 
     admit()                                     # captures the row's bucket, untimed
-    runs = (3, 20) if graphs else (0, 1)
+    runs = timed_runs(graphs, ADMIT_WARMUP, ADMIT_REPEATS)
     ms = time_median(admit, dec.device, *runs, host_bound=True) * 1e3
     kernels = kernel_profile(admit, dec.device)
     alone = time_median(dec.timing_round(context), dec.device, *runs) * 1e3
@@ -130,10 +127,11 @@ def one_batch(args, target, drafter, fused, fused_target, prompts, graphs) -> di
     context = mid_run_context(prompts, args.new_tokens)
     # Room for every timed round to stay inside the cache (a row past it would clamp).
     capacity = context + (WARMUP + REPEATS + 8) * (k + 1)
-    steps = {name: measure_forwards(model, b, (1, k + 1), context, graphs, *timed_runs(graphs))
+    runs = timed_runs(graphs, WARMUP, REPEATS)
+    steps = {name: measure_forwards(model, b, (1, k + 1), context, graphs, *runs)
              for name, model in (("target", target), ("target_fused", fused_target))}
     for name, model in (("drafter_model", drafter), ("drafter_fused", fused)):
-        steps[name] = measure_forwards(model, b, (1, 2), context, graphs, *timed_runs(graphs))
+        steps[name] = measure_forwards(model, b, (1, 2), context, graphs, *runs)
     out = {"batch": b, "k": k, "context": context,
            "forward_ms": {name: {str(w): s * 1e3 for w, s in widths.items()}
                           for name, widths in steps.items()}}

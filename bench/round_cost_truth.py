@@ -48,7 +48,6 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder, check_timing_co
 from specpilot.search.run_folder import write_json_atomic
 
 
-
 def smoothings(text: str) -> List[float]:
     """Comma-separated weights in (0, 1] (none for an empty string)."""
     try:

@@ -23,15 +23,8 @@ from typing import Dict, List, Sequence, Tuple
 import torch
 
 from .cuda_graphs import capture_graph, to_device
-from .kv_cache import KVCache
 
 BUCKET = 64   # prompt tokens per bucket step: few shapes, at most 63 wasted positions per row
-
-
-def leading_slots(cache: KVCache, width: int) -> KVCache:
-    """The first `width` slots of every row of `cache`, as views (writes reach `cache`)."""
-    return KVCache(k=[t[:, :width] for t in cache.k], v=[t[:, :width] for t in cache.v],
-                   positions=cache.positions[:, :width])
 
 
 class StaticPrefill:
@@ -65,7 +58,7 @@ class StaticPrefill:
         models = self.models[:1] if key[1] else self.models
         seen = self.capacity
         if self.bounded:
-            models = [(model, leading_slots(cache, width)) for model, cache in models]
+            models = [(model, cache.view(slots=slice(0, width))) for model, cache in models]
             seen = width
         pos = torch.arange(width, dtype=torch.int64, device=dev)[None, :].expand(b, width).clone()
         static = {"tokens": torch.zeros((b, width), dtype=torch.int64, device=dev),

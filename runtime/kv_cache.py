@@ -35,6 +35,12 @@ class KVCache:
     def capacity(self) -> int:
         return self.positions.shape[1]
 
+    def view(self, rows: slice = slice(None), slots: slice = slice(None)) -> "KVCache":
+        """`rows` and `slots` of every layer's K/V and of the positions, as views: what a
+        forward writes into the view lands in this cache."""
+        return KVCache(k=[t[rows, slots] for t in self.k], v=[t[rows, slots] for t in self.v],
+                       positions=self.positions[rows, slots])
+
     def copy_slots(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move entries of request `row` from slots `src` to slots `dst` (tree compaction).
 

@@ -10,7 +10,6 @@ import statistics
 from typing import Dict, List, Optional
 
 from specpilot.cli_common import positive_counts, positive_int
-
 from specpilot.runtime.graphed_loop import rounds_run
 
 from .phase_clock import PhaseClock, one_call

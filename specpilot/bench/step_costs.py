@@ -131,6 +131,12 @@ def not_a_result(path: str, exc: Exception) -> SpecPilotError:
                           f"({type(exc).__name__}: {exc})")
 
 
+def timed_runs(graphs: bool, warmup: int, repeats: int) -> Tuple[int, int]:
+    """(warm-up, timed) runs of a script's measurement: as given on a GPU, one eager run
+    without warm-up off it (the script's check: the interpreter's timings mean nothing)."""
+    return (warmup, repeats) if graphs else (0, 1)
+
+
 def time_median(fn: Callable[[], object], device: torch.device, warmup: int, repeats: int,
                 host_bound: bool = False) -> float:
     """Median seconds of `fn()` over `repeats` runs after `warmup` runs. On CUDA each run is

@@ -42,15 +42,16 @@ def write_profile(path, topology: dict, accepted, new_tokens, source=None) -> st
 
 
 def count_fused_forwards(monkeypatch, script) -> list:
-    """Make `script`'s FusedForward record the token shape of every call it serves; returns the
-    record (so a test can tell the script's "fused" rows really ran the fused forward)."""
+    """Make `script`'s FusedForward record (the model it runs, the token shape) of every call it
+    serves; returns the record (so a test can tell the script's "fused" rows really ran the
+    fused forward, and for which model)."""
     from specpilot.runtime.fused_forward import FusedForward
 
     calls = []
 
     class Counting(FusedForward):
         def forward(self, tokens, *args, **kwargs):
-            calls.append(tuple(tokens.shape))
+            calls.append((self.model, tuple(tokens.shape)))
             return super().forward(tokens, *args, **kwargs)
 
     monkeypatch.setattr(script, "FusedForward", Counting)

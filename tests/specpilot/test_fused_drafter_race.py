@@ -47,6 +47,7 @@ def test_the_race_times_both_drafters_and_they_run_the_same_rounds(models, tmp_p
     assert asked == [(PROMPT_LEN, max(BATCHES))]                 # the largest batch's prompts
     doc = json.loads(out.read_text())
     assert fused_calls                          # the "fused" rows ran the fused forward
+    assert all(model is drafter for model, _ in fused_calls)
     assert doc["settings"]["k"] == K and doc["settings"]["new_tokens"] == NEW
     assert "environment" in doc
     assert [b["batch"] for b in doc["batches"]] == list(BATCHES)

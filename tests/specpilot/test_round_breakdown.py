@@ -77,7 +77,9 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
     assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
                         "--batch-sizes", "1,2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert fused_calls                          # the pieces ran the fused drafter
+    ran = {id(model) for model, _ in fused_calls}
+    assert id(drafter) in ran                   # the pieces ran the fused drafter
+    assert id(target) in ran                    # and the fused target's rows the fused target
     assert [b["batch"] for b in doc["batches"]] == [1, 2]
     for b in doc["batches"]:
         ms = b["graph_ms"]
