@@ -110,11 +110,6 @@ def _stages(default: int) -> IntParam:
     return IntParam("num_stages", 1, 6, default, doc="software pipelining depth of the K loop")
 
 
-def _pdl() -> BoolParam:
-    return BoolParam("PDL", False, doc="programmatic dependent launch (Hopper): the kernel waits "
-                     "in-kernel for the one before it, so its launch overlaps that kernel's tail")
-
-
 # Mantissa bits a float32 loses when rounded to the dtype (23 - stored mantissa bits).
 DROP_BITS = {"bf16": 16, "fp16": 13, "fp32": 0}
 
@@ -230,7 +225,7 @@ ATTENTION = FamilySchema(
     summary="attention of T new queries per request over a static KV cache with an explicit "
             "visibility mask (decode, causal and tree verification), GQA",
     launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)",
-    params=_attention_params("query rows (token, head-in-group) per program") + (_pdl(),),
+    params=_attention_params("query rows (token, head-in-group) per program"),
     check=_check_attention, derive=_attention_constants)
 
 VARLEN_ATTENTION = FamilySchema(
@@ -306,16 +301,14 @@ FUSED_LINEAR = FamilySchema(
         BoolParam("NORM", False, doc="RMS-normalise x's rows first"),
         BoolParam("RESIDUAL", False, doc="add the residual after the product"),
         BoolParam("OUT_FP32", False, doc="write float32 (logits) rather than DTYPE"),
-        _warps(4), _stages(2), 
-        _pdl()),
+        _warps(4), _stages(2)),
     check=check_matmul_tiles, derive=_dtype_constants)
 
 NORM_GATE_UP_SILU = FamilySchema(
     name="norm_gate_up_silu", backend="triton",
     summary="the MLP's input with its RMSNorm: silu(n @ Wg.T) * (n @ Wu.T), n = rmsnorm(x)",
     launcher="launch(x, norm_weight, w_gate, w_up, out, eps)",
-    params=_matmul_params(32) + (_warps(4), _stages(2), 
-        _pdl()),
+    params=_matmul_params(32) + (_warps(4), _stages(2)),
     check=check_matmul_tiles, derive=_dtype_constants)
 
 
@@ -341,8 +334,7 @@ NORM_QKV_ROPE = FamilySchema(
             IntParam("BLOCK_M", 1, 64, 16, power_of_two=True, doc="tokens per program"),
             IntParam("BLOCK_K", 16, 1024, 64, power_of_two=True, doc="reduction step"),
             BoolParam("USE_DOT", True, doc="tl.dot (tensor cores) or a broadcast multiply-add"),
-            _warps(4), _stages(2), 
-        _pdl()),
+            _warps(4), _stages(2)),
     check=_check_norm_qkv_rope, derive=_rope_constants)
 
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,

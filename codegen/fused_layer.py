@@ -35,13 +35,11 @@ def column_block(n: int) -> int:
 
 
 def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, intermediate: int,
-                      vocab: int, rows: int = ROWS_PER_PROGRAM,
-                      pdl: bool = False) -> Dict[str, KernelSpec]:
+                      vocab: int) -> Dict[str, KernelSpec]:
     """The six specs {qkv, attention, o_proj, down, mlp, head} for a model of these widths in
-    `dtype` ("bf16", "fp16" or "fp32"), `rows` tokens a program (16 to 64), with programmatic
-    dependent launch where `pdl`."""
+    `dtype` ("bf16", "fp16" or "fp32")."""
     def spec(family, **params):
-        return kernel_spec(family, DTYPE=dtype, BLOCK_M=rows, PDL=pdl, **params)
+        return kernel_spec(family, DTYPE=dtype, BLOCK_M=ROWS_PER_PROGRAM, **params)
 
     # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
     qkv_tiles = (dict(BLOCK_K=reduction_block(hidden)) if head_dim >= 32
@@ -52,8 +50,7 @@ def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, interm
         # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
         # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
         # the fastest at one token a request, and within 0.3 us of the fastest at two).
-        "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8,
-                                 PDL=pdl),
+        "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8),
         # o_proj and down_proj: hidden columns plus the residual.
         "o_proj": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
                        BLOCK_K=reduction_block(heads * head_dim)),

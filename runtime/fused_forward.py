@@ -17,12 +17,6 @@ drafted token. Here each layer is
 and the LM head is one fused_linear with the final norm, writing float32 logits. The first
 layer's norm_qkv_rope also gathers the embeddings and records the tokens' positions in the cache.
 
-Calls of up to 16 tokens run in 16-row tiles; longer ones (a verification's k + 1 tokens a
-request, a drafter's catch-up) in WIDE_ROWS-row tiles, since each row block re-reads the layer's
-weights. On Hopper the kernels launch with programmatic dependent launch (PDL): each may start
-while the one before it runs and waits in-kernel for its writes, so launches overlap
-(SPECPILOT_PDL=off launches them plainly).
-
 It serves the drafter (a Program's kernels.drafter_kernels = "fused"). A drafter only proposes
 tokens and the target verifies every one, so the decoder's output does not depend on it; its
 roundings follow the per-op path's (HF's) all the same, except the MLP, which rounds once from
@@ -32,9 +26,7 @@ each tested against its torch reference.
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Optional
 
 import torch
@@ -44,12 +36,9 @@ from specpilot.ir.errors import SpecPilotError
 from .torch_backend import TorchBackend
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-# Tokens a program past ROWS_PER_PROGRAM tokens a call (codegen/fused_layer.py).
-WIDE_ROWS = 64
 # New tokens per call (batch x width) past which the model's own forward runs instead: the fused
-# kernels tile at most 64 rows at a time and every row block re-reads its layer's weights, right
-# for decode steps, verifications and catch-ups, wasteful for a prefill of whole prompts
-# (cuBLAS's GEMMs).
+# kernels tile 16 rows at a time and every row block re-reads its layer's weights, right for
+# decode steps and chain catch-ups, wasteful for a prefill of whole prompts (cuBLAS's GEMMs).
 MAX_FUSED_TOKENS = 256
 
 
@@ -62,21 +51,6 @@ class FusedLayer:
     w_gate: torch.Tensor
     w_up: torch.Tensor
     w_down: torch.Tensor
-
-
-def pdl_available(device: torch.device) -> bool:
-    """Programmatic dependent launch needs a CUDA GPU of compute capability 9 (Hopper) or more."""
-    return (device.type == "cuda" and torch.cuda.is_available()
-            and torch.cuda.get_device_capability(device)[0] >= 9)
-
-
-def pdl_default(device: torch.device) -> bool:
-    """Whether a FusedForward launches with PDL when not told: where available, unless
-    SPECPILOT_PDL=off (to measure without it, or to rule it out)."""
-    setting = os.environ.get("SPECPILOT_PDL", "auto")
-    if setting not in ("auto", "off"):
-        raise SpecPilotError(f"SPECPILOT_PDL must be auto or off, got {setting!r}")
-    return setting == "auto" and pdl_available(device)
 
 
 def fused_forward_refusal(model) -> Optional[str]:
@@ -109,42 +83,26 @@ class FusedForward:
     MAX_FUSED_TOKENS new tokens a call (the model's own forward beyond); every other attribute
     (config, dtype, new_cache, ...) is the model's."""
 
-    def __init__(self, model, kernel_cache=None, wide_rows: int = WIDE_ROWS,
-                 pdl: Optional[bool] = None):
+    def __init__(self, model, kernel_cache=None):
         why = fused_forward_refusal(model)
         if why is not None:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
-        if wide_rows not in (16, 32, 64):
-            raise SpecPilotError(f"wide_rows must be 16, 32 or 64 tokens a program, got "
-                                 f"{wide_rows!r}")
         # Imported here: only a Program that asks for fused kernels needs codegen.
-        from specpilot.codegen.cache import KernelCache
-        from specpilot.codegen.fused_layer import ROWS_PER_PROGRAM
-
-        self.model = model
-        self.fused_layers = [self._layer(layer) for layer in model.layers]
-        self.pdl = pdl_default(model.device) if pdl is None else bool(pdl)
-        # One cache for every build: o_proj's and down_proj's specs are often the same.
-        cache = kernel_cache if kernel_cache is not None else KernelCache()
-        self.narrow_rows, self.wide_rows = ROWS_PER_PROGRAM, wide_rows
-        self.narrow = self._kernels(ROWS_PER_PROGRAM, cache)
-        self.wide = (self.narrow if wide_rows == ROWS_PER_PROGRAM
-                     else self._kernels(wide_rows, cache))
-        self.lm_head_weight = model.lm_head[0]
-        self._slot_ends = {}        # (cache slots, device) -> 1..S, for `_visible_end`
-
-    def _kernels(self, rows: int, cache) -> SimpleNamespace:
-        """The six launchers (qkv, attention, o_proj, down, mlp, head) at `rows` tokens a
-        program."""
-        from specpilot.codegen.cache import build_triton_module
+        from specpilot.codegen.cache import KernelCache, build_triton_module
         from specpilot.codegen.fused_layer import fused_layer_specs
 
-        cfg = self.model.config
-        specs = fused_layer_specs(DTYPE_NAMES[self.model.dtype], cfg.hidden_size, cfg.num_heads,
-                                  cfg.head_dim, cfg.intermediate_size, cfg.vocab_size,
-                                  rows=rows, pdl=self.pdl)
-        return SimpleNamespace(**{name: build_triton_module(spec, cache)
-                                  for name, spec in specs.items()})
+        self.model = model
+        cfg = model.config
+        self.fused_layers = [self._layer(layer) for layer in model.layers]
+        specs = fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
+                                  cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+        # One cache for all six builds: o_proj's and down_proj's specs are often the same.
+        cache = kernel_cache if kernel_cache is not None else KernelCache()
+        self.qkv, self.attention, self.o_proj, self.down, self.mlp, self.head = (
+            build_triton_module(specs[name], cache)
+            for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
+        self.lm_head_weight = model.lm_head[0]
+        self._slot_ends = {}        # (cache slots, device) -> 1..S, for `_visible_end`
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -215,27 +173,23 @@ class FusedForward:
         mask = mask.contiguous()
         kv_len = self._visible_end(mask)
         eps = cfg.rms_norm_eps
-        # A verification's or a catch-up's rows in wide tiles: each row block re-reads every
-        # weight, so 16-row tiles would read a layer's weights five times for 5 tokens of 16
-        # requests.
-        kern = self.narrow if m <= self.narrow_rows else self.wide
         for i, layer in enumerate(self.fused_layers):
             first = i == 0
-            kern.qkv.launch(model.embed if first else x, layer.input_norm, layer.w_qkv, positions,
+            self.qkv.launch(model.embed if first else x, layer.input_norm, layer.w_qkv, positions,
                             slots, model.inv_freq, q, cache.k[i], cache.v[i], eps,
                             tokens=tokens if first else None, x_out=x if first else None,
                             cache_positions=cache.positions if first else None)
-            kern.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
+            self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
                                   kv_len=kv_len)
-            kern.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
-            kern.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
-            kern.down.launch(act, layer.w_down, x, residual=mid)
+            self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
+            self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
+            self.down.launch(act, layer.w_down, x, residual=mid)
         rows = x.view(b, t, hidden)
         if logits_at is not None:
             rows = torch.gather(rows, 1, logits_at[:, :, None].expand(-1, -1, hidden))
         r = rows.shape[1]
         logits = torch.empty((b * r, cfg.vocab_size), dtype=torch.float32, device=dev)
-        kern.head.launch(rows.reshape(b * r, hidden), self.lm_head_weight, logits,
+        self.head.launch(rows.reshape(b * r, hidden), self.lm_head_weight, logits,
                          norm_weight=model.final_norm, eps=eps)
         return logits.view(b, r, cfg.vocab_size)
 

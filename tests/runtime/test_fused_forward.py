@@ -5,8 +5,7 @@ import pytest
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.codegen.cache import triton_interpreting
-from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal, pdl_available
+from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.checkpoint import load_checkpoint
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -55,44 +54,6 @@ def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, tmp_p
     for mine, theirs in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
         torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
     assert torch.equal(cache.positions, cache_ref.positions)
-
-
-@pytest.mark.parametrize("shape", sorted(SHAPES))
-@pytest.mark.parametrize("wide_rows", [32, 64])
-def test_wide_row_tiles_equal_the_per_op_forward_in_float32(shape, wide_rows, tmp_path):
-    # 4 prompts of 9 tokens: a 36-token prefill (wide tiles: two row blocks of 32, or one of
-    # 64 with 28 rows masked), then one-token steps of 4 rows (narrow tiles).
-    folder = make_checkpoint(tmp_path, "llama3", seed=11, **SHAPES[shape])
-    model = Transformer.from_checkpoint(folder, device=DEVICE)
-    fused = FusedForward(model, wide_rows=wide_rows)
-    expected, cache_ref = _steps(model, model.forward, 4, 9, 2, 16, seed=4)
-    actual, cache = _steps(model, fused.forward, 4, 9, 2, 16, seed=4)
-    for a, e in zip(actual, expected):
-        torch.testing.assert_close(a, e, rtol=1e-4, atol=1e-4)
-    for mine, theirs in zip(cache.k + cache.v, cache_ref.k + cache_ref.v):
-        torch.testing.assert_close(mine, theirs, rtol=1e-4, atol=1e-5)
-
-
-def test_kernels_specialised_for_dependent_launch_compute_the_same(tmp_path, monkeypatch):
-    # Off a Hopper GPU (here, or in the interpreter) the PDL specs launch without it; their
-    # rendering and launch path must still compute exactly what the plain specs do.
-    folder = make_checkpoint(tmp_path, "llama3", seed=12, **SHAPES["dot"])
-    model = Transformer.from_checkpoint(folder, device=DEVICE)
-    plain, pdl = FusedForward(model, pdl=False), FusedForward(model, pdl=True)
-    assert pdl.pdl and not plain.pdl
-    assert pdl.narrow.qkv is not plain.narrow.qkv          # a module of its own spec
-    on = pdl_available(model.device) and not triton_interpreting()
-    assert all(getattr(pdl.narrow, name)._PDL == on and not getattr(plain.narrow, name)._PDL
-               for name in ("qkv", "attention", "o_proj", "mlp", "down", "head"))
-    monkeypatch.setenv("SPECPILOT_PDL", "off")
-    assert not FusedForward(model).pdl
-    monkeypatch.setenv("SPECPILOT_PDL", "sometimes")
-    with pytest.raises(SpecPilotError, match="SPECPILOT_PDL must be auto or off"):
-        FusedForward(model)
-    first, _ = _steps(model, plain.forward, 2, 9, 2, 16, seed=5)
-    second, _ = _steps(model, pdl.forward, 2, 9, 2, 16, seed=5)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
 
 
 def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(tmp_path):

@@ -5,7 +5,6 @@ is test_fused_forward.py's to check)."""
 import pytest
 import torch
 
-from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime import fused_forward
 from specpilot.runtime.fused_forward import FusedForward
 from specpilot.runtime.model import Transformer
@@ -22,40 +21,33 @@ def model(tmp_path_factory):
     return Transformer.from_checkpoint(folder, device=DEVICE)
 
 
-def _inputs(model, batch, width, seed, capacity=CAPACITY):
+def _inputs(model, batch, width, seed):
     """A prefill of `width` tokens per row, row r starting at slot r, with a causal mask."""
     g = torch.Generator().manual_seed(seed)
     tokens = torch.randint(0, model.config.vocab_size, (batch, width), generator=g).to(DEVICE)
     pos = (torch.arange(batch)[:, None] + torch.arange(width)[None, :]).to(DEVICE)
-    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    mask = torch.arange(CAPACITY, device=DEVICE)[None, None, :] <= pos[:, :, None]
     return tokens, pos, mask
 
 
 def _count_launches(fused, monkeypatch):
-    """Wrap every fused kernel module's launch, in both tile sets (fused.narrow for calls of up
-    to 16 tokens, fused.wide past that), with a counter: {(set, attribute name): calls}.
-    Modules shared by two attributes (the same spec) are wrapped once, under their first name."""
+    """Wrap every fused kernel module's launch with a counter: {attribute name: calls}. Modules
+    shared by two attributes (the same spec) are wrapped once, under their first name."""
     counts, seen = {}, set()
-    for tiles in ("narrow", "wide"):
-        for name in ("qkv", "attention", "o_proj", "mlp", "down", "head"):
-            module = getattr(getattr(fused, tiles), name)
-            if id(module) in seen:
-                continue
-            seen.add(id(module))
-            counts[tiles, name] = 0
-            original = module.launch
+    for name in ("qkv", "attention", "o_proj", "mlp", "down", "head"):
+        module = getattr(fused, name)
+        if id(module) in seen:
+            continue
+        seen.add(id(module))
+        counts[name] = 0
+        original = module.launch
 
-            def counting(*args, _key=(tiles, name), _original=original, **kwargs):
-                counts[_key] += 1
-                return _original(*args, **kwargs)
+        def counting(*args, _name=name, _original=original, **kwargs):
+            counts[_name] += 1
+            return _original(*args, **kwargs)
 
-            monkeypatch.setattr(module, "launch", counting)
+        monkeypatch.setattr(module, "launch", counting)
     return counts
-
-
-def _launched(counts, tiles):
-    """{attribute name: calls} of one tile set."""
-    return {name: n for (t, name), n in counts.items() if t == tiles}
 
 
 def test_a_call_past_max_fused_tokens_runs_the_models_own_forward(model, monkeypatch):
@@ -88,40 +80,9 @@ def test_a_call_within_max_fused_tokens_runs_the_fused_kernels(model, monkeypatc
     tokens, pos, mask = _inputs(model, 2, 2, seed=2)            # 4 tokens: the limit itself
     mine = fused.forward(tokens, pos, pos, mask, model.new_cache(2, CAPACITY))
     # What it computes is test_fused_forward.py's to check: here, that the kernels ran.
-    _assert_one_forward(_launched(counts, "narrow"), model.config.num_layers)
-    assert all(n == 0 for n in _launched(counts, "wide").values()), counts
-    assert mine.shape == (2, 2, model.config.vocab_size)
-
-
-def _assert_one_forward(counts, layers):
-    """One forward's launches in one tile set; the attention's spec has no row tile, so both
-    sets share its module (counted under "narrow", the first wrapped)."""
-    assert counts["qkv"] == counts.get("attention", layers) == counts["mlp"] == layers, counts
+    layers = model.config.num_layers
+    assert counts["qkv"] == counts["attention"] == counts["mlp"] == layers, counts
     # o_proj and down_proj (one module where their specs agree): two a layer
     assert counts["o_proj"] + counts.get("down", 0) == 2 * layers, counts
     assert counts["head"] == 1, counts
-
-
-@pytest.mark.parametrize("batch,width,tiles", [(4, 4, "narrow"), (1, 16, "narrow"),
-                                               (1, 17, "wide"), (3, 6, "wide")])
-def test_calls_past_16_tokens_run_the_wide_tiles(model, monkeypatch, batch, width, tiles):
-    fused = FusedForward(model, wide_rows=32)
-    assert fused.wide is not fused.narrow
-    counts = _count_launches(fused, monkeypatch)
-    capacity = batch + width
-    tokens, pos, mask = _inputs(model, batch, width, seed=3, capacity=capacity)
-    fused.forward(tokens, pos, pos, mask, model.new_cache(batch, capacity))
-    layers = model.config.num_layers
-    _assert_one_forward(_launched(counts, tiles), layers)
-    assert counts["narrow", "attention"] == layers and ("wide", "attention") not in counts
-    other = "wide" if tiles == "narrow" else "narrow"
-    assert all(n == 0 for (t, name), n in counts.items()
-               if t == other and name != "attention"), counts
-
-
-def test_wide_rows_of_16_share_the_narrow_tiles_and_bad_widths_are_refused(model):
-    fused = FusedForward(model, wide_rows=16)
-    assert fused.wide is fused.narrow
-    for bad in (8, 48, 128, "64"):
-        with pytest.raises(SpecPilotError, match="wide_rows must be 16, 32 or 64"):
-            FusedForward(model, wide_rows=bad)
+    assert mine.shape == (2, 2, model.config.vocab_size)
