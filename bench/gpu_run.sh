@@ -43,6 +43,9 @@
 #              unless BREAKDOWN_ARGS names --pair)
 #   startoffpair startoffgap on the trained pair ($PAIR) and its HumanEval prompts, batch 64,
 #              20 whole calls of each decoder
+#   timeline   bench/refill_timeline.py on the trained pair: whole refill calls (chain and
+#              adaptive, fused drafter) on the GPU's timeline: replays, admissions, idle gaps
+#              (TIMELINE_ARGS)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
@@ -50,7 +53,8 @@
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
 # SYSTEMS (the bench phases' --systems; all by default), FUSED_ARGS (more options of
-# fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), EXTREMES_ARGS (more options of
+# fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
+# refill_timeline.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
 # RESULTS (default /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
@@ -141,6 +145,9 @@ phase() {
     breakdown)
         step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
             --out "$RESULTS/round-breakdown.json" ;;
+    timeline)
+        step timeline timeout 300 python3 bench/refill_timeline.py --pair "$PAIR" \
+            ${TIMELINE_ARGS:-} --out "$RESULTS/refill-timeline.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;

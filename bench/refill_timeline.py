@@ -1,0 +1,170 @@
+"""Where a refill call's time goes on the GPU's timeline: its replays, its admissions, and the
+gaps where the GPU waited for the host.
+
+The round breakdown (bench/round_breakdown.py) times a round alone, every row active; a whole
+refill call ran 5-10 % more per round than that. Here whole calls of the graphed refill decoder
+(runtime/graphed_refill.py, chain(k) or adaptive lengths up to k, the drafter in fused kernels
+unless --drafter-kernels model) are timed with CUDA events on the batch's stream around every replay and every admission:
+
+  wall_ms          the call by the host clock
+  before_ms        call start to the first replay (checks, the first wave's prefill, set-up)
+  replay_ms        the replays' device time, summed (and per replay: median, by length)
+  admit_ms         the admissions' time on the batch's stream (their prefill runs beside)
+  idle_ms          first replay to last, minus replays and admissions: the GPU waiting
+  after_ms         the last replay to the call's end (results read back)
+  replays, refills, replays_by_length, new tokens and tokens/s
+
+  python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
+
+Random weights without --pair (every request then runs to its limit). Off a GPU it runs
+uncaptured in float32 with Triton's interpreter and host clocks only (to check the script).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Dict, List
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
+                                           decoder_capacity)
+from specpilot.bench.environment import environment  # noqa: E402
+from specpilot.cli_common import positive_counts  # noqa: E402
+from specpilot.ir.errors import SpecPilotError  # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
+from specpilot.search.run_folder import write_json_atomic  # noqa: E402
+
+
+class Timeline:
+    """Wraps a refill decoder's replays and admissions with CUDA events on the current stream
+    (host clocks off a GPU), for the calls run while installed."""
+
+    def __init__(self, decoder: GraphedRefillDecoder):
+        self.decoder, self.cuda = decoder, decoder.device.type == "cuda"
+        self.marks: List[tuple] = []         # (kind, length or None, start, end)
+        self._inner_runner, self._inner_admit = decoder._runner, decoder._admit
+        decoder._runner, decoder._admit = self._runner, self._admit
+
+    def mark(self):
+        if self.cuda:
+            event = torch.cuda.Event(enable_timing=True)
+            event.record()
+            return event
+        return time.perf_counter()
+
+    def _runner(self, forced, k):
+        replay = self._inner_runner(forced, k)
+
+        def timed():
+            start = self.mark()
+            replay()
+            self.marks.append(("replay", k, start, self.mark()))
+        return timed
+
+    def _admit(self, *args, **kwargs):
+        start = self.mark()
+        self._inner_admit(*args, **kwargs)
+        self.marks.append(("admit", None, start, self.mark()))
+
+    def ms(self, a, b) -> float:
+        return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
+
+    def call(self, prompts, max_new: int) -> dict:
+        self.marks = []
+        begin = self.mark()
+        t0 = time.perf_counter()
+        result = self.decoder.generate(prompts, max_new)
+        end = self.mark()
+        if self.cuda:
+            torch.cuda.synchronize()
+        wall = (time.perf_counter() - t0) * 1e3
+        replays = [m for m in self.marks if m[0] == "replay"]
+        admits = [m for m in self.marks if m[0] == "admit"]
+        replay_ms = [self.ms(s, e) for _, _, s, e in replays]
+        admit_ms = [self.ms(s, e) for _, _, s, e in admits]
+        span = self.ms(replays[0][2], replays[-1][3])
+        by_length: Dict[str, List[float]] = {}
+        for (_, k, _, _), ms in zip(replays, replay_ms):
+            by_length.setdefault(str(k), []).append(ms)
+        tokens = sum(len(t) for t in result.tokens)
+        return {"wall_ms": wall, "before_ms": self.ms(begin, replays[0][2]),
+                "replay_ms": sum(replay_ms), "admit_ms": sum(admit_ms),
+                "idle_ms": span - sum(replay_ms) - sum(admit_ms),
+                "after_ms": self.ms(replays[-1][3], end),
+                "replays": len(replays), "refills": len(admits),
+                "replays_by_length": {k: len(v) for k, v in sorted(by_length.items())},
+                "median_replay_ms_by_length": {k: statistics.median(v)
+                                               for k, v in sorted(by_length.items())},
+                "new_tokens": tokens, "tokens_per_s": tokens / wall * 1e3}
+
+
+def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, args) -> dict:
+    capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
+    decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
+                                   capture=drafter.device.type == "cuda", adaptive=adaptive)
+    decoder.prepare_prefill(prompts)
+    timeline = Timeline(decoder)
+    timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
+    calls = [timeline.call(prompts, args.max_new_tokens) for _ in range(args.calls)]
+    keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
+            "tokens_per_s")
+    return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
+            "median": {key: statistics.median(c[key] for c in calls) for key in keys},
+            "calls": calls}
+
+
+def report(cell: dict) -> str:
+    m = cell["median"]
+    last = cell["calls"][-1]
+    return (f"batch {cell['batch']} {cell['decoder']}: {m['wall_ms']:.1f} ms "
+            f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
+            f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
+            f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
+            f"{m['after_ms']:.1f}")
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(ap)
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[16])
+    ap.add_argument("--prompts", type=int, default=64, help="requests a call (queued past the batch)")
+    ap.add_argument("--max-new-tokens", type=int, default=256)
+    ap.add_argument("--k", type=int, default=4, help="the chain's drafts (the adaptive longest)")
+    ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
+    ap.add_argument("--calls", type=int, default=3, help="timed calls after a warm one")
+    ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
+                    help="the drafter in fused layer kernels or as its model runs it")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
+    if not kinds or any(d not in ("chain", "adaptive") for d in kinds):
+        ap.error(f"--decoders takes chain and/or adaptive, got {args.decoders!r}")
+    for name in ("prompts", "max_new_tokens", "k", "calls"):
+        if getattr(args, name) < 1:
+            ap.error(f"--{name.replace('_', '-')} must be >= 1")
+    try:
+        target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
+        if args.drafter_kernels == "fused":
+            drafter = FusedForward(drafter)
+    except SpecPilotError as exc:
+        ap.error(str(exc))
+    cells, started = [], time.perf_counter()
+    for batch in args.batch_sizes:
+        for kind in kinds:
+            cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", args))
+            print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
+            write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
+                                               "settings": vars(args), "cells": cells})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

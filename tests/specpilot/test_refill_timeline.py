@@ -1,0 +1,47 @@
+"""bench/refill_timeline.py end to end off a GPU (eager, float32, random 1/16-scale models, the
+drafter as its model runs it): the replays and admissions it counts are the decoder's own
+(one admission per request past the batch; replays by length sum to the replays), its parts
+add up to no more than the call, and bad arguments are refused."""
+import json
+import os
+
+import pytest
+import torch
+
+from bench_script import load_bench_script
+
+pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script off a GPU")
+
+
+def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
+    script = load_bench_script("refill_timeline")
+    out = tmp_path / "timeline.json"
+    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "5",
+                        "--max-new-tokens", "6", "--k", "2", "--calls", "2",
+                        "--drafter-kernels", "model", "--out", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["decoder"] for c in cells] == ["chain(2)", "adaptive"]
+    for cell in cells:
+        assert len(cell["calls"]) == 2
+        for call in cell["calls"]:
+            assert call["refills"] == 5 - 2                 # every request past the batch
+            assert sum(call["replays_by_length"].values()) == call["replays"] > 0
+            # random prompts run to their limit: 6 tokens each
+            assert call["new_tokens"] == 5 * 6
+            parts = sum(call[k] for k in ("before_ms", "replay_ms", "admit_ms", "after_ms"))
+            assert 0 < parts <= call["wall_ms"] * 1.01
+            assert call["replay_ms"] > 0 and call["admit_ms"] > 0
+        assert set(cell["calls"][0]["replays_by_length"]) <= {"0", "1", "2"}
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--decoders", "tree"], "chain and/or adaptive"),
+    (["--calls", "0"], "--calls must be >= 1"),
+    (["--drafter-kernels", "cuda"], "invalid choice"),
+])
+def test_bad_arguments_are_refused(tmp_path, capsys, args, message):
+    script = load_bench_script("refill_timeline")
+    with pytest.raises(SystemExit):
+        script.main(args + ["--out", os.fspath(tmp_path / "x.json")])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
