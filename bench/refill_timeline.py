@@ -14,6 +14,10 @@ unless --drafter-kernels model) are timed with CUDA events on the batch's stream
   after_ms         the last replay to the call's end (results read back)
   replays, refills, replays_by_length, new tokens and tokens/s
 
+per batch size, decoder and rounds a replay (--rounds-per-replay: a finished request's slot
+waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
+host work a round).
+
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
 
 Random weights without --pair (every request then runs to its limit). Off a GPU it runs
@@ -106,10 +110,12 @@ class Timeline:
                 "new_tokens": tokens, "tokens_per_s": tokens / wall * 1e3}
 
 
-def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, args) -> dict:
+def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
+    capture = target.device.type == "cuda"
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
-                                   capture=drafter.device.type == "cuda", adaptive=adaptive)
+                                   capture=capture, adaptive=adaptive,
+                                   rounds_per_replay=per if capture else 1)
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -117,6 +123,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, args) ->
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
             "tokens_per_s")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
+            "rounds_per_replay": decoder.rounds_per_replay,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
 
@@ -124,7 +131,8 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, args) ->
 def report(cell: dict) -> str:
     m = cell["median"]
     last = cell["calls"][-1]
-    return (f"batch {cell['batch']} {cell['decoder']}: {m['wall_ms']:.1f} ms "
+    return (f"batch {cell['batch']} {cell['decoder']}, {cell['rounds_per_replay']} rounds a "
+            f"replay: {m['wall_ms']:.1f} ms "
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
             f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
@@ -140,6 +148,9 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4, help="the chain's drafts (the adaptive longest)")
     ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
     ap.add_argument("--calls", type=int, default=3, help="timed calls after a warm one")
+    ap.add_argument("--rounds-per-replay", type=positive_counts, default=[4],
+                    help="rounds each captured replay runs, one cell per value (4: the "
+                         "decoder's default; off a GPU every replay is one round)")
     ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
                     help="the drafter in fused layer kernels or as its model runs it")
     ap.add_argument("--out", required=True)
@@ -158,11 +169,13 @@ def main(argv=None) -> int:
         ap.error(str(exc))
     cells, started = [], time.perf_counter()
     for batch in args.batch_sizes:
-        for kind in kinds:
-            cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", args))
-            print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-            write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                               "settings": vars(args), "cells": cells})
+        for per in args.rounds_per_replay:
+            for kind in kinds:
+                cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive",
+                                      per, args))
+                print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
+                write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
+                                                   "settings": vars(args), "cells": cells})
     return 0
 
 

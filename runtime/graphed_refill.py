@@ -38,6 +38,7 @@ that memory.
 """
 from __future__ import annotations
 
+import os
 from collections import deque
 from typing import Dict, List, Optional, Sequence, Union
 
@@ -50,6 +51,23 @@ from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
 from .row_prefill import RowPrefill
 from .speculative import SpecResult
+
+
+ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
+REFILL_ROUNDS_PER_REPLAY = 4
+
+
+def refill_rounds_per_replay() -> int:
+    """Rounds a captured refill decoder's replay runs when not told (`rounds_per_replay`):
+    REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS. A slot whose request finishes waits
+    for its replay's end and one replay more before its newcomer runs, so fewer rounds a
+    replay refill sooner, at more host work a round."""
+    value = os.environ.get(ROUNDS_ENV)
+    if value is None:
+        return REFILL_ROUNDS_PER_REPLAY
+    if not value.isdigit() or int(value) < 1:
+        raise SpecPilotError(f"{ROUNDS_ENV}={value!r}: expected a whole number of rounds >= 1")
+    return int(value)
 
 
 class GraphedRefillDecoder(GraphedChainDecoder):
@@ -67,6 +85,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         if options.get("record_margins"):
             raise SpecPilotError("continuous refill does not record margins: build the "
                                  "reference with the padded decoder")
+        if capture and options.get("rounds_per_replay") is None:
+            options["rounds_per_replay"] = refill_rounds_per_replay()
         super().__init__(target, drafter, batch, capacity, k, eos_ids, capture=capture,
                          **options)
         dev = self.device

@@ -244,3 +244,17 @@ def test_a_newcomer_is_alone_when_every_other_row_finished_in_the_same_replay():
     decoder.admissions = []
     decoder.generate(prompts[:4], [3, 3, 4, 4])
     assert decoder.admissions == [(0, True), (1, False)]
+
+
+def test_a_captured_refill_decoders_rounds_a_replay_default_and_its_setting(monkeypatch):
+    from specpilot.ir.errors import SpecPilotError
+    from specpilot.runtime.graphed_refill import REFILL_ROUNDS_PER_REPLAY, refill_rounds_per_replay
+
+    monkeypatch.delenv("SPECPILOT_REFILL_ROUNDS", raising=False)
+    assert refill_rounds_per_replay() == REFILL_ROUNDS_PER_REPLAY
+    monkeypatch.setenv("SPECPILOT_REFILL_ROUNDS", "2")
+    assert refill_rounds_per_replay() == 2
+    for bad in ("0", "-1", "two", "1.5"):
+        monkeypatch.setenv("SPECPILOT_REFILL_ROUNDS", bad)
+        with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_ROUNDS"):
+            refill_rounds_per_replay()

@@ -21,6 +21,7 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
                         "--drafter-kernels", "model", "--out", str(out)]) == 0
     cells = json.loads(out.read_text())["cells"]
     assert [c["decoder"] for c in cells] == ["chain(2)", "adaptive"]
+    assert all(c["rounds_per_replay"] == 1 for c in cells)     # uncaptured: one round each
     for cell in cells:
         assert len(cell["calls"]) == 2
         for call in cell["calls"]:
