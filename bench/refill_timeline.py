@@ -43,7 +43,8 @@ from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.cli_common import positive_counts  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
-from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
+from specpilot.runtime.graphed_refill import (REFILL_ROUNDS_PER_REPLAY,  # noqa: E402
+                                              GraphedRefillDecoder)
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
@@ -148,9 +149,10 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4, help="the chain's drafts (the adaptive longest)")
     ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
     ap.add_argument("--calls", type=int, default=3, help="timed calls after a warm one")
-    ap.add_argument("--rounds-per-replay", type=positive_counts, default=[4],
-                    help="rounds each captured replay runs, one cell per value (4: the "
-                         "decoder's default; off a GPU every replay is one round)")
+    ap.add_argument("--rounds-per-replay", type=positive_counts,
+                    default=[REFILL_ROUNDS_PER_REPLAY],
+                    help="rounds each captured replay runs, one cell per value (default: the "
+                         "decoder's; off a GPU every replay is one round)")
     ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
                     help="the drafter in fused layer kernels or as its model runs it")
     ap.add_argument("--out", required=True)

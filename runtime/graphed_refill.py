@@ -54,14 +54,18 @@ from .speculative import SpecResult
 
 
 ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
-REFILL_ROUNDS_PER_REPLAY = 4
+# A slot whose request finishes waits for its replay's end and one replay more before its
+# newcomer runs, so fewer rounds a replay refill sooner, at more host work a round. On an H200
+# (run 28's pair, 64 HumanEval prompts, batch 16, bench/refill_timeline.py) a call took 707 /
+# 658 / 650 ms at 4 / 2 / 1 rounds a replay with chain(4), 713 / 677 / 665 with adaptive
+# lengths, and the GPU waited for the host 2.5-4.5 ms of it either way: the host loop keeps a
+# replay queued ahead, and its work (admissions included) fits in a round.
+REFILL_ROUNDS_PER_REPLAY = 1
 
 
 def refill_rounds_per_replay() -> int:
     """Rounds a captured refill decoder's replay runs when not told (`rounds_per_replay`):
-    REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS. A slot whose request finishes waits
-    for its replay's end and one replay more before its newcomer runs, so fewer rounds a
-    replay refill sooner, at more host work a round."""
+    REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS (to measure others)."""
     value = os.environ.get(ROUNDS_ENV)
     if value is None:
         return REFILL_ROUNDS_PER_REPLAY
