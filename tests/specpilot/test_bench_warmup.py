@@ -1,6 +1,7 @@
 """What the bench's warm-up runs (specpilot/bench/measure.py): a graphed system warms up on the
 whole workload, so that its first timed run meets nothing new (a refill system refills only
 past its first batch); the slow eager and HF baselines on one batch."""
+import gc
 import random
 
 import pytest
@@ -37,3 +38,39 @@ def test_graphed_systems_warm_up_on_the_whole_workload(graphed):
     assert row["status"] == "measured" and row["exact_match"]["all_exact"]
     assert system.runs[0] == (workload if graphed else workload[:4])
     assert system.runs[1:] == [workload, workload]
+
+
+class _Cycle:
+    """Garbage in a reference cycle (only the collector frees it), recording when it is freed."""
+    def __init__(self, log, system):
+        self.me, self.log, self.system = self, log, system
+
+    def __del__(self):
+        self.log.append(len(self.system.runs))
+
+
+class _GcWatching(_Recording):
+    def __init__(self):
+        super().__init__(graphed=True)
+        self.enabled = []
+
+    def run(self, prompts, batch_size, max_new_tokens):
+        self.enabled.append(gc.isenabled())
+        return super().run(prompts, batch_size, max_new_tokens)
+
+
+def test_garbage_is_collected_before_the_timed_runs_and_not_during_them():
+    # A released decoder in a reference cycle holds CUDA graphs whose destruction synchronises
+    # the device: it must not be freed inside a timed run of the next system.
+    rng = random.Random(6)
+    prompts = [[rng.randrange(100)] for _ in range(4)]
+    reference = ARResult([[p[0]] for p in prompts], [[1.0] for _ in prompts], len(prompts))
+    system, freed = _GcWatching(), []
+    _Cycle(freed, system)                       # unreachable at once, in a cycle
+    assert gc.isenabled()
+    row, _ = measure(system, prompts, reference, 4, 8, warmup=1, repeats=3, device="cpu")
+    assert row["status"] == "measured"
+    # freed before the first timed run (after the warm-up's, or already during it)
+    assert len(freed) == 1 and freed[0] <= 1
+    assert system.enabled == [True, False, False, False]     # warm-up, then three timed runs
+    assert gc.isenabled()                                   # and back on afterwards
