@@ -62,7 +62,7 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         # The garbage collector neither runs nor frees anything inside a timed run: collected
         # here, off during the runs. An earlier system's decoders, released in reference
         # cycles, hold CUDA graphs and memory pools whose destruction synchronises the device.
-        # On an H200 the second timed run of the system measured after two graphed ones ran
+        # On an H200 the second timed run of the last of four graphed systems ran
         # 1.5x slower than its first on two pairs, while the same decoder's calls timed alone
         # agreed within 1 %: such a collection is the suspect, not yet confirmed.
         gc.collect()
