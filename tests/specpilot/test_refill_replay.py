@@ -32,6 +32,57 @@ def test_a_hand_checked_schedule():
     assert refill_steps([4], 3) == 4 and refill_steps([2, 2, 2], 1) == 6
 
 
+def test_a_hand_checked_schedule_in_replays():
+    # One round a replay: r1 is done in replay 0, seen after it while replay 1 runs, so r2
+    # starts at replay 2 and r3 (after r2 is seen) at replay 4, running replays 4-6: 7 steps.
+    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=1) == 7
+    # Two a replay: r0 holds replays 0-1 (free at 3), r1 replay 0 (free at 2), r2 replay 2
+    # (free at 4), r3 replays 3-4: 5 replays of 2 steps.
+    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=2) == 10
+    # A request done at its prefill (0 rounds) still holds its slot for one replay.
+    assert refill_steps([0, 2], 1, rounds_per_replay=1) == 4
+    with pytest.raises(ValueError, match="rounds_per_replay"):
+        refill_steps([1], 1, rounds_per_replay=0)
+
+
+def _replayed(lengths, slots, per):
+    """The graphed refill loop replay by replay: a row done in replay j is seen once replay j
+    is read back, while j + 1 already runs, so its newcomer runs from replay j + 2."""
+    queue, rows, left, admit = list(lengths), [None] * slots, [0] * slots, {}
+    for row in range(slots):
+        if queue:
+            rows[row], left[row] = True, queue.pop(0)
+    j = 0
+    while any(rows) or any(admit.values()):
+        for row in admit.pop(j, []):
+            if queue:
+                rows[row], left[row] = True, queue.pop(0)
+        if not any(rows):
+            j += 1
+            continue
+        for row in range(slots):
+            if rows[row]:
+                left[row] -= per
+                if left[row] <= 0:
+                    rows[row] = None
+                    admit.setdefault(j + 2, []).append(row)
+        j += 1
+        if not any(rows) and not queue:
+            break
+    return j * per
+
+
+@pytest.mark.parametrize("per", [1, 2, 4])
+def test_the_schedule_in_replays_matches_the_replayed_loop(per):
+    rnd = random.Random(per)
+    for _ in range(30):
+        lengths = [rnd.randint(0, 30) for _ in range(rnd.randint(1, 25))]
+        slots = rnd.choice([1, 2, 3, 8])
+        steps = refill_steps(lengths, slots, rounds_per_replay=per)
+        assert steps == _replayed(lengths, slots, per)
+        assert steps >= refill_steps(lengths, slots) and steps % per == 0
+
+
 @pytest.mark.parametrize("slots", [1, 3, 8])
 def test_the_schedule_matches_a_step_by_step_simulation_and_never_loses(slots):
     rnd = random.Random(slots)
