@@ -69,15 +69,16 @@ def _captured_equals_eager(build, prompts, limits, reference):
     return graphed
 
 
+@pytest.mark.parametrize("per", [1, 4])                 # the default; several rounds a replay
 @pytest.mark.parametrize("mode", ["ops", "layers"])
 @pytest.mark.parametrize("drafter_seed", [93, 95])      # the target itself; a useless drafter
-def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed,
+def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed, per,
                                                                monkeypatch):
     monkeypatch.setenv("SPECPILOT_FAST_OPS", mode)
     target, drafter, prompts, limits, reference = _limited_requests(tmp_path, 93, drafter_seed)
     # One set of round costs and one replay size for both, so that both choose the same
     # lengths at the same rounds.
-    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=4)
+    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=per)
     _captured_equals_eager(
         lambda capture: GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=capture,
                                              **options), prompts, limits, reference)
@@ -108,17 +109,18 @@ def test_captured_refill_with_no_queue_starts_off_as_the_eager_rounds_do(tmp_pat
     assert got.drafter_forwards == 0
 
 
+@pytest.mark.parametrize("per", [1, 4])                 # the default; several rounds a replay
 @pytest.mark.parametrize("tree", [Tree((2, 2)), DynamicTree(budget=6, depth=3, width=2)], ids=str)
 @pytest.mark.parametrize("drafter_seed", [98, 99])      # the target itself; another model
 def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_path, tree,
-                                                                          drafter_seed):
+                                                                          drafter_seed, per):
     from specpilot.runtime.graphed_program import graphed_decoder
 
     target, drafter, prompts, limits, reference = _limited_requests(tmp_path, 98, drafter_seed)
     # One replay size for both: the rounds counted per length are whole replays.
     graphed = _captured_equals_eager(
         lambda capture: graphed_decoder(target, drafter, 3, 64, tree, capture=capture,
-                                        refill=True, rounds_per_replay=4),
+                                        refill=True, rounds_per_replay=per),
         prompts, limits, reference)
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))
