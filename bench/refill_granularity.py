@@ -15,7 +15,7 @@ Per profile and batch size:
   python3 bench/refill_granularity.py bench/results/mechanisms-run27-64prompts.acceptance.mech-graphed_refill_fused.json --batch-sizes 16 --out FILE.json
 
 On the H200 (run 28's pair, batch 16) the timeline's whole calls ran 348 / 330 / 322 rounds at
-4 / 2 / 1 rounds a replay, where this gives 344 / 328 / 321 (BENCHMARKS.md).
+4 / 2 / 1 rounds a replay, as this gives (BENCHMARKS.md).
 """
 from __future__ import annotations
 

@@ -11,6 +11,8 @@ unless --drafter-kernels model) are timed with CUDA events on the batch's stream
   replay_ms        the replays' device time, summed (and per replay: median, by length)
   admit_ms         the admissions' time on the batch's stream (their prefill runs beside)
   idle_ms          first replay to last, minus replays and admissions: the GPU waiting
+                   between them (a wait inside an admission's interval, for the host or for
+                   the newcomer's prefill on its own stream, counts as admission time)
   after_ms         the last replay to the call's end (results read back)
   replays, refills, replays_by_length, new tokens and tokens/s
 
@@ -26,6 +28,7 @@ uncaptured in float32 with Triton's interpreter and host clocks only (to check t
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import statistics
 import time
@@ -43,8 +46,8 @@ from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.cli_common import positive_counts  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
-from specpilot.runtime.graphed_refill import (REFILL_ROUNDS_PER_REPLAY,  # noqa: E402
-                                              GraphedRefillDecoder)
+from specpilot.runtime.graphed_refill import (GraphedRefillDecoder,  # noqa: E402
+                                              refill_rounds_per_replay)
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
@@ -57,6 +60,10 @@ class Timeline:
         self.marks: List[tuple] = []         # (kind, length or None, start, end)
         self._inner_runner, self._inner_admit = decoder._runner, decoder._admit
         decoder._runner, decoder._admit = self._runner, self._admit
+
+    def remove(self) -> None:
+        """The decoder's own methods back (and no cycle through this timeline)."""
+        del self.decoder._runner, self.decoder._admit
 
     def mark(self):
         if self.cuda:
@@ -113,14 +120,23 @@ class Timeline:
 
 def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
-    capture = target.device.type == "cuda"
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
-                                   capture=capture, adaptive=adaptive,
-                                   rounds_per_replay=per if capture else 1)
+                                   capture=target.device.type == "cuda", adaptive=adaptive,
+                                   rounds_per_replay=per)
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
-    calls = [timeline.call(prompts, args.max_new_tokens) for _ in range(args.calls)]
+    # No collection inside a timed call: an earlier cell's decoder, freed by the collector,
+    # would destroy its graphs there (specpilot/bench/measure.py does the same).
+    gc.collect()
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        calls = [timeline.call(prompts, args.max_new_tokens) for _ in range(args.calls)]
+    finally:
+        if was_enabled:
+            gc.enable()
+    timeline.remove()
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
             "tokens_per_s")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
@@ -149,10 +165,9 @@ def main(argv=None) -> int:
     ap.add_argument("--k", type=int, default=4, help="the chain's drafts (the adaptive longest)")
     ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
     ap.add_argument("--calls", type=int, default=3, help="timed calls after a warm one")
-    ap.add_argument("--rounds-per-replay", type=positive_counts,
-                    default=[REFILL_ROUNDS_PER_REPLAY],
-                    help="rounds each captured replay runs, one cell per value (default: the "
-                         "decoder's; off a GPU every replay is one round)")
+    ap.add_argument("--rounds-per-replay", type=positive_counts, default=None,
+                    help="rounds each replay runs, one cell per value (default: the refill "
+                         "decoder's, SPECPILOT_REFILL_ROUNDS included)")
     ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
                     help="the drafter in fused layer kernels or as its model runs it")
     ap.add_argument("--out", required=True)
@@ -164,6 +179,8 @@ def main(argv=None) -> int:
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
+        if args.rounds_per_replay is None:
+            args.rounds_per_replay = [refill_rounds_per_replay()]
         target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
         if args.drafter_kernels == "fused":
             drafter = FusedForward(drafter)

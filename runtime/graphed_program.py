@@ -39,7 +39,7 @@ from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
 from .graphed_chain import GraphedChainDecoder
 from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
 from .graphed_loop import ar_stats, mean_committed
-from .graphed_refill import GraphedRefillDecoder
+from .graphed_refill import GraphedRefillDecoder, refill_rounds_per_replay
 from .graphed_tree import GraphedTreeDecoder
 from .graphed_tree_refill import GraphedDynamicTreeRefillDecoder, GraphedTreeRefillDecoder
 from .graphed_two_level import GraphedTwoLevelDecoder
@@ -149,6 +149,7 @@ class DecoderKey(NamedTuple):
     refill: bool
     topology: object                 # the next two only where drafts run (cap > 0): plain
     prune: object                    # greedy steps keep an unused topology, yet share decoders
+    rounds: Optional[int] = None     # a captured refill decoder's rounds a replay (settable)
 
 
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
@@ -172,7 +173,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     refill = refills(program)
     key = DecoderKey(id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
                      tuple(pair.eos_ids), capture, refill, topology if cap else None,
-                     program.verify.prune if cap else None)
+                     program.verify.prune if cap else None,
+                     refill_rounds_per_replay() if refill and capture else None)
     if reuse_larger_cache and key not in _decoders:
         larger = [kept for kept in _decoders if kept.capacity > capacity
                   and kept._replace(capacity=capacity) == key]

@@ -57,9 +57,9 @@ ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
 # A slot whose request finishes waits for its replay's end and one replay more before its
 # newcomer runs, so fewer rounds a replay refill sooner, at more host work a round. On an H200
 # (run 28's pair, 64 HumanEval prompts, batch 16, bench/refill_timeline.py) a call took 707 /
-# 658 / 650 ms at 4 / 2 / 1 rounds a replay with chain(4), 713 / 677 / 665 with adaptive
-# lengths, and the GPU waited for the host 2.5-4.5 ms of it either way: the host loop keeps a
-# replay queued ahead, and its work (admissions included) fits in a round.
+# 658 / 650 ms at 4 / 2 / 1 rounds a replay with chain(4) (348 / 330 / 322 rounds), 713 / 677 /
+# 665 with adaptive lengths; the gaps between replays and admissions stayed at 2.5-4.5 ms. Not
+# measured at other batch sizes, nor for plain or tree refill.
 REFILL_ROUNDS_PER_REPLAY = 1
 
 
@@ -69,16 +69,22 @@ def refill_rounds_per_replay() -> int:
     value = os.environ.get(ROUNDS_ENV)
     if value is None:
         return REFILL_ROUNDS_PER_REPLAY
-    if not value.isdigit() or int(value) < 1:
+    try:
+        rounds = int(value)
+    except ValueError:
+        rounds = 0
+    if rounds < 1 or not value.strip().isascii():
         raise SpecPilotError(f"{ROUNDS_ENV}={value!r}: expected a whole number of rounds >= 1")
-    return int(value)
+    return rounds
 
 
 class GraphedRefillDecoder(GraphedChainDecoder):
     """`GraphedChainDecoder` (chains of fixed length k or adaptive lengths up to k, or k = 0
     for plain steps) whose `generate` and `force` take any number of prompts and keep the
     batch's `batch` slots busy: a slot whose request is done takes the next one. Its host loop
-    and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py)."""
+    and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py).
+    Captured, a replay runs one round unless `rounds_per_replay` says otherwise
+    (`refill_rounds_per_replay`)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
@@ -245,7 +251,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
             if all(h is None for h in held):
                 break
-            if replayed * per > (n + b) * (self.width + 1):
+            # Each request holds its slot for at most its rounds' replays and two more (the
+            # replay it is seen in, and the one queued meanwhile): counted in replays, so that
+            # many rounds a replay cannot trip it.
+            if replayed > (n + b) * (-(-(self.width + 1) // per) + 2):
                 raise SpecPilotError("the refill loop ran past every request's limit: a "
                                      "request never finished")
         return results, by_length, refills

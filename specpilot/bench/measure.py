@@ -64,7 +64,7 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         # cycles, hold CUDA graphs and memory pools whose destruction synchronises the device.
         # On an H200 the second timed run of the last of four graphed systems ran
         # 1.5x slower than its first on two pairs, while the same decoder's calls timed alone
-        # agreed within 1 %: such a collection is the suspect, not yet confirmed.
+        # agreed within 0.3 %: such a collection is the suspect, not yet confirmed.
         gc.collect()
         was_enabled = gc.isenabled()
         gc.disable()

@@ -12,12 +12,12 @@ def refill_steps(lengths: Sequence[int], slots: int,
     """Steps until `lengths` (steps each request needs, in queue order) are all done on `slots`
     slots, each request starting at the first step a slot is free.
 
-    With `rounds_per_replay` the steps run as the captured refill decoder runs them
+    With `rounds_per_replay` the steps run as the refill decoder's host loop runs them
     (runtime/graphed_refill.py): in replays of that many, a request holding its slot for whole
     replays (at least one: a request done at its prefill is seen only after a replay), and its
     slot taken by the next request only the replay after the next, since the host reads a
-    replay's finished rows while the next replay already runs. The count is then whole replays
-    of steps."""
+    replay's finished rows while the next replay already runs. For the same reason the loop
+    runs one replay past the last request's. The count is then whole replays of steps."""
     if rounds_per_replay is None:
         free = [0] * slots              # the step each slot frees at (which slot does not count)
         end = 0
@@ -35,4 +35,4 @@ def refill_steps(lengths: Sequence[int], slots: int,
         held = max(1, -(-steps // rounds_per_replay))
         heapq.heapreplace(free, start + held + 1)
         end = max(end, start + held)
-    return end * rounds_per_replay
+    return (end + 1) * rounds_per_replay

@@ -254,7 +254,35 @@ def test_a_captured_refill_decoders_rounds_a_replay_default_and_its_setting(monk
     assert refill_rounds_per_replay() == REFILL_ROUNDS_PER_REPLAY
     monkeypatch.setenv("SPECPILOT_REFILL_ROUNDS", "2")
     assert refill_rounds_per_replay() == 2
-    for bad in ("0", "-1", "two", "1.5"):
+    for bad in ("0", "-1", "two", "1.5", "\u0662"):          # the last an Arabic-Indic 2
         monkeypatch.setenv("SPECPILOT_REFILL_ROUNDS", bad)
         with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_ROUNDS"):
             refill_rounds_per_replay()
+
+
+@pytest.mark.parametrize("per", [1, 2, 3])
+@pytest.mark.parametrize("k,batch", [(0, 2), (3, 3)])
+def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per):
+    # specpilot/cost/refill_schedule.refill_steps with rounds_per_replay models this loop from
+    # each request's rounds alone: every round the decoder runs, by length, is counted there.
+    from specpilot.cost.refill_schedule import refill_steps
+
+    s, prompts, reference = mixed_requests(5)
+    drafter = s["drafter"] if k else None
+    decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"], capture=False,
+                                   rounds_per_replay=per)
+    r = decoder.generate(prompts, MAX_NEW)
+    assert r.tokens == reference.tokens
+    ran = sum(v for name, v in r.stats.items() if name.startswith("rounds_chain_"))
+    rounds = [len(a) for a in r.accepted_lengths]
+    assert ran == refill_steps(rounds, batch, rounds_per_replay=per)
+
+
+def test_many_rounds_a_replay_do_not_trip_the_runaway_guard():
+    # Each request holds its slot for two replays at least: counted in rounds, forty rounds a
+    # replay over nine requests would pass (requests + slots) x (cache slots + 1) and be taken
+    # for a request that never finishes.
+    s, prompts, reference = mixed_requests(11)
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 1, 48, 3, s["eos"], capture=False,
+                                   rounds_per_replay=40)
+    assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens

@@ -9,7 +9,7 @@ from bench_script import load_bench_script, write_profile
 
 def test_a_profiles_rounds_by_replay_granularity(tmp_path, capsys):
     # Two slots, requests of 3, 1, 1 and 3 rounds (chain(2)): full rows 4, refilled at once 5,
-    # one round a replay 7, two 10 (tests/specpilot/test_refill_replay.py works these by hand).
+    # one round a replay 8, two 12 (tests/specpilot/test_refill_replay.py works these by hand).
     rows = [[2, 2, 0], [1], [0], [2, 1, 1]]
     profile = write_profile(tmp_path / "p.json", {"kind": "chain", "k": 2}, rows,
                             [sum(a + 1 for a in r) + 1 for r in rows])
@@ -21,7 +21,7 @@ def test_a_profiles_rounds_by_replay_granularity(tmp_path, capsys):
     assert (row["requests"], row["request_rounds"], row["longest_request_rounds"]) == (4, 8, 3)
     (b,) = row["batches"]
     assert b == {"batch": 2, "full_rows": 4.0, "at_once": 5,
-                 "rounds_per_replay": {"1": 7, "2": 10}}
+                 "rounds_per_replay": {"1": 8, "2": 12}}
     assert "refilled at once 5" in capsys.readouterr().out
 
 

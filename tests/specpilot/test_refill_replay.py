@@ -34,13 +34,14 @@ def test_a_hand_checked_schedule():
 
 def test_a_hand_checked_schedule_in_replays():
     # One round a replay: r1 is done in replay 0, seen after it while replay 1 runs, so r2
-    # starts at replay 2 and r3 (after r2 is seen) at replay 4, running replays 4-6: 7 steps.
-    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=1) == 7
+    # starts at replay 2 and r3 (after r2 is seen) at replay 4, running replays 4-6; replay 7
+    # is queued before replay 6 is read back: 8 steps.
+    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=1) == 8
     # Two a replay: r0 holds replays 0-1 (free at 3), r1 replay 0 (free at 2), r2 replay 2
-    # (free at 4), r3 replays 3-4: 5 replays of 2 steps.
-    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=2) == 10
+    # (free at 4), r3 replays 3-4, and replay 5 is queued: 6 replays of 2 steps.
+    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=2) == 12
     # A request done at its prefill (0 rounds) still holds its slot for one replay.
-    assert refill_steps([0, 2], 1, rounds_per_replay=1) == 4
+    assert refill_steps([0, 2], 1, rounds_per_replay=1) == 5
     with pytest.raises(ValueError, match="rounds_per_replay"):
         refill_steps([1], 1, rounds_per_replay=0)
 
@@ -69,7 +70,7 @@ def _replayed(lengths, slots, per):
         j += 1
         if not any(rows) and not queue:
             break
-    return j * per
+    return (j + 1) * per            # the replay queued while the last one is read back
 
 
 @pytest.mark.parametrize("per", [1, 2, 4])

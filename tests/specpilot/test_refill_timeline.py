@@ -18,10 +18,13 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
     out = tmp_path / "timeline.json"
     assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "5",
                         "--max-new-tokens", "6", "--k", "2", "--calls", "2",
+                        "--rounds-per-replay", "1,3",
                         "--drafter-kernels", "model", "--out", str(out)]) == 0
     cells = json.loads(out.read_text())["cells"]
-    assert [c["decoder"] for c in cells] == ["chain(2)", "adaptive"]
-    assert all(c["rounds_per_replay"] == 1 for c in cells)     # uncaptured: one round each
+    assert [(c["decoder"], c["rounds_per_replay"]) for c in cells] == [
+        ("chain(2)", 1), ("adaptive", 1), ("chain(2)", 3), ("adaptive", 3)]
+    # three rounds a replay take fewer replays than one (the decoder got the setting)
+    assert cells[2]["calls"][0]["replays"] < cells[0]["calls"][0]["replays"]
     for cell in cells:
         assert len(cell["calls"]) == 2
         for call in cell["calls"]:
