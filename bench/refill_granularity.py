@@ -11,6 +11,9 @@ Per profile and batch size:
   rounds_per_replay[n]  rounds as the captured refill decoder runs them, n rounds a replay:
                    a finished slot waits for its replay's end and one replay more
                    (specpilot/cost/refill_schedule.py, which checks this against the loop)
+  longest_first    at once, the queue served longest request first: what an order that knew
+                   each request's rounds in advance could gain at most (the drain's bound;
+                   no decoder knows them)
 
   python3 bench/refill_granularity.py bench/results/mechanisms-run27-64prompts.acceptance.mech-graphed_refill_fused.json --batch-sizes 16 --out FILE.json
 
@@ -36,6 +39,7 @@ def one_profile(path: str, batch_sizes, per_replay) -> dict:
             "longest_request_rounds": max(rounds),
             "batches": [{"batch": b, "full_rows": sum(rounds) / b,
                          "at_once": refill_steps(rounds, b),
+                         "longest_first": refill_steps(sorted(rounds, reverse=True), b),
                          "rounds_per_replay": {str(n): refill_steps(rounds, b, n)
                                                for n in per_replay}}
                         for b in batch_sizes]}
@@ -58,7 +62,7 @@ def main(argv=None) -> int:
         for b in row["batches"]:
             per = ", ".join(f"{n} a replay {r}" for n, r in b["rounds_per_replay"].items())
             print(f"  batch {b['batch']}: full rows {b['full_rows']:.1f}, refilled at once "
-                  f"{b['at_once']}, {per}")
+                  f"{b['at_once']} (longest first {b['longest_first']}), {per}")
     if args.out:
         write_json_atomic(Path(args.out), {"settings": vars(args), "profiles": rows})
     return 0

@@ -20,7 +20,8 @@ def test_a_profiles_rounds_by_replay_granularity(tmp_path, capsys):
     (row,) = json.loads(out.read_text())["profiles"]
     assert (row["requests"], row["request_rounds"], row["longest_request_rounds"]) == (4, 8, 3)
     (b,) = row["batches"]
-    assert b == {"batch": 2, "full_rows": 4.0, "at_once": 5,
+    # longest first: 3 and 3 at once, then 1 and 1: 4 rounds, full rows exactly
+    assert b == {"batch": 2, "full_rows": 4.0, "at_once": 5, "longest_first": 4,
                  "rounds_per_replay": {"1": 8, "2": 12}}
     assert "refilled at once 5" in capsys.readouterr().out
 
