@@ -5,7 +5,8 @@ cache or only up to the last visible slot (`kv_len`).
 A drafter's step at batch 4-64 runs one program per (request, kv head): too few to fill the GPU,
 so each program's walk over the cache is the attention's time. Per variant: device microseconds
 per launch (bench/kernel_bench's `time_thunks`: a CUDA graph of REPLAYED_LAUNCHES
-back-to-back launches, median of CUDA-event times), and its largest difference from runtime/reference_ops.py's `attention_ref` in float32.
+back-to-back launches, median of CUDA-event times), and its largest difference from
+runtime/reference_ops.py's `attention_ref` in float32.
 
   python3 bench/attention_sweep.py --out bench/results/attention-sweep.json
   python3 bench/attention_sweep.py --shape zoo-gpu-small-drafter --batch-sizes 16,64 --out F
@@ -67,8 +68,8 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
     rows = []
     for block_s, warps, bounded in itertools.product(args.blocks, args.warps, (False, True)):
         try:
-            spec = kernel_spec("attention", DTYPE=DTYPE_NAMES[dtype], HEAD_DIM=cfg.head_dim, BLOCK_S=block_s,
-                               num_warps=warps)
+            spec = kernel_spec("attention", DTYPE=DTYPE_NAMES[dtype], HEAD_DIM=cfg.head_dim,
+                               BLOCK_S=block_s, num_warps=warps)
         except SpecPilotError as exc:
             rows.append({"block_s": block_s, "num_warps": warps, "kv_len": bounded,
                          "refused": str(exc)})

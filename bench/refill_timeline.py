@@ -4,7 +4,8 @@ gaps where the GPU waited for the host.
 The round breakdown (bench/round_breakdown.py) times a round alone, every row active; a whole
 refill call ran 5-10 % more per round than that. Here whole calls of the graphed refill decoder
 (runtime/graphed_refill.py, chain(k) or adaptive lengths up to k, the drafter in fused kernels
-unless --drafter-kernels model) are timed with CUDA events on the batch's stream around every replay and every admission:
+unless --drafter-kernels model) are timed with CUDA events on the batch's stream around every
+replay and every admission:
 
   wall_ms          the call by the host clock
   before_ms        call start to the first replay (checks, the first wave's prefill, set-up)
@@ -28,7 +29,7 @@ uncaptured in float32 with Triton's interpreter and host clocks only (to check t
 from __future__ import annotations
 
 import argparse
-import gc
+import itertools
 import os
 import statistics
 import time
@@ -43,7 +44,8 @@ if not torch.cuda.is_available():
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            decoder_capacity)
 from specpilot.bench.environment import environment  # noqa: E402
-from specpilot.cli_common import positive_counts  # noqa: E402
+from specpilot.bench.gc_pause import gc_paused  # noqa: E402
+from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (GraphedRefillDecoder,  # noqa: E402
@@ -126,16 +128,9 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
-    # No collection inside a timed call: an earlier cell's decoder, freed by the collector,
-    # would destroy its graphs there (specpilot/bench/measure.py does the same).
-    gc.collect()
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
+    # No collection inside a timed call: it could free an earlier cell's decoder there.
+    with gc_paused():
         calls = [timeline.call(prompts, args.max_new_tokens) for _ in range(args.calls)]
-    finally:
-        if was_enabled:
-            gc.enable()
     timeline.remove()
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
             "tokens_per_s")
@@ -160,11 +155,13 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
     ap.add_argument("--batch-sizes", type=positive_counts, default=[16])
-    ap.add_argument("--prompts", type=int, default=64, help="requests a call (queued past the batch)")
-    ap.add_argument("--max-new-tokens", type=int, default=256)
-    ap.add_argument("--k", type=int, default=4, help="the chain's drafts (the adaptive longest)")
+    ap.add_argument("--prompts", type=positive_int, default=64,
+                    help="requests a call (queued past the batch)")
+    ap.add_argument("--max-new-tokens", type=positive_int, default=256)
+    ap.add_argument("--k", type=positive_int, default=4,
+                    help="the chain's drafts (the adaptive longest)")
     ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
-    ap.add_argument("--calls", type=int, default=3, help="timed calls after a warm one")
+    ap.add_argument("--calls", type=positive_int, default=3, help="timed calls after a warm one")
     ap.add_argument("--rounds-per-replay", type=positive_counts, default=None,
                     help="rounds each replay runs, one cell per value (default: the refill "
                          "decoder's, SPECPILOT_REFILL_ROUNDS included)")
@@ -175,9 +172,6 @@ def main(argv=None) -> int:
     kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
     if not kinds or any(d not in ("chain", "adaptive") for d in kinds):
         ap.error(f"--decoders takes chain and/or adaptive, got {args.decoders!r}")
-    for name in ("prompts", "max_new_tokens", "k", "calls"):
-        if getattr(args, name) < 1:
-            ap.error(f"--{name.replace('_', '-')} must be >= 1")
     try:
         if args.rounds_per_replay is None:
             args.rounds_per_replay = [refill_rounds_per_replay()]
@@ -187,14 +181,11 @@ def main(argv=None) -> int:
     except SpecPilotError as exc:
         ap.error(str(exc))
     cells, started = [], time.perf_counter()
-    for batch in args.batch_sizes:
-        for per in args.rounds_per_replay:
-            for kind in kinds:
-                cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive",
-                                      per, args))
-                print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-                write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                                   "settings": vars(args), "cells": cells})
+    for batch, per, kind in itertools.product(args.batch_sizes, args.rounds_per_replay, kinds):
+        cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per, args))
+        print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
+        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
+                                           "settings": vars(args), "cells": cells})
     return 0
 
 

@@ -4,7 +4,6 @@ Warm-up runs the whole workload for graphed systems, its first batch for the oth
 garbage collector is run before the timed runs and kept off during them."""
 from __future__ import annotations
 
-import gc
 import statistics
 import time
 from typing import Optional, Tuple
@@ -14,6 +13,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 from .correctness import exact_match
+from .gc_pause import gc_paused
 from .systems import RunOutput, System
 from .workload import fill_batches, filled_reference
 
@@ -59,16 +59,11 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         for _ in range(warmup):
             system.run(warm, batch_size, max_new_tokens)
         seconds, first = [], None
-        # The garbage collector neither runs nor frees anything inside a timed run: collected
-        # here, off during the runs. An earlier system's decoders, released in reference
-        # cycles, hold CUDA graphs and memory pools whose destruction synchronises the device.
-        # On an H200 the second timed run of the last of four graphed systems ran
-        # 1.5x slower than its first on two pairs, while the same decoder's calls timed alone
-        # agreed within 0.3 %: such a collection is the suspect, not yet confirmed.
-        gc.collect()
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        # No collection inside a timed run (specpilot/bench/gc_pause.py). On an H200 the second
+        # timed run of the last of four graphed systems ran 1.5x slower than its first on two
+        # pairs, while the same decoder's calls timed alone agreed within 0.3 %: a collection
+        # freeing the earlier systems' graphs is the suspect, not yet confirmed.
+        with gc_paused():
             for i in range(repeats):
                 _sync(device)
                 start = time.perf_counter()
@@ -79,9 +74,6 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
                 if progress:
                     progress(f"  {system.name} batch {batch_size} run {i + 1}/{repeats}: "
                              f"{_new_tokens(out) / seconds[-1]:.1f} tokens/s")
-        finally:
-            if was_enabled:
-                gc.enable()
         peak: Optional[int] = torch.cuda.max_memory_allocated(device) if cuda else None
         checks = system.check(workload, batch_size, ref, first)
         # Every system's unforced output is also compared to the reference as it stands.

@@ -18,21 +18,19 @@ def refill_steps(lengths: Sequence[int], slots: int,
     slot taken by the next request only the replay after the next, since the host reads a
     replay's finished rows while the next replay already runs. For the same reason the loop
     runs one replay past the last request's. The count is then whole replays of steps."""
+    # In units of `unit` steps: each request holds its slot for its units, its slot is free
+    # `gap` units later, and the run ends `gap` units after the last request's end.
     if rounds_per_replay is None:
-        free = [0] * slots              # the step each slot frees at (which slot does not count)
-        end = 0
-        for steps in lengths:
-            start = free[0]
-            heapq.heapreplace(free, start + steps)
-            end = max(end, start + steps)
-        return end
-    if rounds_per_replay < 1:
+        unit, gap, holds = 1, 0, list(lengths)
+    elif rounds_per_replay < 1:
         raise ValueError(f"rounds_per_replay must be at least 1, got {rounds_per_replay}")
-    free = [0] * slots                  # the replay each slot's next request starts at
-    end = 0                             # replays run until the last request is done
-    for steps in lengths:
+    else:
+        unit, gap = rounds_per_replay, 1
+        holds = [max(1, -(-steps // unit)) for steps in lengths]
+    free = [0] * slots                  # the unit each slot frees at (which slot does not count)
+    end = 0
+    for held in holds:
         start = free[0]
-        held = max(1, -(-steps // rounds_per_replay))
-        heapq.heapreplace(free, start + held + 1)
+        heapq.heapreplace(free, start + held + gap)
         end = max(end, start + held)
-    return (end + 1) * rounds_per_replay
+    return (end + gap) * unit

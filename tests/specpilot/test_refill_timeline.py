@@ -40,7 +40,7 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--decoders", "tree"], "chain and/or adaptive"),
-    (["--calls", "0"], "--calls must be >= 1"),
+    (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
 ])
 def test_bad_arguments_are_refused(tmp_path, capsys, args, message):
