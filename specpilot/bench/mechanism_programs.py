@@ -19,6 +19,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_refill_fused, graphed_adaptive_fused, graphed_adaptive_refill_fused
                       graphed_refill, graphed_adaptive and graphed_adaptive_refill with the
                       fused drafter (the length rule measures the cheaper rounds)
+  graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
+                      pair whose drafter agrees well may pay for a fifth draft and more, and the
+                      length rule prices each length's round before it picks one
   dynamic_tree        the same dynamic tree, eager
   two_level           a static tree pruned by every other layer of the target first, eager
   graphed_two_level   the same, graphed: the cheap verifier's greedy path (top-1) is what the
@@ -35,9 +38,9 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Dict, List, Optional, Union
 
-from specpilot.ir import (CaptureGraphs, DynamicTree, LayerSkipPrune, Program, SetBatchLayout,
-                          SetDrafterKernels, SetDraftLengthPolicy, SetRefill, SetTopology,
-                          SetVerifyPrune, Tree, replay)
+from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
+                          SetBatchLayout, SetDrafterKernels, SetDraftLengthPolicy, SetRefill,
+                          SetTopology, SetVerifyPrune, Tree, replay)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.decoder import ModelPair, with_fused_drafter
 
@@ -80,6 +83,8 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_refill_fused": [graphs, refill, fused],
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
+        "graphed_adaptive_refill_fused_chain8": [SetTopology(Chain(8)), graphs, adaptive,
+                                                 refill, fused],
         "dynamic_tree": [dynamic],
         "two_level": [pruned_tree, prune],
         "graphed_two_level": [graphs, pruned_tree, prune],

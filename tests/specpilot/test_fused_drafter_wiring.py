@@ -1,7 +1,7 @@
-"""specpilot/bench/mechanism_programs.py's fused-drafter systems: the four Programs with
+"""specpilot/bench/mechanism_programs.py's fused-drafter systems: the five Programs with
 kernels.drafter_kernels "fused" get one FusedForward around the pair's own drafter model (the
 other systems keep the pair as it is), and a drafter the fused kernels cannot run refuses those
-four systems with the reason."""
+five systems with the reason."""
 from dataclasses import replace
 
 import pytest
@@ -16,7 +16,7 @@ from specpilot.runtime.fused_forward import FusedForward
 from hf_factory import FUSABLE, make_checkpoint, make_pair
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
-         "graphed_adaptive_refill_fused"}
+         "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8"}
 
 
 def _stock_and_pair(target_dir, drafter_dir):
@@ -75,6 +75,14 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
             assert as_twin == other, name
         else:           # stock with graphs captured: the same draft and batch as stock
             assert mine.draft == stock.draft and mine.batch == stock.batch
+    # Chains of up to 8: the chain(4) adaptive system but for the topology, whose k sets the
+    # adaptive cap (the budget per batch size follows it: at batch 16, 16 x 9 tokens).
+    long, short = systems["graphed_adaptive_refill_fused_chain8"], \
+        systems["graphed_adaptive_refill_fused"]
+    assert type(long) is type(short) and long.pair is short.pair
+    assert long.program.draft.topology.k == 8 and short.program.draft.topology.k == 4
+    assert replace(long.program, draft=short.program.draft, history=short.program.history) \
+        == short.program
     # Off a GPU every graphed system is refused because its rounds cannot be graphed, the
     # fused ones included: their fused drafter itself is accepted.
     for name in FUSED:
