@@ -59,7 +59,8 @@ ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
 # (run 28's pair, 64 HumanEval prompts, batch 16, bench/refill_timeline.py) a call took 707 /
 # 658 / 650 ms at 4 / 2 / 1 rounds a replay with chain(4) (348 / 330 / 322 rounds), 713 / 677 /
 # 665 with adaptive lengths; the gaps between replays and admissions stayed at 2.5-4.5 ms. Not
-# measured at other batch sizes, nor for plain or tree refill.
+# raced against four at other batch sizes, nor for plain or tree refill (the bench has run with
+# one at batch 4, 16 and 64: BENCHMARKS.md, fifteenth set).
 REFILL_ROUNDS_PER_REPLAY = 1
 
 
