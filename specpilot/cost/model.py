@@ -263,16 +263,24 @@ class CostModel:
         prefilled together and every later one alone, as it takes a finished slot; every step
         runs all the slots, for as many steps as the slot schedule needs (each request holds
         a slot for its own steps: `refill_schedule.refill_steps`), at the mean context of the
-        requests (slots hold requests at every stage, not one batch's longest)."""
+        requests (slots hold requests at every stage, not one batch's longest). A Program whose
+        rounds are captured runs them in replays (runtime/graphed_refill.py): a finished slot
+        is refilled a replay late and the loop runs a replay past the last request, so its
+        schedule is counted in the replays the captured decoder would run."""
         n = len(prompt_lengths)
+        per = None
+        if program.kernels.capture_graphs:
+            # The runtime's count (SPECPILOT_REFILL_ROUNDS included), read where it is set.
+            from specpilot.runtime.graphed_refill import refill_rounds_per_replay
+            per = refill_rounds_per_replay()
         slots = min(program.batch.max_batch_size, n)
         roof, over = self._prefills(program, slots, max(prompt_lengths[:slots]))
         for r in range(slots, n):
             pr, po = self._prefills(program, 1, prompt_lengths[r])
             roof, over = roof + pr, over + po
         context = int(sum(prompt_lengths) / n + sum(new_tokens) / n / 2)
-        sr, so = self._steps(program, lengths, refill_steps([len(s) for s in lengths], slots),
-                             slots, context)
+        steps = refill_steps([len(s) for s in lengths], slots, rounds_per_replay=per)
+        sr, so = self._steps(program, lengths, steps, slots, context)
         roof, over = roof + sr, over + so
         return WorkloadPrediction(roof, over, self.calibration.predict(roof, over),
                                   sum(new_tokens))

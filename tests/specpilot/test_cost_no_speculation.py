@@ -81,14 +81,13 @@ def test_report_and_ceiling_weigh_greedy_ar(program):
     assert model.report(off, always, batch=1).gap_per_token_s["topology"] > 0
 
 
-def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
+def _refill_case(program):
+    """Three requests of 4, 7 and 2 new tokens on two slots, the target alone: (the model, the
+    acceptance, the Program drained, refilled, and its prefill seconds by hand)."""
     gpu = no_launch()
-    model = CostModel(gpu)
     ranks = [[0, 2, 0], [1] * 6, [0]]                  # 4, 7 and 2 new tokens
     acceptance = RankProfile(ranks, [len(r) + 1 for r in ranks])
     off = apply(apply(program, SetMaxBatchSize(2)), SetDrafter("none"))
-    refilled = apply(off, SetRefill("continuous"))
-    got = model.predict_speculative_run(refilled, acceptance, [20, 30, 10], [4, 7, 2])
 
     def prefill(rows, tokens):                        # by hand, as in the drained case above
         n = rows * tokens
@@ -96,6 +95,13 @@ def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
         compute = (2.0 * n * target_params() + L * 4.0 * n * tokens * 32 * 128) / gpu.matmul_flops
         return max(memory, compute)
 
+    return CostModel(gpu), acceptance, off, apply(off, SetRefill("continuous")), prefill
+
+
+def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
+    model, acceptance, off, refilled, prefill = _refill_case(program)
+    gpu = model.gpu
+    got = model.predict_speculative_run(refilled, acceptance, [20, 30, 10], [4, 7, 2])
     # request 0 holds slot 0 for 3 steps, request 1 slot 1 for 6; request 2 takes slot 0 at
     # step 3 for 1 step: 6 steps of both slots, at the mean context 20 + 13 / 3 / 2 = 22.17
     want = prefill(2, 30) + prefill(1, 10) + 6 * ar_step_bytes(2, 22) / gpu.memory_bandwidth
@@ -104,3 +110,27 @@ def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
     # the drained batches: (0, 1) for 6 steps, then (2) alone for 1, each prefilled as a batch
     drained = model.predict_speculative_run(off, acceptance, [20, 30, 10], [4, 7, 2])
     assert drained.roofline_s > got.roofline_s
+
+
+@pytest.mark.parametrize("per, steps", [
+    # one round a replay (the default): slot 0 frees at 3, is refilled a replay late (4),
+    # request 2 ends at 5, request 1 at 6, and the loop runs one replay more: 7
+    (None, 7),
+    # two a replay: requests hold 2, 3 and 1 replays; request 2 starts at replay 3 and ends at
+    # 4, one replay more is 5 replays, 10 steps
+    ("2", 10),
+])
+def test_a_captured_refill_program_is_costed_in_the_replays_its_decoder_runs(
+        program, monkeypatch, per, steps):
+    from specpilot.ir import CaptureGraphs
+
+    if per is None:
+        monkeypatch.delenv("SPECPILOT_REFILL_ROUNDS", raising=False)
+    else:
+        monkeypatch.setenv("SPECPILOT_REFILL_ROUNDS", per)
+    model, acceptance, _, refilled, prefill = _refill_case(program)
+    graphed = apply(refilled, CaptureGraphs(True))
+    got = model.predict_speculative_run(graphed, acceptance, [20, 30, 10], [4, 7, 2])
+    want = prefill(2, 30) + prefill(1, 10) + steps * ar_step_bytes(2, 22) \
+        / model.gpu.memory_bandwidth
+    assert got.roofline_s == pytest.approx(want, rel=1e-9)
