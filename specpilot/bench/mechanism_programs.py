@@ -69,6 +69,10 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     tree, pruned_tree = SetTopology(Tree((3, 2, 1))), SetTopology(Tree((2, 2, 1)))
     prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
     adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
+    # Chains of up to 8 drafts: the adaptive budget a full chain(8) each (the bench then sets
+    # it per batch size from the Program's own k: BudgetedProgramSystem).
+    long_chain = [SetTopology(Chain(8)),
+                  SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * 9)]
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
     fused = SetDrafterKernels("fused")
     return {name: replay(stock, steps) for name, steps in {
@@ -83,8 +87,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_refill_fused": [graphs, refill, fused],
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
-        "graphed_adaptive_refill_fused_chain8": [SetTopology(Chain(8)), graphs, adaptive,
-                                                 refill, fused],
+        "graphed_adaptive_refill_fused_chain8": [graphs, *long_chain, refill, fused],
         "dynamic_tree": [dynamic],
         "two_level": [pruned_tree, prune],
         "graphed_two_level": [graphs, pruned_tree, prune],

@@ -81,8 +81,14 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
         systems["graphed_adaptive_refill_fused"]
     assert type(long) is type(short) and long.pair is short.pair
     assert long.program.draft.topology.k == 8 and short.program.draft.topology.k == 4
-    assert replace(long.program, draft=short.program.draft, history=short.program.history) \
-        == short.program
+    assert long.program.batch.token_budget == stock.batch.max_batch_size * 9
+    assert replace(long.program, draft=short.program.draft, history=short.program.history,
+                   batch=short.program.batch) == short.program
+    assert replace(long.program.batch, token_budget=short.program.batch.token_budget) \
+        == short.program.batch
+    # Off a GPU the ridge is unknown and caps nothing: a full chain each.
+    assert long.at_batch(16).batch.token_budget == 16 * 9
+    assert short.at_batch(16).batch.token_budget == 16 * 5
     # Off a GPU every graphed system is refused because its rounds cannot be graphed, the
     # fused ones included: their fused drafter itself is accepted.
     for name in FUSED:
