@@ -270,9 +270,12 @@ class CostModel:
         n = len(prompt_lengths)
         per = None
         if program.kernels.capture_graphs:
-            # The runtime's count (SPECPILOT_REFILL_ROUNDS included), read where it is set.
+            # The runtime's count (SPECPILOT_REFILL_ROUNDS included), read where it is set, for
+            # the Programs whose rounds it captures (the others run eagerly, refilled at once).
+            from specpilot.runtime.graphed_program import rounds_refusal
             from specpilot.runtime.graphed_refill import refill_rounds_per_replay
-            per = refill_rounds_per_replay()
+            if rounds_refusal(program) is None:
+                per = refill_rounds_per_replay()
         slots = min(program.batch.max_batch_size, n)
         roof, over = self._prefills(program, slots, max(prompt_lengths[:slots]))
         for r in range(slots, n):

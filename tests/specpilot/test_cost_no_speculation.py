@@ -122,7 +122,8 @@ def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
 ])
 def test_a_captured_refill_program_is_costed_in_the_replays_its_decoder_runs(
         program, monkeypatch, per, steps):
-    from specpilot.ir import CaptureGraphs
+    from specpilot.ir import CaptureGraphs, SetBatchLayout
+    from specpilot.runtime.graphed_program import rounds_refusal
 
     if per is None:
         monkeypatch.delenv("SPECPILOT_REFILL_ROUNDS", raising=False)
@@ -134,3 +135,13 @@ def test_a_captured_refill_program_is_costed_in_the_replays_its_decoder_runs(
     want = prefill(2, 30) + prefill(1, 10) + steps * ar_step_bytes(2, 22) \
         / model.gpu.memory_bandwidth
     assert got.roofline_s == pytest.approx(want, rel=1e-9)
+    # With its drafter, the chain Program is costed in replays too; in the ragged layout the
+    # graphed runtime has no rounds for it, so it runs eagerly, refilled at once.
+    def run(p):
+        return model.predict_speculative_run(p, acceptance, [20, 30, 10], [4, 7, 2])
+
+    chain = apply(apply(program, SetMaxBatchSize(2)), SetRefill("continuous"))
+    assert run(apply(chain, CaptureGraphs(True))).roofline_s > run(chain).roofline_s
+    ragged = apply(chain, SetBatchLayout("ragged"))
+    assert rounds_refusal(apply(ragged, CaptureGraphs(True))) is not None
+    assert run(apply(ragged, CaptureGraphs(True))) == run(ragged)
