@@ -1,0 +1,62 @@
+"""bench/round_predictors.py: Spearman's correlation on hand-worked ranks (ties included), and
+the script end to end on a tiny pair whose drafter is a copy of the target, where every
+feature of agreement is 1, every draft is accepted, and each request's rounds follow from its
+length by hand."""
+import json
+import math
+import shutil
+
+import pytest
+
+from bench_script import load_bench_script
+from hf_factory import make_checkpoint
+
+# Prompts of several lengths (word-level tokens w0..w63 of the tiny checkpoints' tokenizer).
+PROMPTS = ([3, 14, 15, 92 % 64, 65 % 64], [35, 89 % 64, 7], [2, 7, 1, 8, 28, 18, 28], [9])
+
+
+@pytest.fixture(scope="module")
+def script():
+    return load_bench_script("round_predictors")
+
+
+def test_spearman_on_hand_worked_ranks(script):
+    assert script.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert script.spearman([1, 5, 9, 20], [2, 3, 4, 100]) == pytest.approx(1.0)
+    # ties share their average rank: (0.5, 0.5, 2) against (0, 1, 2): 1.5 / sqrt(1.5 * 2)
+    assert script.spearman([1, 1, 2], [1, 2, 3]) == pytest.approx(1.5 / math.sqrt(3.0))
+    assert math.isnan(script.spearman([4, 4, 4], [1, 2, 3]))
+
+
+def test_a_pair_that_always_agrees(script, tmp_path):
+    pair = tmp_path / "pair"
+    target = make_checkpoint(pair, "llama3", name="target", seed=7, hidden_size=64,
+                             intermediate_size=128)
+    shutil.copytree(target, pair / "drafter")
+    prompts = tmp_path / "prompts.txt"
+    prompts.write_text("\n".join(" ".join(f"w{i}" for i in p) for p in PROMPTS) + "\n")
+    out = tmp_path / "r.json"
+    new, k = 13, 4
+    assert script.main(["--pair", str(pair), "--workload", str(prompts), "--prompts", "4",
+                        "--max-new-tokens", str(new), "--k", str(k), "--batch-sizes", "2",
+                        "--out", str(out)]) == 0
+    doc = json.loads(out.read_text())
+    for f, p in zip(doc["features"], PROMPTS):
+        assert f["length"] == len(p)
+        assert f["agree_all"] == f["agree_last32"] == 1.0
+        assert 0.0 < f["conf_last32"] <= 1.0
+    # The prefill gives each request its first token; every round then commits all k drafts
+    # and the target's own next token (the checkpoints have no EOS): ceil((13 - 1) / 5) = 3.
+    assert doc["rounds"] == [math.ceil((new - 1) / (k + 1))] * len(PROMPTS)
+    s = doc["schedules"]["2"]
+    # four requests of 3 rounds on two slots: 6 rounds whatever the order
+    assert s["as_given"] == s["longest_first"] == s["by_agree_all"] == s["by_length"] == 6
+    assert s["full_rows"] == 6.0
+    # every request has the same rounds: no correlation can be formed (null in the JSON)
+    assert doc["spearman"] == {name: None for name in script.LONGER_WHEN}
+
+
+def test_a_folder_without_a_pair_is_refused_with_its_name(script, tmp_path, capsys):
+    with pytest.raises(SystemExit):
+        script.main(["--pair", str(tmp_path / "none")])
+    assert "none/target" in capsys.readouterr().err
