@@ -46,13 +46,16 @@
 #   timeline   bench/refill_timeline.py on the trained pair: whole refill calls (chain and
 #              adaptive, fused drafter) on the GPU's timeline: replays, admissions, idle gaps
 #              (TIMELINE_ARGS)
+#   predictors bench/round_predictors.py on the trained pair: whether prompt features tell a
+#              request's chain(4) rounds before it runs (PROMPTS, default 64; MAX_NEW)
 #
 # Environment (optional): PAIR (default /tmp/specpilot-pair), PROMPTS (8), MAX_NEW (256),
 # BENCH_BUDGET (450 s: cells not started by then are skipped), SHAPE_BATCHES, SHAPE_REPEATS,
 # PROFILE (an acceptance profile for shapes), ROUNDS, COMPILE_CANDIDATES, COMPILE_REPEATS,
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
-# SYSTEMS (the bench phases' --systems; all by default), FUSED_ARGS (more options of
+# SYSTEMS (the bench phases' --systems; all by default), MECH_NAME (the mechanisms phase's
+# result name, default mechanisms: another keeps a second run, e.g. with SPECPILOT_REFILL_ROUNDS), FUSED_ARGS (more options of
 # fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
 # refill_timeline.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
@@ -183,7 +186,7 @@ phase() {
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
             --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_adaptive_refill,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
-            --out-dir "$RESULTS" --name mechanisms ;;
+            --out-dir "$RESULTS" --name "${MECH_NAME:-mechanisms}" ;;
     mechrefill|mechrefilllayers)
         # Graphed refill against the padded loops: more prompts than slots, or it changes nothing.
         local fast=${SPECPILOT_FAST_OPS:-1} name=mechanisms-refill
@@ -194,6 +197,10 @@ phase() {
             --mechanisms --time-budget "${BENCH_BUDGET:-450}" \
             --systems strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_adaptive_refill \
             --out-dir "$RESULTS" --name "$name" ;;
+    predictors)
+        step predictors timeout 400 python3 bench/round_predictors.py --pair "$PAIR" \
+            --device cuda --prompts "${PROMPTS:-64}" --max-new-tokens "${MAX_NEW:-256}" \
+            --out "$RESULTS/round-predictors.json" ;;
     refillcost)
         step refillcost timeout 300 python3 bench/refill_cost.py --repeats 2 \
             --out "$RESULTS/refill-cost.json" ;;
