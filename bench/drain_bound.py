@@ -1,5 +1,5 @@
-"""What a measured refill call would take with no drain, or with its queue in the best order:
-the call's own time per round, held, over the rounds of other schedules of its requests.
+"""What a measured refill call would take with no drain, or with its queue served longest
+first: the call's own time per round, held, over the rounds of other schedules of its requests.
 
 A refilled batch's rounds (bench/refill_granularity.py) run past full rows in the drain, the
 batch waiting on its slowest requests once the queue is empty. This prices those schedules at
@@ -10,10 +10,15 @@ profile of the same call:
               one prefill for the first wave and one per newcomer it must give the row's target
               forwards, or the profile is not that row's (refused)
   admission   each newcomer's admission (prefill and row set-up), `--admission-ms` each: the
-              fourteenth set's timeline measured 0.61-0.65 ms at batch 16 (an assumption for
-              other calls, stated in the output)
+              fourteenth set's timeline measured 0.61-0.65 ms at batch 16, four rounds a
+              replay (an assumption for other calls)
   round       (median seconds - admissions) / rounds: the call's mean round, held for every
-              schedule (a drain's rounds run as many rows as any other, padded)
+              schedule (a drain's rounds run as many rows as any other, padded); the first
+              prefill and the call's fixed time before and after its replays are priced into
+              it, so they shrink with the shorter schedules
+
+Longest first is a good order, not always the best: a schedule between it and full rows may
+exist.
 
 and gives, for the loop's schedule, refilled at once, served longest first and full rows, the
 call's seconds and its speed against strong AR and the stock Program of the same file.
@@ -112,7 +117,8 @@ def main(argv=None) -> int:
     print(f"{system}, batch {result['batch']}: measured {result['measured_seconds'] * 1000:.1f} "
           f"ms ({result['measured_x_stock']:.2f}x the stock Program, which runs "
           f"{result['stock_x_strong_ar']:.2f}x strong AR); a round {result['round_ms']:.3f} ms, "
-          f"admissions assumed {args.admission_ms} ms each")
+          f"admissions assumed {args.admission_ms} ms each (measured at batch 16, four rounds "
+          f"a replay: --admission-ms)")
     for name, s in result["schedules"].items():
         print(f"  {name:>13}: {s['rounds']:7.1f} rounds, {s['seconds'] * 1000:7.1f} ms, "
               f"{s['x_strong_ar']:.2f}x strong AR, {s['x_stock']:.2f}x stock (estimate)")

@@ -55,7 +55,8 @@
 # COMPILE_NEW (128), BATCHES (1,4,16,64), REPEATS (3), EAGER_REPEATS (timed runs of the HF and
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
 # SYSTEMS (the bench phases' --systems; all by default), MECH_NAME (the mechanisms phase's
-# result name, default mechanisms: another keeps a second run, e.g. with SPECPILOT_REFILL_ROUNDS), FUSED_ARGS (more options of
+# result name, default mechanisms: another keeps a second run apart, e.g. with
+# SPECPILOT_REFILL_ROUNDS), FUSED_ARGS (more options of
 # fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
 # refill_timeline.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),

@@ -1,7 +1,7 @@
 """Can a request's rounds be told before it runs? Features of each prompt, read from one
 teacher-forced pass of both models over it, against the chain rounds the request then takes.
 
-A refilled batch drains behind its slowest requests; served longest first, runs 25-30's
+A refilled batch drains behind its slowest requests; served longest first, runs 25-28's
 queues would need 9-29 % fewer rounds (bench/refill_granularity.py), but only if a request's
 rounds were known before it starts. Per prompt this reads
 

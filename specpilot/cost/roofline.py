@@ -199,8 +199,11 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
         out.append(node)
     if program.kernels.capture_graphs:
-        share = graphed_share(gpu)
-        out = [replace(n, launches=n.launches * share) for n in out]
+        # Only where the graphed runtime has rounds for the Program: the others run eagerly.
+        from specpilot.runtime.graphed_program import rounds_refusal
+        if rounds_refusal(program) is None:
+            share = graphed_share(gpu)
+            out = [replace(n, launches=n.launches * share) for n in out]
     return out
 
 

@@ -122,8 +122,7 @@ def test_workload_prediction_with_refill_follows_the_slot_schedule(program):
 ])
 def test_a_captured_refill_program_is_costed_in_the_replays_its_decoder_runs(
         program, monkeypatch, per, steps):
-    from specpilot.ir import CaptureGraphs, SetBatchLayout
-    from specpilot.runtime.graphed_program import rounds_refusal
+    from specpilot.ir import CaptureGraphs
 
     if per is None:
         monkeypatch.delenv("SPECPILOT_REFILL_ROUNDS", raising=False)
@@ -135,13 +134,27 @@ def test_a_captured_refill_program_is_costed_in_the_replays_its_decoder_runs(
     want = prefill(2, 30) + prefill(1, 10) + steps * ar_step_bytes(2, 22) \
         / model.gpu.memory_bandwidth
     assert got.roofline_s == pytest.approx(want, rel=1e-9)
-    # With its drafter, the chain Program is costed in replays too; in the ragged layout the
-    # graphed runtime has no rounds for it, so it runs eagerly, refilled at once.
+
+
+def test_a_program_the_graphed_runtime_refuses_is_costed_as_it_runs_eagerly(program):
+    """With its drafter, the refilled chain Program is costed in replays and with graphed
+    launches when captured; in the ragged layout the graphed runtime has no rounds for it, so it
+    runs eagerly (refilled at once, every launch paid), captured or not. With launch overhead."""
+    from specpilot.cost.gpu_specs import gpu_spec
+    from specpilot.ir import CaptureGraphs, SetBatchLayout
+    from specpilot.runtime.graphed_program import rounds_refusal
+
+    model = CostModel(gpu_spec("h200"))
+    assert model.gpu.launch_overhead_s > 0
+    _, acceptance, _, _, _ = _refill_case(program)
+
     def run(p):
         return model.predict_speculative_run(p, acceptance, [20, 30, 10], [4, 7, 2])
 
     chain = apply(apply(program, SetMaxBatchSize(2)), SetRefill("continuous"))
-    assert run(apply(chain, CaptureGraphs(True))).roofline_s > run(chain).roofline_s
+    captured = run(apply(chain, CaptureGraphs(True)))
+    assert captured.roofline_s > run(chain).roofline_s          # more steps: replays
+    assert captured.overhead_s < run(chain).overhead_s          # fewer paid launches a step
     ragged = apply(chain, SetBatchLayout("ragged"))
     assert rounds_refusal(apply(ragged, CaptureGraphs(True))) is not None
     assert run(apply(ragged, CaptureGraphs(True))) == run(ragged)

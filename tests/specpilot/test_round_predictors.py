@@ -28,6 +28,25 @@ def test_spearman_on_hand_worked_ranks(script):
     assert math.isnan(script.spearman([4, 4, 4], [1, 2, 3]))
 
 
+def test_each_feature_orders_the_queue_predicted_longest_first(script):
+    # Requests of 1, 1, 4 and 2 rounds on two slots: in this order 1+4 and 1+2 take 5 rounds;
+    # longest first (4, 2, 1, 1) takes 4 (4 | 2+1+1), as full rows do.
+    rounds = [1, 1, 4, 2]
+    # agreement falls as the rounds rise (a good predictor: longest = least agreement), the
+    # prompt length rises with them, the confidence says nothing (all equal: the given order)
+    features = [{"length": 3.0, "agree_all": 0.9, "agree_last32": 0.1, "conf_last32": 0.5},
+                {"length": 4.0, "agree_all": 0.8, "agree_last32": 0.2, "conf_last32": 0.5},
+                {"length": 9.0, "agree_all": 0.1, "agree_last32": 0.9, "conf_last32": 0.5},
+                {"length": 6.0, "agree_all": 0.5, "agree_last32": 0.5, "conf_last32": 0.5}]
+    s = script.schedules(rounds, features, 2)
+    assert (s["as_given"], s["longest_first"], s["full_rows"]) == (5, 4, 4.0)
+    assert s["by_agree_all"] == s["by_length"] == 4            # least agreement / longest first
+    # agree_last32 rises with the rounds: read as "least agreement first" it serves the
+    # shortest first (1, 1, 2, 4): 1+2 | 1+4, 5 rounds
+    assert s["by_agree_last32"] == 5
+    assert s["by_conf_last32"] == s["as_given"]               # a stable sort keeps the order
+
+
 def test_a_pair_that_always_agrees(script, tmp_path):
     pair = tmp_path / "pair"
     target = make_checkpoint(pair, "llama3", name="target", seed=7, hidden_size=64,
