@@ -17,11 +17,12 @@ profile of the same call:
               prefill and the call's fixed time before and after its replays are priced into
               it, so they shrink with the shorter schedules
 
-Longest first is a good order, not always the best: a schedule between it and full rows may
-exist.
+Longest first and the packed order are good orders, neither always the best; both need every
+request's rounds in advance, which no decoder has.
 
-and gives, for the loop's schedule, refilled at once, served longest first and full rows, the
-call's seconds and its speed against strong AR and the stock Program of the same file.
+and gives, for the loop's schedule, refilled at once, served longest first, in a packed order
+of the known rounds (refill_schedule.packed_order) and full rows, the call's seconds and its
+speed against strong AR and the stock Program of the same file.
 Estimates from measured rates, not measurements.
 
   python3 bench/drain_bound.py bench/results/mechanisms-run30.json \\
@@ -36,7 +37,7 @@ from pathlib import Path
 
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.cli_common import positive_int
-from specpilot.cost.refill_schedule import refill_steps
+from specpilot.cost.refill_schedule import packed_order, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
 # A newcomer's admission at batch 16 on the H200 (BENCHMARKS.md, fourteenth set: 31.4 ms and
@@ -73,6 +74,7 @@ def drain_bound(bench: dict, profile: AcceptanceProfile, system: str, batch: int
     round_s = (seconds - admissions) / loop
     schedules = {"loop": loop, "at_once": refill_steps(rounds, batch),
                  "longest_first": refill_steps(sorted(rounds, reverse=True), batch),
+                 "packed": refill_steps(packed_order(rounds, batch), batch),
                  "full_rows": sum(rounds) / batch}
     out = {}
     for name, count in schedules.items():

@@ -12,8 +12,11 @@ Per profile and batch size:
                    a finished slot waits for its replay's end and one replay more
                    (specpilot/cost/refill_schedule.py, which checks this against the loop)
   longest_first    at once, the queue served longest request first: what an order that knew
-                   each request's rounds in advance could gain at most (the drain's bound;
-                   no decoder knows them)
+                   each request's rounds in advance could gain (no decoder knows them); a good
+                   order, not always the best
+  packed           at once, in the order of a packing of the known rounds into the slots
+                   (refill_schedule.packed_order): another such order, better than longest first on some
+                   profiles, worse on others
 
   python3 bench/refill_granularity.py bench/results/mechanisms-run27-64prompts.acceptance.mech-graphed_refill_fused.json --batch-sizes 16 --out FILE.json
 
@@ -28,7 +31,7 @@ from pathlib import Path
 
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.cli_common import positive_counts
-from specpilot.cost.refill_schedule import refill_steps
+from specpilot.cost.refill_schedule import packed_order, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
 
@@ -40,6 +43,7 @@ def one_profile(path: str, batch_sizes, per_replay) -> dict:
             "batches": [{"batch": b, "full_rows": sum(rounds) / b,
                          "at_once": refill_steps(rounds, b),
                          "longest_first": refill_steps(sorted(rounds, reverse=True), b),
+                         "packed": refill_steps(packed_order(rounds, b), b),
                          "rounds_per_replay": {str(n): refill_steps(rounds, b, n)
                                                for n in per_replay}}
                         for b in batch_sizes]}
@@ -62,7 +66,8 @@ def main(argv=None) -> int:
         for b in row["batches"]:
             per = ", ".join(f"{n} a replay {r}" for n, r in b["rounds_per_replay"].items())
             print(f"  batch {b['batch']}: full rows {b['full_rows']:.1f}, refilled at once "
-                  f"{b['at_once']} (longest first {b['longest_first']}), {per}")
+                  f"{b['at_once']} (longest first {b['longest_first']}, packed "
+                  f"{b['packed']}), {per}")
     if args.out:
         write_json_atomic(Path(args.out), {"settings": vars(args), "profiles": rows})
     return 0

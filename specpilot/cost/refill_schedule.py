@@ -1,10 +1,12 @@
 """How many batched steps continuous refill needs: each request holds a slot for as many steps
 as it runs, and takes the first slot that frees, in queue order. Shared by the cost model's
-workload prediction and the bench's refill replays."""
+workload prediction and the bench's refill replays; `packed_order` is a queue order for
+requests whose rounds are known (for the bench: what an order could do; no decoder knows
+them)."""
 from __future__ import annotations
 
 import heapq
-from typing import Optional, Sequence
+from typing import List, Optional, Sequence
 
 
 def refill_steps(lengths: Sequence[int], slots: int,
@@ -34,3 +36,36 @@ def refill_steps(lengths: Sequence[int], slots: int,
         heapq.heapreplace(free, start + held + gap)
         end = max(end, start + held)
     return (end + gap) * unit
+
+
+def _best_fit(rounds: List[int], slots: int, capacity: int) -> Optional[List[List[int]]]:
+    """Best-fit decreasing: each request, longest first, into the slot it leaves least room
+    in, none past `capacity` rounds; None where one does not fit."""
+    bins: List[List[int]] = [[] for _ in range(slots)]
+    load = [0] * slots
+    for r in sorted(rounds, reverse=True):
+        fits = [i for i in range(slots) if load[i] + r <= capacity]
+        if not fits:
+            return None
+        i = min(fits, key=lambda i: (capacity - load[i] - r, i))
+        bins[i].append(r)
+        load[i] += r
+    return bins
+
+
+def packed_order(rounds: Sequence[int], slots: int) -> List[int]:
+    """A queue order from packing the requests' known rounds into `slots` slots: best-fit
+    decreasing at the smallest capacity (from the lower bound, the longest request or full
+    rows, up) where every request fits, then each slot's requests in turn, the queue ordered by
+    when each would start (longest first among those starting together)."""
+    rounds = list(rounds)
+    capacity = max(max(rounds), -(-sum(rounds) // slots))
+    while (bins := _best_fit(rounds, slots, capacity)) is None:
+        capacity += 1
+    starts = []
+    for b in bins:
+        t = 0
+        for r in b:
+            starts.append((t, -r))
+            t += r
+    return [-r for _, r in sorted(starts)]

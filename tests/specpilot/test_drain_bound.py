@@ -8,7 +8,7 @@ import pytest
 from bench_script import load_bench_script, write_profile
 
 # Two slots, requests of 3, 1, 1 and 3 rounds (chain(2)): one round a replay 8 rounds, refilled
-# at once 5, longest first 4, full rows 4.
+# at once 5, longest first 4, packed (3 + 1 | 3 + 1) 4, full rows 4.
 ROWS = [[2, 2, 0], [1], [0], [2, 1, 1]]
 
 
@@ -38,7 +38,7 @@ def test_each_schedule_is_priced_at_the_calls_own_round(tmp_path, capsys):
                         "--out", str(out)]) == 0
     result = json.loads(out.read_text())["result"]
     assert result["round_ms"] == pytest.approx(1.25)
-    want = {"loop": 8, "at_once": 5, "longest_first": 4, "full_rows": 4.0}
+    want = {"loop": 8, "at_once": 5, "longest_first": 4, "packed": 4, "full_rows": 4.0}
     for name, rounds in want.items():
         s = result["schedules"][name]
         seconds = 0.0001 + rounds * 0.00125

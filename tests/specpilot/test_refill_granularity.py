@@ -21,7 +21,8 @@ def test_a_profiles_rounds_by_replay_granularity(tmp_path, capsys):
     assert (row["requests"], row["request_rounds"], row["longest_request_rounds"]) == (4, 8, 3)
     (b,) = row["batches"]
     # longest first: 3 and 3 at once, then 1 and 1: 4 rounds, full rows exactly
-    assert b == {"batch": 2, "full_rows": 4.0, "at_once": 5, "longest_first": 4,
+    # packed: 3 | 3 at capacity 4, then 1 | 1: the same order as longest first
+    assert b == {"batch": 2, "full_rows": 4.0, "at_once": 5, "longest_first": 4, "packed": 4,
                  "rounds_per_replay": {"1": 8, "2": 12}}
     assert "refilled at once 5" in capsys.readouterr().out
 
@@ -32,3 +33,17 @@ def test_a_file_that_is_not_a_profile_is_refused(tmp_path, capsys):
     with pytest.raises(SystemExit):
         load_bench_script("refill_granularity").main([str(bad)])
     assert "bad.json" in capsys.readouterr().err
+
+
+def test_packing_beats_longest_first_where_longest_first_is_not_the_best_order():
+    # LPT's textbook case: two slots, requests of 3, 3, 2, 2, 2 rounds. Longest first puts the
+    # two 3s side by side and ends at 7; 3 + 3 | 2 + 2 + 2 fills both slots to 6 (full rows).
+    from specpilot.cost.refill_schedule import packed_order, refill_steps
+
+    rounds = [2, 3, 2, 3, 2]
+    assert refill_steps(sorted(rounds, reverse=True), 2) == 7
+    order = packed_order(rounds, 2)
+    assert sorted(order) == sorted(rounds)
+    # the slots' plans (3, 3 | 2, 2, 2) by start: 3 and 2 at 0, 2 at 2, 3 at 3, 2 at 4
+    assert order == [3, 2, 2, 3, 2]
+    assert refill_steps(order, 2) == 6
