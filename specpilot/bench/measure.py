@@ -93,6 +93,8 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         "tokens_per_target_forward": new_tokens / first.target_forwards,
         "mean_accepted": first.mean_accepted,
         "peak_memory_bytes": peak,
+        # The first timed run's decoder counts, where the system keeps any.
+        **({"run_stats": dict(first.stats)} if first.stats else {}),
         **checks,
     }, first
 

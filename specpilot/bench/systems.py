@@ -10,7 +10,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 from dataclasses import dataclass, replace
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 from specpilot.ir import Program, program_id
 from specpilot.ir.errors import SpecPilotError
@@ -36,6 +36,9 @@ class RunOutput:
     drafter_forwards: Optional[int] = None
     mean_accepted: Optional[float] = None                 # speculative systems only
     accepted_lengths: Optional[List[List[int]]] = None    # speculative systems only
+    # The decoder's own counts (a graphed decoder's rounds of each chain length, its refills):
+    # what lengths an adaptive decoder chose, and whether it ran plain steps.
+    stats: Optional[Dict[str, int]] = None
 
 
 class System(ABC):
@@ -210,7 +213,7 @@ class ProgramSystem(System):
         if self.graphed:
             r = run_graphed(self.at_batch(batch_size), self.pair, list(prompts), max_new_tokens)
             return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
-                             r.accepted_lengths)
+                             r.accepted_lengths, dict(r.stats or {}))
         # The Program's own decode loop: the stock mechanisms in batches, or the mechanism
         # loop (dynamic trees, two-level verification, ragged layout, adaptive lengths, refill).
         program = self.at_batch(batch_size)
@@ -218,7 +221,7 @@ class ProgramSystem(System):
                                max_new_tokens, self.pair.eos_ids,
                                acceptance=acceptance_rule(program, self.pair))
         return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
-                         r.accepted_lengths)
+                         r.accepted_lengths, dict(r.stats or {}))
 
     def check(self, prompts, batch_size, reference, output):
         report = force_program(self.at_batch(batch_size), self.pair, prompts, reference)

@@ -79,3 +79,23 @@ def test_garbage_is_collected_before_the_timed_runs_and_not_during_them():
     assert freed == [1]                         # after the warm-up run, before the timed ones
     assert system.enabled == [True, False, False, False]     # warm-up, then three timed runs
     assert gc.isenabled()                                   # and back on afterwards
+
+
+class _Counting(_Recording):
+    """Reports its run's index among its runs as its decoder counts."""
+    def run(self, prompts, batch_size, max_new_tokens):
+        out = super().run(prompts, batch_size, max_new_tokens)
+        out.stats = {"run": len(self.runs), "rounds_chain_4": 7 * len(self.runs)}
+        return out
+
+
+def test_a_row_keeps_the_first_timed_runs_decoder_counts():
+    rng = random.Random(7)
+    prompts = [[rng.randrange(100)] for _ in range(4)]
+    reference = ARResult([[p[0]] for p in prompts], [[1.0] for _ in prompts], len(prompts))
+    row, _ = measure(_Counting(graphed=True), prompts, reference, 4, 8, warmup=1, repeats=2,
+                     device="cpu")
+    assert row["run_stats"] == {"run": 2, "rounds_chain_4": 14}   # not the warm-up's (run 1)
+    bare, _ = measure(_Recording(graphed=True), prompts, reference, 4, 8, warmup=1, repeats=1,
+                      device="cpu")
+    assert "run_stats" not in bare                               # a system that keeps none
