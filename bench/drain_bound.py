@@ -37,7 +37,7 @@ from pathlib import Path
 
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.cli_common import positive_int
-from specpilot.cost.refill_schedule import packed_order, refill_steps
+from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
 # A newcomer's admission at batch 16 on the H200 (BENCHMARKS.md, fourteenth set: 31.4 ms and
@@ -72,10 +72,7 @@ def drain_bound(bench: dict, profile: AcceptanceProfile, system: str, batch: int
     seconds = mine["seconds"]["median"]
     admissions = newcomers * admission_ms / 1000.0
     round_s = (seconds - admissions) / loop
-    schedules = {"loop": loop, "at_once": refill_steps(rounds, batch),
-                 "longest_first": refill_steps(sorted(rounds, reverse=True), batch),
-                 "packed": refill_steps(packed_order(rounds, batch), batch),
-                 "full_rows": sum(rounds) / batch}
+    schedules = {"loop": loop, **order_schedules(rounds, batch)}
     out = {}
     for name, count in schedules.items():
         s = admissions + count * round_s

@@ -15,8 +15,8 @@ Per profile and batch size:
                    each request's rounds in advance could gain (no decoder knows them); a good
                    order, not always the best
   packed           at once, in the order of a packing of the known rounds into the slots
-                   (refill_schedule.packed_order): another such order, better than longest first on some
-                   profiles, worse on others
+                   (refill_schedule.packed_order): another such order, better than longest
+                   first on some profiles, worse on others
 
   python3 bench/refill_granularity.py bench/results/mechanisms-run27-64prompts.acceptance.mech-graphed_refill_fused.json --batch-sizes 16 --out FILE.json
 
@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.cli_common import positive_counts
-from specpilot.cost.refill_schedule import packed_order, refill_steps
+from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
 
@@ -40,10 +40,7 @@ def one_profile(path: str, batch_sizes, per_replay) -> dict:
     rounds = [len(r) for r in profile.accepted_lengths]
     return {"profile": path, "requests": len(rounds), "request_rounds": sum(rounds),
             "longest_request_rounds": max(rounds),
-            "batches": [{"batch": b, "full_rows": sum(rounds) / b,
-                         "at_once": refill_steps(rounds, b),
-                         "longest_first": refill_steps(sorted(rounds, reverse=True), b),
-                         "packed": refill_steps(packed_order(rounds, b), b),
+            "batches": [{"batch": b, **order_schedules(rounds, b),
                          "rounds_per_replay": {str(n): refill_steps(rounds, b, n)
                                                for n in per_replay}}
                         for b in batch_sizes]}

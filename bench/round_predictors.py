@@ -14,7 +14,8 @@ then decodes every prompt with greedy chain(k) speculation (runtime/speculative.
 reports each feature's Spearman rank correlation with the rounds, and the refill schedule's
 rounds (specpilot/cost/refill_schedule.py, refilled at once) with the queue in the order given,
 ordered by each feature (the request predicted longest first: least agreement, least
-confidence, longest prompt), longest first by the true rounds, and full rows.
+confidence, longest prompt), longest first by the true rounds, packed by them
+(`order_schedules`), and full rows.
 
   python3 bench/round_predictors.py --pair DIR [--prompts 64] [--max-new-tokens 256] \\
       [--k 4] [--batch-sizes 4,16] [--device cpu] [--out FILE.json]
@@ -31,23 +32,31 @@ from typing import Dict, List, Sequence
 import torch
 
 from specpilot.cli_common import positive_counts, positive_int
-from specpilot.cost.refill_schedule import refill_steps
+from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.ir import Chain
 from specpilot.ir.errors import SpecPilotError
 from specpilot.prompts import workload_prompts
 from specpilot.runtime.decoder import load_pair
 from specpilot.runtime.speculative import speculative_generate
+from specpilot.runtime.steps import append_step
 from specpilot.search.run_folder import write_json_atomic
 
 # Which way each feature points: +1 where a larger value should mean more rounds.
 LONGER_WHEN = {"length": +1, "agree_all": -1, "agree_last32": -1, "conf_last32": -1}
 
 
-def prompt_features(target, drafter, prompt: Sequence[int]) -> Dict[str, float]:
-    """The module docstring's features of one prompt, from HF causal LMs `target`, `drafter`."""
-    ids = torch.tensor([list(prompt)], device=target.device)
+def prompt_logits(model, prompt: Sequence[int]) -> torch.Tensor:
+    """[T, V] float32: `model`'s (a runtime Transformer) logits at every prompt position, one
+    teacher-forced pass into a cache of its own."""
+    cache = model.new_cache(1, len(prompt) + 1)
+    start = torch.zeros(1, dtype=torch.int64, device=model.device)
     with torch.no_grad():
-        lt, ld = target(ids).logits[0].float(), drafter(ids).logits[0].float()
+        return append_step(model, cache, start, [list(prompt)], logits_last_only=False)[0]
+
+
+def prompt_features(target, drafter, prompt: Sequence[int]) -> Dict[str, float]:
+    """The module docstring's features of one prompt, from the pair's runtime models."""
+    lt, ld = prompt_logits(target, prompt), prompt_logits(drafter, prompt)
     agree = (lt.argmax(-1) == ld.argmax(-1)).float()
     conf = torch.softmax(lt, dim=-1).max(dim=-1).values
     return {"length": float(len(prompt)), "agree_all": agree.mean().item(),
@@ -75,11 +84,10 @@ def spearman(a: Sequence[float], b: Sequence[float]) -> float:
 
 
 def schedules(rounds: List[int], features: List[Dict[str, float]], batch: int) -> dict:
-    """Refill rounds on `batch` slots (refilled at once) per queue order."""
+    """Refill rounds on `batch` slots (refilled at once) per queue order: the orders that know
+    the rounds (`order_schedules`), and one by each feature."""
     n = len(rounds)
-    out = {"as_given": refill_steps(rounds, batch),
-           "longest_first": refill_steps(sorted(rounds, reverse=True), batch),
-           "full_rows": sum(rounds) / batch}
+    out = dict(order_schedules(rounds, batch))
     for name, sign in LONGER_WHEN.items():
         order = sorted(range(n), key=lambda i: -sign * features[i][name])
         out[f"by_{name}"] = refill_steps([rounds[i] for i in order], batch)
@@ -97,8 +105,6 @@ def main(argv=None) -> int:
     ap.add_argument("--device", default="cpu", help="cpu or cuda (float32 either way)")
     ap.add_argument("--out", help="write the figures here as JSON too")
     args = ap.parse_args(argv)
-    from transformers import AutoModelForCausalLM
-
     root = Path(args.pair)
     try:
         pair = load_pair(str(root / "target"), str(root / "drafter"), "float32", args.device)
@@ -108,12 +114,8 @@ def main(argv=None) -> int:
     if pair.tokenizer is None:
         ap.error(f"{root / 'target'} has no tokenizer: prompts cannot be encoded")
     prompts = [pair.tokenizer.encode(t).ids for t in texts]
-    hf_target = AutoModelForCausalLM.from_pretrained(str(root / "target"),
-                                                     dtype=torch.float32).to(args.device).eval()
-    hf_drafter = AutoModelForCausalLM.from_pretrained(str(root / "drafter"),
-                                                      dtype=torch.float32).to(args.device).eval()
     print(f"[predictors] {len(prompts)} prompts: features", flush=True)
-    features = [prompt_features(hf_target, hf_drafter, p) for p in prompts]
+    features = [prompt_features(pair.target, pair.drafter, p) for p in prompts]
     print(f"[predictors] chain({args.k}) decoding, {args.max_new_tokens} new tokens each",
           flush=True)
     result = speculative_generate(pair.target, pair.drafter, prompts, args.max_new_tokens,
@@ -129,8 +131,8 @@ def main(argv=None) -> int:
               f"when {'larger' if LONGER_WHEN[name] > 0 else 'smaller'})")
     for b, s in by_batch.items():
         ordered = ", ".join(f"{k} {v}" for k, v in s.items() if k.startswith("by_"))
-        print(f"  batch {b}: as given {s['as_given']}, longest first {s['longest_first']}, "
-              f"full rows {s['full_rows']:.1f}; ordered {ordered}")
+        print(f"  batch {b}: as given {s['at_once']}, longest first {s['longest_first']}, "
+              f"packed {s['packed']}, full rows {s['full_rows']:.1f}; ordered {ordered}")
     if args.out:
         write_json_atomic(Path(args.out), {"settings": vars(args), "rounds": rounds,
                                            "features": features, "spearman": written,

@@ -65,6 +65,13 @@ def graph_refusal(program: Program, device) -> Optional[str]:
     return rounds_refusal(program)
 
 
+def captures_rounds(program: Program) -> bool:
+    """Whether the Program's rounds run as CUDA graphs on a GPU: `kernels.capture_graphs` on and
+    rounds the graphed runtime has (`rounds_refusal`); the others run eagerly. What the cost
+    model prices a Program's launches and refill schedule by."""
+    return program.kernels.capture_graphs and rounds_refusal(program) is None
+
+
 def rounds_refusal(program: Program) -> Optional[str]:
     """Why the graphed runtime has no rounds for `program` on any device (None if it has)."""
     b = program.batch

@@ -68,11 +68,15 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     dynamic = SetTopology(DynamicTree(budget=8, depth=4, width=2))
     tree, pruned_tree = SetTopology(Tree((3, 2, 1))), SetTopology(Tree((2, 2, 1)))
     prune = SetVerifyPrune(LayerSkipPrune(keep_layers=half, top_k=1))
-    adaptive = SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * (k + 1))
-    # Chains of up to 8 drafts: the adaptive budget a full chain(8) each (the bench then sets
-    # it per batch size from the Program's own k: BudgetedProgramSystem).
-    long_chain = [SetTopology(Chain(8)),
-                  SetDraftLengthPolicy("per_request_adaptive", stock.batch.max_batch_size * 9)]
+
+    def adaptive_up_to(longest: int) -> SetDraftLengthPolicy:
+        """Adaptive lengths, the budget a full chain(longest) each (BudgetedProgramSystem then
+        sets it per batch size from the Program's own k)."""
+        return SetDraftLengthPolicy("per_request_adaptive",
+                                    stock.batch.max_batch_size * (longest + 1))
+
+    adaptive = adaptive_up_to(k)
+    long_chain = [SetTopology(Chain(8)), adaptive_up_to(8)]         # chains of up to 8 drafts
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
     fused = SetDrafterKernels("fused")
     return {name: replay(stock, steps) for name, steps in {

@@ -267,15 +267,13 @@ class CostModel:
         rounds are captured runs them in replays (runtime/graphed_refill.py): a finished slot
         is refilled a replay late and the loop runs a replay past the last request, so its
         schedule is counted in the replays the captured decoder would run."""
+        from specpilot.runtime.graphed_program import captures_rounds
+        from specpilot.runtime.graphed_refill import refill_rounds_per_replay
+
         n = len(prompt_lengths)
-        per = None
-        if program.kernels.capture_graphs:
-            # The runtime's count (SPECPILOT_REFILL_ROUNDS included), read where it is set, for
-            # the Programs whose rounds it captures (the others run eagerly, refilled at once).
-            from specpilot.runtime.graphed_program import rounds_refusal
-            from specpilot.runtime.graphed_refill import refill_rounds_per_replay
-            if rounds_refusal(program) is None:
-                per = refill_rounds_per_replay()
+        # The runtime's count (SPECPILOT_REFILL_ROUNDS included), read where it is set; eager
+        # rounds refill at once.
+        per = refill_rounds_per_replay() if captures_rounds(program) else None
         slots = min(program.batch.max_batch_size, n)
         roof, over = self._prefills(program, slots, max(prompt_lengths[:slots]))
         for r in range(slots, n):

@@ -6,7 +6,7 @@ them)."""
 from __future__ import annotations
 
 import heapq
-from typing import List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence
 
 
 def refill_steps(lengths: Sequence[int], slots: int,
@@ -69,3 +69,14 @@ def packed_order(rounds: Sequence[int], slots: int) -> List[int]:
             starts.append((t, -r))
             t += r
     return [-r for _, r in sorted(starts)]
+
+
+def order_schedules(rounds: Sequence[int], slots: int) -> Dict[str, float]:
+    """Steps for requests of known `rounds` on `slots` slots, refilled at once: in the queue's
+    order (`at_once`), served longest first, in `packed_order`; and `full_rows`, every slot busy
+    every step (sum / slots: no schedule takes fewer)."""
+    rounds = list(rounds)
+    return {"at_once": refill_steps(rounds, slots),
+            "longest_first": refill_steps(sorted(rounds, reverse=True), slots),
+            "packed": refill_steps(packed_order(rounds, slots), slots),
+            "full_rows": sum(rounds) / slots}

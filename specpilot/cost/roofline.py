@@ -198,12 +198,11 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
         else:   # build_draft, in-place commit: bookkeeping without device work of its own
             node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
         out.append(node)
-    if program.kernels.capture_graphs:
-        # Only where the graphed runtime has rounds for the Program: the others run eagerly.
-        from specpilot.runtime.graphed_program import rounds_refusal
-        if rounds_refusal(program) is None:
-            share = graphed_share(gpu)
-            out = [replace(n, launches=n.launches * share) for n in out]
+    from specpilot.runtime.graphed_program import captures_rounds
+
+    if captures_rounds(program):        # the others run eagerly: every launch paid
+        share = graphed_share(gpu)
+        out = [replace(n, launches=n.launches * share) for n in out]
     return out
 
 
