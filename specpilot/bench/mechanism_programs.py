@@ -29,6 +29,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   ragged              the ragged verification layout, eager
   refill              continuous refill, eager
   ragged_adaptive_refill   the three batching mechanisms combined, eager
+  graphed_sequoia     CaptureGraphs + the tree from measured acceptance: at each batch size the
+                      Sequoia-shaped tree the cost model ranks first, shaped on held-out prompts
+                      (shaped_tree_system.py)
 
 The eager mechanisms run their host loops in Python; they are measured as they are, next to the
 graphed ones, so that what graph capture would bring them is visible.
@@ -36,14 +39,15 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Sequence, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetBatchLayout, SetDrafterKernels, SetDraftLengthPolicy, SetRefill,
-                          SetTopology, SetVerifyPrune, Tree, replay)
+                          SetTopology, SetVerifyPrune, Tree, apply, replay)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.decoder import ModelPair, with_fused_drafter
 
+from .shaped_tree_system import ShapedTreeSystem
 from .systems import ProgramSystem
 
 
@@ -110,7 +114,10 @@ def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
         return str(exc)
 
 
-def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
+def mechanism_systems(stock: Program, pair, held_out: Optional[Sequence[Sequence[int]]] = None,
+                      profile_tokens: int = 256) -> List[ProgramSystem]:
+    """Every mechanism Program as a system; with `held_out` prompts (None: the system is left
+    out) also the tree from measured acceptance, shaped on them (shaped_tree_system.py)."""
     out: List[ProgramSystem] = []
     fused: Optional[Union[ModelPair, str]] = None       # built once, for the systems that ask
     for name, program in mechanism_programs(stock).items():
@@ -130,4 +137,7 @@ def mechanism_systems(stock: Program, pair) -> List[ProgramSystem]:
             # drafter kernels) would only mislead.
             system.refusal = refusal
         out.append(system)
+    if held_out is not None:
+        out.append(ShapedTreeSystem("mech:graphed_sequoia", apply(stock, CaptureGraphs(True)),
+                                    pair, held_out, profile_tokens))
     return out

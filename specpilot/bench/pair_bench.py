@@ -58,7 +58,9 @@ def pair_dirs(pair: str):
 
 
 def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: str, dtype: str,
-                    gpu: str, pair) -> List[ProgramSystem]:
+                    gpu: str, pair, benched: Sequence[Sequence[int]] = ()) -> List[ProgramSystem]:
+    """The stock Program's systems, the mechanisms' (with `--mechanisms`; the shaped tree is
+    profiled on the workload's prompts after the `benched` ones) and every `--program`."""
     from specpilot.deploy import build_deployment
 
     stock = stock_program(build_deployment(target_dir, drafter_dir, gpu=gpu, dtype=dtype))
@@ -71,7 +73,14 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
                              graphs_only=True))
     if settings.mechanisms:
         from .mechanism_programs import mechanism_systems
-        out += mechanism_systems(stock, pair)
+        from .shaped_tree_system import ShapedTreeSystem, held_out_prompts
+
+        held_out = held_out_prompts(encode_prompts(pair, settings.workload, None), len(benched))
+        systems = mechanism_systems(stock, pair, held_out or benched, settings.max_new_tokens)
+        for system in systems:
+            if not held_out and isinstance(system, ShapedTreeSystem):
+                system.use_benched_prompts(benched)
+        out += systems
     for path in settings.programs:
         program = load_program(path)
         if program.models.target.dtype != dtype:
@@ -122,7 +131,7 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
                                     "ar_torch": EagerAR(pair), "strong_ar": StrongAR(pair),
                                     "strong_ar_refill": StrongARRefill(pair)}
     gpu = detect_gpu() if device == "cuda" else "cpu"
-    for s in program_systems(settings, target_dir, drafter_dir, dtype, gpu, pair):
+    for s in program_systems(settings, target_dir, drafter_dir, dtype, gpu, pair, prompts):
         available[s.name] = s
     systems = select_systems(available, settings.systems)
 
@@ -209,11 +218,11 @@ def _profile(system: ProgramSystem, output, settings, pair, batch: int,
              dtype: str) -> AcceptanceProfile:
     """The acceptance profile of a speculative system's first timed run at batch `batch`."""
     return AcceptanceProfile(
-        topology=system.program.draft.topology,
+        topology=system.at_batch(batch).draft.topology,
         accepted_lengths=[list(a) for a in output.accepted_lengths],
         new_tokens=[len(t) for t in output.tokens],
         source={"pair": os.path.abspath(settings.pair), "system": system.name,
-                "program_id": program_id(system.program), "workload": settings.workload,
+                "program_id": program_id(system.at_batch(batch)), "workload": settings.workload,
                 "max_new_tokens": settings.max_new_tokens, "batch_size": batch, "dtype": dtype,
                 "target_dims": _dims(pair.target), "drafter_dims": _dims(pair.drafter)})
 

@@ -246,7 +246,8 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
                  "--prompts", "2", "--max-new-tokens", "6", "--batch-sizes", "2",
                  "--systems", "mech:graphed_adaptive,mech:graphed_tree,mech:graphed_dynamic,"
                               "mech:graphed_tree_refill,mech:graphed_two_level,mech:dynamic_tree,"
-                              "mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill",
+                              "mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill,"
+                              "mech:graphed_sequoia",
                  "--mechanisms",
                  "--repeats", "1", "--warmup", "0", "--out-dir", str(root / "mech"),
                  "--name", "mech", "--device", "cpu"])
@@ -255,7 +256,7 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     rows = _rows(doc)
     # Off a GPU the graphed mechanisms are skipped with the reason; the eager ones run.
     graphed = {"mech:graphed_adaptive", "mech:graphed_tree", "mech:graphed_dynamic",
-               "mech:graphed_tree_refill", "mech:graphed_two_level"}
+               "mech:graphed_tree_refill", "mech:graphed_two_level", "mech:graphed_sequoia"}
     assert {name for name, _ in rows} == {"mech:dynamic_tree", "mech:two_level", "mech:ragged",
                                           "mech:refill", "mech:ragged_adaptive_refill"}
     for (system, _), r in rows.items():
@@ -267,6 +268,9 @@ def test_mechanism_systems_are_measured_and_forced_clean(bench):
     assert all("CUDA graphs need a CUDA GPU" in r["reason"] for r in skipped.values())
     described = {s["name"]: s["description"] for s in doc["systems"]}
     assert "SetBatchLayout" in described["mech:ragged_adaptive_refill"]
+    # The workload holds only the benched prompts: the shaped tree says it profiles on them.
+    notes = {s["name"]: s["notes"] for s in doc["systems"]}
+    assert any("shaped on the prompts it is timed on" in n for n in notes["mech:graphed_sequoia"])
 
 
 def test_forward_cost_says_what_a_round_costs_in_strong_ar_steps():

@@ -1,0 +1,134 @@
+"""The tree from measured acceptance as a bench system of its own (`mech:graphed_sequoia`).
+
+The topology agent proposes Sequoia-shaped trees inside a compile (runtime/sequoia.py), where
+they compete with every other transformation; this system measures the mechanism alone. At
+each batch size it runs the stock Program (graphed) with the shaped static tree that the cost
+model predicts serves the most tokens per second at that batch:
+
+  1. the drafter's rank profile is measured on held-out prompts of the same workload (prompts
+     the bench does not time, decoded by greedy AR of the target), so the shape is not fitted
+     to the prompts it is timed on; with no held-out prompt it falls back to the benched ones
+     and says so in its notes;
+  2. `cost/topologies.shaped_topologies` gives the best tree of each size and depth limit for
+     that profile (the dynamic programme);
+  3. the cost model (the GPU's built-in spec, uncalibrated: the bench times nothing before it
+     chooses) ranks them at the batch size; the best is the row's Program.
+
+Each row says which tree it ran and what was predicted for it (`shaped_tree`).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from specpilot.ir import Program, SetTopology, apply
+from specpilot.ir.errors import SpecPilotError
+
+from .systems import ProgramSystem
+
+# Held-out prompts profiled (the bench's first prompts are the timed ones), and the tokens each
+# is decoded to: enough ranks per depth for the dynamic programme, a few seconds on a GPU.
+HELD_OUT_PROMPTS = 32
+
+
+def best_shaped_topology(base: Program, acceptance, batch: int, cost_model) -> Tuple[object, float]:
+    """(topology, predicted tokens/s) of the shaped tree the cost model ranks first for `base`
+    at `batch`; a SpecPilotError when the profile yields no tree."""
+    from specpilot.cost.topologies import shaped_topologies
+
+    sized = replace(base, batch=replace(base.batch, max_batch_size=batch))
+    best: Optional[Tuple[float, object]] = None
+    for topology in shaped_topologies(acceptance):
+        try:
+            program = _with_topology(sized, topology)
+            tps = cost_model.predicted_tokens_per_s(program, acceptance, batch)
+        except SpecPilotError:
+            continue            # a shape this Program cannot take (refused by the IR)
+        if best is None or tps > best[0]:
+            best = (tps, topology)
+    if best is None:
+        raise SpecPilotError("the measured rank profile gives no tree to shape (no drafted "
+                             "token was ranked)")
+    return best[1], best[0]
+
+
+def _with_topology(program: Program, topology) -> Program:
+    return program if program.draft.topology == topology else apply(program,
+                                                                     SetTopology(topology))
+
+
+class ShapedTreeSystem(ProgramSystem):
+    """`base` (the stock Program, graphed) with, at each batch size, the shaped tree the cost
+    model ranks first for the drafter's ranks on `held_out` prompts (`max_new_tokens` each)."""
+
+    def __init__(self, name: str, base: Program, pair, held_out: Sequence[Sequence[int]],
+                 max_new_tokens: int, cost_model=None, description: str = "",
+                 graphs_only: bool = True):
+        super().__init__(name, base, pair, description or (
+            "stock + CaptureGraphs + the tree from measured acceptance: at each batch size the "
+            "Sequoia-shaped tree the cost model ranks first, for the drafter's ranks on "
+            "held-out prompts"), graphs_only=graphs_only)
+        self.held_out = [list(p) for p in held_out]
+        self.profile_tokens = max_new_tokens
+        self._cost_model = cost_model
+        self._acceptance = None
+        self._chosen: Dict[int, Tuple[object, float]] = {}
+
+    def use_benched_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Profile on the benched prompts: where the workload leaves none held out."""
+        self.held_out = [list(p) for p in prompts]
+        self.notes.append("the workload has no prompt beyond the benched ones: the tree is "
+                          "shaped on the prompts it is timed on")
+
+    def acceptance(self):
+        """The drafter's rank profile on the held-out prompts (measured once)."""
+        if self._acceptance is None:
+            from specpilot.cost.acceptance import measure_rank_profile
+            from specpilot.runtime.ar import generate_ar
+
+            if not self.held_out:
+                raise SpecPilotError(f"{self.name}: no prompts to measure the drafter's ranks on")
+            reference = generate_ar(self.pair.target, self.held_out, self.profile_tokens,
+                                    self.pair.eos_ids)
+            self._acceptance = measure_rank_profile(
+                self.pair.drafter, self.held_out, reference.tokens,
+                {"prompts": len(self.held_out), "max_new_tokens": self.profile_tokens,
+                 "held_out": True})
+        return self._acceptance
+
+    def cost_model(self):
+        if self._cost_model is None:
+            from specpilot.cost import CostModel
+            from specpilot.cost.gpu_specs import gpu_spec
+
+            self._cost_model = CostModel(gpu_spec(self.program.gpu))
+        return self._cost_model
+
+    def chosen(self, batch_size: int) -> Tuple[object, float]:
+        """(topology, predicted tokens/s) at `batch_size` (chosen once per batch size)."""
+        if batch_size not in self._chosen:
+            self._chosen[batch_size] = best_shaped_topology(
+                self.program, self.acceptance(), batch_size, self.cost_model())
+        return self._chosen[batch_size]
+
+    def at_batch(self, batch_size: int) -> Program:
+        topology, _ = self.chosen(batch_size)
+        return _with_topology(super().at_batch(batch_size), topology)
+
+    def check(self, prompts, batch_size, reference, output):
+        checks = super().check(prompts, batch_size, reference, output)
+        topology, tps = self.chosen(batch_size)
+        checks["shaped_tree"] = {"topology": str(topology),
+                                 "drafted_nodes": topology.num_nodes,
+                                 "depth": topology.depth,
+                                 "predicted_tokens_per_s": tps,
+                                 "predicted_mean_accepted":
+                                     self.acceptance().mean_accepted(topology),
+                                 "profiled_prompts": len(self.held_out)}
+        return checks
+
+
+def held_out_prompts(all_prompts: Sequence[Sequence[int]], benched: int,
+                     count: int = HELD_OUT_PROMPTS) -> List[List[int]]:
+    """Up to `count` prompts of the workload after the first `benched` (the timed ones)."""
+    return [list(p) for p in all_prompts[benched:benched + count]]

@@ -1,0 +1,93 @@
+"""The tree from measured acceptance as a bench system (specpilot/bench/shaped_tree_system.py):
+the shape follows the ranks it is given and the batch it runs at, it is profiled on held-out
+prompts, and the decoder it builds runs that very tree (its per-round acceptance equals the
+tree's replay over the reference's ranks, in float32) exactly like greedy AR, forcing clean.
+"""
+import random
+from dataclasses import replace
+
+import pytest
+
+from hf_factory import make_checkpoint, noisy_checkpoint
+from shaped_tree_check import assert_runs_its_tree
+from specpilot.bench.shaped_tree_system import best_shaped_topology, held_out_prompts
+from specpilot.cost import CostModel
+from specpilot.cost.acceptance import RankProfile
+from specpilot.cost.gpu_specs import gpu_spec
+from specpilot.cost.topologies import shaped_topologies
+from specpilot.deploy import build_deployment
+from specpilot.ir import (Chain, Deployment, ModelSpec, SetTopology, apply, dense_weight_formats,
+                          stock_program)
+from torch_threads import single_thread_fixture
+
+one_thread = single_thread_fixture()
+
+
+def _profile(rank_of, requests=24, tokens=64, seed=0):
+    """A RankProfile whose every rank is drawn by `rank_of(rng)`."""
+    rng = random.Random(seed)
+    return RankProfile([[rank_of(rng) for _ in range(tokens - 1)] for _ in range(requests)],
+                       [tokens] * requests)
+
+
+@pytest.fixture(scope="module")
+def pair_dirs(tmp_path_factory):
+    root = tmp_path_factory.mktemp("shaped")
+    target = make_checkpoint(root, "llama3", name="target", seed=71, hidden_size=64,
+                             intermediate_size=128)
+    drafter = noisy_checkpoint(target, "drafter", noise=0.3, seed=72)
+    return target, drafter
+
+
+@pytest.fixture(scope="module")
+def stock(pair_dirs):
+    return stock_program(build_deployment(*pair_dirs, dtype="float32"))
+
+
+def test_a_drafter_always_right_gets_a_chain_one_right_half_the_time_a_wider_tree(stock):
+    model = CostModel(gpu_spec("h200"))
+    perfect, _ = best_shaped_topology(stock, _profile(lambda rng: 0), 1, model)
+    assert isinstance(perfect, Chain) and perfect.k >= 2
+    # Top-1 or top-2, evenly: a second candidate at depth 1 doubles what depth 1 accepts.
+    split, _ = best_shaped_topology(stock, _profile(lambda rng: rng.randrange(2)), 1, model)
+    assert split.level_widths()[0] >= 2
+
+
+def _spec(role, hidden, inter, layers, head_dim, tied):
+    return ModelSpec(role=role, family="llama", checkpoint=f"/{role}", dtype="bfloat16",
+                     vocab_size=128256, hidden_size=hidden, intermediate_size=inter,
+                     num_layers=layers, num_heads=32, num_kv_heads=8, head_dim=head_dim,
+                     qkv_bias=False, qk_norm=False, tie_embeddings=tied,
+                     layer_kinds=("attention",) * layers,
+                     weight_formats=dense_weight_formats(layers, "bfloat16"))
+
+
+def test_the_shape_shrinks_as_verifying_gets_dearer():
+    # A Llama-3.1-8B / 3.2-1B-shaped pair on the H200: at batch 64 every drafted node is
+    # verified 64 times over, so the cost model must pick a smaller tree than at batch 1 (a
+    # mixed drafter, ranks 0-3), each the best it sees among the shapes at its batch.
+    stock = stock_program(Deployment(_spec("target", 4096, 14336, 32, 128, False),
+                                     _spec("drafter", 2048, 8192, 16, 64, True), "h200",
+                                     "humaneval"))
+    model = CostModel(gpu_spec("h200"))
+    acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=3)
+    chosen = {b: best_shaped_topology(stock, acceptance, b, model) for b in (1, 64)}
+    assert chosen[64][0].num_nodes < chosen[1][0].num_nodes
+    for batch, (_, tps) in chosen.items():
+        sized = replace(stock, batch=replace(stock.batch, max_batch_size=batch))
+        every = [model.predicted_tokens_per_s(
+            sized if sized.draft.topology == t else apply(sized, SetTopology(t)), acceptance,
+            batch) for t in shaped_topologies(acceptance)]
+        assert tps == pytest.approx(max(every))
+
+
+def test_held_out_prompts_follow_the_benched_ones():
+    prompts = [[i] for i in range(10)]
+    assert held_out_prompts(prompts, 4, count=3) == [[4], [5], [6]]
+    assert held_out_prompts(prompts, 8) == [[8], [9]]
+    assert held_out_prompts(prompts, 10) == []
+
+
+def test_the_system_runs_the_tree_it_chose_exactly_and_forced_clean(pair_dirs):
+    """Eager on the CPU; tests/gpu/test_shaped_tree_gpu.py runs it graphed."""
+    assert_runs_its_tree(*pair_dirs, "cpu", graphed=False)
