@@ -11,8 +11,11 @@ model predicts serves the most tokens per second at that batch:
      and says so in its notes;
   2. `cost/topologies.shaped_topologies` gives the best tree of each size and depth limit for
      that profile (the dynamic programme);
-  3. the cost model (the GPU's built-in spec, uncalibrated: the bench times nothing before it
-     chooses) ranks them at the batch size; the best is the row's Program.
+  3. the cost model ranks them at the batch size; the best is the row's Program. The model is
+     the GPU's built-in spec calibrated at that batch size, as a compile's round zero
+     calibrates it: greedy AR and the stock chain are timed on held-out prompts (graphed on a
+     GPU) and fitted against the model's predictions of those runs, so the shape is priced on
+     this pair and GPU rather than on the datasheet alone.
 
 Each row says which tree it ran and what was predicted for it (`shaped_tree`).
 """
@@ -26,9 +29,14 @@ from specpilot.ir.errors import SpecPilotError
 
 from .systems import ProgramSystem
 
-# Held-out prompts profiled (the bench's first prompts are the timed ones), and the tokens each
-# is decoded to: enough ranks per depth for the dynamic programme, a few seconds on a GPU.
-HELD_OUT_PROMPTS = 32
+# Held-out prompts profiled (the bench's first prompts are the timed ones): a full batch 64 for
+# the calibration runs, and enough ranks per depth for the dynamic programme; decoding them
+# takes a few seconds on a GPU.
+HELD_OUT_PROMPTS = 64
+# Calibration runs decode this many held-out prompts (at least one full batch) and time the
+# median of this many runs after a warm-up.
+CALIBRATION_PROMPTS = 8
+CALIBRATION_REPEATS = 3
 
 
 def best_shaped_topology(base: Program, acceptance, batch: int, cost_model) -> Tuple[object, float]:
@@ -73,6 +81,7 @@ class ShapedTreeSystem(ProgramSystem):
         self._cost_model = cost_model
         self._acceptance = None
         self._chosen: Dict[int, Tuple[object, float]] = {}
+        self.models: Dict[int, object] = {}      # batch size -> the model that chose there
 
     def use_benched_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
         """Profile on the benched prompts: where the workload leaves none held out."""
@@ -96,20 +105,30 @@ class ShapedTreeSystem(ProgramSystem):
                  "held_out": True})
         return self._acceptance
 
-    def cost_model(self):
-        if self._cost_model is None:
-            from specpilot.cost import CostModel
-            from specpilot.cost.gpu_specs import gpu_spec
+    def cost_model(self, batch_size: int):
+        """The model that prices the shapes at `batch_size`: the one given, else the GPU's
+        spec calibrated at that batch on held-out prompts (`calibrated_model`)."""
+        if self._cost_model is not None:
+            return self._cost_model
+        from specpilot.cost import CostModel
+        from specpilot.cost.gpu_specs import gpu_spec
 
-            self._cost_model = CostModel(gpu_spec(self.program.gpu))
-        return self._cost_model
+        sized = ProgramSystem.at_batch(self, batch_size)
+        count = min(len(self.held_out), max(batch_size, CALIBRATION_PROMPTS))
+        return calibrated_model(CostModel(gpu_spec(self.program.gpu)), sized, self.pair,
+                                self.held_out[:count], self.profile_tokens, self.acceptance())
 
     def chosen(self, batch_size: int) -> Tuple[object, float]:
         """(topology, predicted tokens/s) at `batch_size` (chosen once per batch size)."""
         if batch_size not in self._chosen:
-            self._chosen[batch_size] = best_shaped_topology(
-                self.program, self.acceptance(), batch_size, self.cost_model())
+            model = self.models[batch_size] = self.cost_model(batch_size)
+            self._chosen[batch_size] = best_shaped_topology(self.program, self.acceptance(),
+                                                            batch_size, model)
         return self._chosen[batch_size]
+
+    def setup(self, batch_size, prompts, max_new_tokens):
+        self.chosen(batch_size)         # profiled and calibrated before anything is timed
+        super().setup(batch_size, prompts, max_new_tokens)
 
     def at_batch(self, batch_size: int) -> Program:
         topology, _ = self.chosen(batch_size)
@@ -124,8 +143,61 @@ class ShapedTreeSystem(ProgramSystem):
                                  "predicted_tokens_per_s": tps,
                                  "predicted_mean_accepted":
                                      self.acceptance().mean_accepted(topology),
-                                 "profiled_prompts": len(self.held_out)}
+                                 "profiled_prompts": len(self.held_out),
+                                 "calibration": self.models[batch_size].calibration.to_json()}
         return checks
+
+
+def calibrated_model(model, stock: Program, pair, prompts: Sequence[Sequence[int]],
+                     max_new_tokens: int, acceptance):
+    """`model` calibrated on two timed runs of `prompts` at the stock Program's batch size, as
+    a compile's round zero does: greedy AR of the target and the stock Program itself, each on
+    the graphed runtime (captured on a GPU, eager elsewhere). `acceptance` must be the rank
+    profile of these prompts (first) decoded to `max_new_tokens`: it gives the stock run's
+    predicted accepted lengths."""
+    import statistics
+    import time
+
+    import torch
+
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+    from specpilot.runtime.graphed_program import release_decoders, run_graphed
+    from specpilot.runtime.steps import check_capacity
+
+    from .workload import batches
+
+    cuda = pair.target.device.type == "cuda"
+    batch = stock.batch.max_batch_size
+    capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
+    ar = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=cuda)
+    ar.prepare_prefill(prompts)
+    runs = {"ar": lambda: [ar.generate(chunk, max_new_tokens) for chunk in batches(prompts, batch)],
+            "stock": lambda: run_graphed(stock, pair, prompts, max_new_tokens, capture=cuda)}
+
+    def seconds(run) -> float:
+        run()                                       # warm-up (captures on a GPU)
+        times = []
+        for _ in range(CALIBRATION_REPEATS):
+            if cuda:
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            run()
+            if cuda:
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    try:
+        measured = {label: seconds(run) for label, run in runs.items()}
+    finally:
+        release_decoders()      # the stock decoder's graphs; the AR one's go with this frame
+    lengths = [len(p) for p in prompts]
+    new = list(acceptance.new_tokens[:len(prompts)])    # what each request really decoded
+    predictions = {"ar": model.predict_ar_run(stock, lengths, new, batch, graphed=cuda),
+                   "stock": model.predict_speculative_run(stock, acceptance, lengths, new)}
+    for label, prediction in predictions.items():
+        model = model.calibrated(label, measured[label], prediction)
+    return model
 
 
 def held_out_prompts(all_prompts: Sequence[Sequence[int]], benched: int,

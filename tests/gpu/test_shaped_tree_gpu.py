@@ -1,5 +1,5 @@
 """The shaped-tree bench system graphed on a CUDA GPU (the bench's `mech:graphed_sequoia`):
-its rounds captured for the tree it chose, exact against greedy AR in float32, forcing clean,
+its cost model calibrated by graphed runs, its rounds captured for the tree it chose, exact against greedy AR in float32, forcing clean,
 and each round accepting what the tree's replay says. Skipped without CUDA."""
 import pytest
 import torch
@@ -17,4 +17,4 @@ def test_the_graphed_system_runs_the_tree_it_chose_exactly(tmp_path):
     target = make_checkpoint(tmp_path, "llama3", name="target", seed=71, hidden_size=64,
                              intermediate_size=128)
     drafter = noisy_checkpoint(target, "drafter", noise=0.3, seed=72)
-    assert_runs_its_tree(target, drafter, "cuda", graphed=True)
+    assert_runs_its_tree(target, drafter, "cuda", graphed=True, calibrate=True)

@@ -18,14 +18,17 @@ NEW = 12
 BATCH = 2
 
 
-def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed: bool) -> None:
+def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed: bool,
+                         calibrate: bool = False) -> None:
+    """`calibrate`: the system calibrates its own model (timing runs on `device`), else it is
+    given the H200's datasheet model."""
     pair = load_pair(target_dir, drafter_dir, "float32", device)
     stock = stock_program(build_deployment(target_dir, drafter_dir, dtype="float32"))
     base = replay(stock, [SetMaxBatchSize(BATCH)] + ([CaptureGraphs(True)] if graphed else []))
     prompts = random_prompts((5, 9, 3, 7), seed=73)
     held_out = random_prompts((6, 4, 8, 5, 7, 3), seed=74)
-    model = CostModel(gpu_spec("h200"))
-    system = ShapedTreeSystem("sequoia", base, pair, held_out, NEW, cost_model=model,
+    system = ShapedTreeSystem("sequoia", base, pair, held_out, NEW,
+                              cost_model=None if calibrate else CostModel(gpu_spec("h200")),
                               graphs_only=graphed)
     assert system.refusal is None and system.graphed == graphed
     reference = stock_reference(pair, prompts, NEW)
@@ -37,11 +40,15 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
     # Chosen from the held-out prompts' ranks (greedy AR of the target on them).
     held_ref = generate_ar(pair.target, held_out, NEW, pair.eos_ids)
     acceptance = measure_rank_profile(pair.drafter, held_out, held_ref.tokens)
+    model = system.models[BATCH]
+    if calibrate:
+        assert [p.label for p in model.calibration.points] == ["ar", "stock"]
     topology, _ = best_shaped_topology(base, acceptance, BATCH, model)
     assert row["shaped_tree"]["topology"] == str(topology)
     assert row["shaped_tree"]["profiled_prompts"] == len(held_out)
     assert system.at_batch(BATCH).draft.topology == topology
-    assert topology.num_nodes > 1, "the noisy drafter should be worth a tree of some size"
+    if not calibrate:
+        assert topology.num_nodes > 1, "the noisy drafter should be worth a tree of some size"
 
     # The decoder ran that tree: each round accepted what the tree accepts of the reference.
     benched = measure_rank_profile(pair.drafter, prompts, reference.tokens)

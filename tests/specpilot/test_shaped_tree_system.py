@@ -91,3 +91,27 @@ def test_held_out_prompts_follow_the_benched_ones():
 def test_the_system_runs_the_tree_it_chose_exactly_and_forced_clean(pair_dirs):
     """Eager on the CPU; tests/gpu/test_shaped_tree_gpu.py runs it graphed."""
     assert_runs_its_tree(*pair_dirs, "cpu", graphed=False)
+
+
+def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair_dirs):
+    """As a compile's round zero: greedy AR and the stock chain timed on held-out prompts, and
+    the spec refitted to both: each run is then predicted closer than the datasheet did."""
+    from specpilot.ir import SetMaxBatchSize, replay
+    from specpilot.runtime.decoder import load_pair
+    from hf_factory import random_prompts
+    from specpilot.bench.shaped_tree_system import ShapedTreeSystem
+
+    pair = load_pair(*pair_dirs, "float32", "cpu")
+    stock = stock_program(build_deployment(*pair_dirs, dtype="float32"))
+    system = ShapedTreeSystem("sequoia", replay(stock, [SetMaxBatchSize(2)]), pair,
+                              random_prompts((6, 4, 8, 5), seed=75), 10, graphs_only=False)
+    topology, tps = system.chosen(2)
+    model = system.models[2]
+    points = model.calibration.points
+    assert [p.label for p in points] == ["ar", "stock"]
+    assert all(p.measured_s > 0 for p in points)
+    for p in points:
+        calibrated = abs(model.calibration.predict(p.roofline_s, p.overhead_s) / p.measured_s - 1)
+        datasheet = abs((p.roofline_s + p.overhead_s) / p.measured_s - 1)
+        assert calibrated < min(datasheet, 0.25), (p, calibrated, datasheet)
+    assert (topology, tps) == best_shaped_topology(system.program, system.acceptance(), 2, model)
