@@ -74,8 +74,8 @@ class Timeline:
             return event
         return time.perf_counter()
 
-    def _runner(self, forced, k):
-        replay = self._inner_runner(forced, k)
+    def _runner(self, forced, k, rounds=None):
+        replay = self._inner_runner(forced, k, rounds)
 
         def timed():
             start = self.mark()

@@ -17,6 +17,12 @@ already runs along inactive); only the host loop and the state of one row change
     into the row), and the row's state is set as a batch prefill would set it. A snapshot taken
     before the refill is not trusted for that row.
 
+Once the queue is empty nobody waits for a slot, so plain steps (speculation off, or a plain
+AR decoder) then replay DRAIN_PLAIN_ROUNDS rounds at a time while the batch's longest request
+still needs that many by its limit (a round commits at least one token), and single rounds
+after: the same rounds as one round a replay where no request ends early by EOS, in fewer
+replays. A request that ends by EOS within a block leaves at most a block's rounds run past it.
+
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
 An unforced plain step only counts the round (every row that ran it accepted 0), so a plain
@@ -62,6 +68,14 @@ ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
 # raced against four at other batch sizes, nor for plain or tree refill (the bench has run with
 # one at batch 4, 16 and 64: BENCHMARKS.md, fifteenth set).
 REFILL_ROUNDS_PER_REPLAY = 1
+
+
+# Plain steps with nobody left to refill (the queue empty, speculation off or never on) replay
+# this many rounds at a time while the batch's longest request still needs that many: a refill
+# needs no finer grain then, and one round a replay pays a launch, a copy-back and an event per
+# step. On an H200 (run 32's pair, 64 HumanEval prompts at batch 64, started off: 256 plain
+# replays of one round) a step cost 1.019 of strong AR's, which replays four.
+DRAIN_PLAIN_ROUNDS = 4
 
 
 def refill_rounds_per_replay() -> int:
@@ -188,6 +202,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         forced = references is not None
         lengths = self._lengths()
         replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
+        # Plain steps in blocks once nobody is left to refill (DRAIN_PLAIN_ROUNDS).
+        block = DRAIN_PLAIN_ROUNDS
+        plain_block = (self._runner(False, 0, rounds=block)
+                       if not forced and 0 in lengths and per < block else None)
         # The newcomers' prefill graphs too: captured lazily, a bucket would sync the device
         # mid-call (a capture does) and its first prefill could not run beside a round.
         self._row_prefill.prepare([len(p) for p in prompts[self.batch:]])
@@ -198,6 +216,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
+        # Rounds queued so far, and before each row's request's first round: a round commits at
+        # least one token of every active row, so a request needs at most its limit - 1 (the
+        # first token is its prefill's) less the rounds it has had.
+        rounds_run = 0
+        admitted_at = [0] * b
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
@@ -212,15 +235,23 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             j = replayed
             if forced:
                 k = lengths[j % len(lengths)]
-            replays[k]()
+            rounds = per
+            if (k == 0 and not queue and plain_block is not None and
+                    max(limits[i] - 1 - (rounds_run - admitted_at[row])
+                        for row, i in enumerate(held) if i is not None) >= block):
+                plain_block()           # nobody to refill, and every round of it still needed
+                rounds = block
+            else:
+                replays[k]()
             replayed += 1
-            by_length[k] = by_length.get(k, 0) + per
+            rounds_run += rounds
+            by_length[k] = by_length.get(k, 0) + rounds
             self.host_active[j % 3].copy_(self.active, non_blocking=cuda)
             # The next length (rounds past the log's end all write its last row); not after a
             # plain replay, whose read-back is never used (off is read no more, and a restart
             # distrusts what came before it).
             if self.adaptive and k != 0:
-                self.host_next[j % 3].copy_(self.status[min(replayed * per, self.width) - 1],
+                self.host_next[j % 3].copy_(self.status[min(rounds_run, self.width) - 1],
                                             non_blocking=cuda)
             if cuda:
                 self.events[j % 3].record()
@@ -247,6 +278,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     self._admit(row, prompts[i], limits[i],
                                 None if references is None else references[i], alone)
                     held[row], trusted_from[row] = i, j + 1
+                    admitted_at[row] = rounds_run
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew

@@ -286,3 +286,85 @@ def test_many_rounds_a_replay_do_not_trip_the_runaway_guard():
     decoder = GraphedRefillDecoder(s["target"], s["drafter"], 1, 48, 3, s["eos"], capture=False,
                                    rounds_per_replay=40)
     assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
+
+
+class _ReplayLog(GraphedRefillDecoder):
+    """A refill decoder that logs, in order, each replay's rounds and each admission."""
+
+    def _runner(self, forced, k=None, rounds=None):
+        run = super()._runner(forced, k, rounds)
+        n = self.rounds_per_replay if rounds is None else rounds
+
+        def logged():
+            self.log.append(n)
+            run()
+        return logged
+
+    def _admit(self, row, prompt, limit, reference=None, alone=False):
+        self.log.append("admit")
+        super()._admit(row, prompt, limit, reference, alone)
+
+
+def _replay_log(s, drafter, batch, k, **options):
+    decoder = _ReplayLog(s["target"], drafter, batch, 64, k, s["eos"], capture=False, **options)
+    decoder.log = []
+    return decoder
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("batch", [2, 3])
+def test_plain_steps_with_nobody_to_refill_run_in_blocks(seed, batch):
+    # Plain AR with refill: while the queue holds requests every replay is one round (a slot
+    # must be refilled as soon as it is free); once it is empty, blocks of DRAIN_PLAIN_ROUNDS
+    # while the longest request still needs that many, then single rounds again.
+    from specpilot.runtime.graphed_refill import DRAIN_PLAIN_ROUNDS
+
+    s, prompts, reference = mixed_requests(seed)
+    decoder = _replay_log(s, None, batch, 0)
+    r = decoder.generate(prompts, MAX_NEW)
+    assert r.tokens == reference.tokens
+    log = decoder.log
+    last_admit = max(i for i, e in enumerate(log) if e == "admit")
+    assert set(log[:last_admit]) <= {1, "admit"}
+    assert DRAIN_PLAIN_ROUNDS in log[last_admit:]
+    assert r.stats["rounds_chain_0"] == sum(e for e in log if e != "admit")
+
+
+@pytest.mark.parametrize("limits", [[16, 9, 13], [5, 16, 16, 2], [16]])
+def test_blocks_run_no_round_that_single_rounds_would_not(limits, monkeypatch):
+    # Without EOS a request runs exactly limit - 1 rounds after its prefill: the blocks (the
+    # longest still needing that many) must end where one round a replay ends, in fewer
+    # replays, with the same tokens.
+    import specpilot.runtime.graphed_refill as refill
+
+    s, prompts, _ = mixed_requests(11)
+    no_eos = dict(s, eos=())
+    batch = len(limits)
+    blocks = _replay_log(no_eos, None, batch, 0)
+    with_blocks = blocks.generate(prompts[:batch], limits)
+    monkeypatch.setattr(refill, "DRAIN_PLAIN_ROUNDS", 1)    # no coarser than a replay: no blocks
+    singles = _replay_log(no_eos, None, batch, 0)
+    one_by_one = singles.generate(prompts[:batch], limits)
+    assert with_blocks.tokens == one_by_one.tokens
+    assert [len(t) for t in with_blocks.tokens] == limits
+    assert with_blocks.stats == one_by_one.stats
+    assert with_blocks.target_forwards == one_by_one.target_forwards == max(limits) + 1
+    assert set(singles.log) == {1}
+    if max(limits) > 5:
+        assert len(blocks.log) < len(singles.log)
+
+
+def test_a_turned_off_adaptive_batch_drains_in_plain_blocks():
+    # A useless drafter turns speculation off; once the queue is empty the plain steps run in
+    # blocks, and every request still decodes as greedy AR does.
+    from specpilot.runtime.graphed_refill import DRAIN_PLAIN_ROUNDS
+
+    s, prompts, _ = mixed_requests(11)
+    longer = generate_ar(s["target"], prompts, 2 * MAX_NEW, eos_ids=s["eos"])
+    decoder = _replay_log(s, ContraryDrafter(s["target"]), 2, 4, adaptive=True)
+    r = decoder.generate(prompts, 2 * MAX_NEW)
+    assert r.tokens == longer.tokens
+    last_admit = max(i for i, e in enumerate(decoder.log) if e == "admit")
+    assert DRAIN_PLAIN_ROUNDS in decoder.log[last_admit:]
+    assert DRAIN_PLAIN_ROUNDS not in decoder.log[:last_admit]
+    assert r.accepted_lengths == [[0] * (len(t) - 1) for t in r.tokens]
