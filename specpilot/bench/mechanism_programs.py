@@ -30,8 +30,10 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   refill              continuous refill, eager
   ragged_adaptive_refill   the three batching mechanisms combined, eager
   graphed_sequoia     CaptureGraphs + the tree from measured acceptance: at each batch size the
-                      Sequoia-shaped tree the cost model ranks first, shaped on held-out prompts
-                      (shaped_tree_system.py)
+                      Sequoia-shaped tree the calibrated cost model ranks first, shaped on
+                      held-out prompts (shaped_tree_system.py)
+  graphed_sequoia_timed   the same, each shape priced by probe trees' rounds timed at that
+                      batch (Sequoia's hardware-aware pricing)
 
 The eager mechanisms run their host loops in Python; they are measured as they are, next to the
 graphed ones, so that what graph capture would bring them is visible.
@@ -138,6 +140,8 @@ def mechanism_systems(stock: Program, pair, held_out: Optional[Sequence[Sequence
             system.refusal = refusal
         out.append(system)
     if held_out is not None:
-        out.append(ShapedTreeSystem("mech:graphed_sequoia", apply(stock, CaptureGraphs(True)),
-                                    pair, held_out, profile_tokens))
+        graphed = apply(stock, CaptureGraphs(True))
+        out += [ShapedTreeSystem("mech:graphed_sequoia", graphed, pair, held_out, profile_tokens),
+                ShapedTreeSystem("mech:graphed_sequoia_timed", graphed, pair, held_out,
+                                 profile_tokens, pricing="timed")]
     return out

@@ -11,20 +11,27 @@ model predicts serves the most tokens per second at that batch:
      and says so in its notes;
   2. `cost/topologies.shaped_topologies` gives the best tree of each size and depth limit for
      that profile (the dynamic programme);
-  3. the cost model ranks them at the batch size; the best is the row's Program. The model is
-     the GPU's built-in spec calibrated at that batch size, as a compile's round zero
-     calibrates it: greedy AR and the stock chain are timed on held-out prompts (graphed on a
-     GPU) and fitted against the model's predictions of those runs, so the shape is priced on
-     this pair and GPU rather than on the datasheet alone.
+  3. each is priced at the batch size, and the one with the most tokens per unit of cost is
+     the row's Program. Two pricings, two systems:
+       - `mech:graphed_sequoia`: the cost model, the GPU's built-in spec calibrated at that
+         batch size as a compile's round zero calibrates it (greedy AR and the stock chain
+         timed on held-out prompts, graphed on a GPU, fitted against the model's predictions
+         of those runs);
+       - `mech:graphed_sequoia_timed`: Sequoia's own, hardware-aware way: a few probe trees'
+         graphed rounds are timed at that batch, and a round's cost is fitted as base + a
+         cost per verified token + a cost per drafter level (`sequoia.linear_step_cost`).
+     On an H200 (run 33's pair) the calibrated model chose 64-node trees at batch 1 and 4 that
+     ran 0.80x and 0.86x the stock chain: it prices a tree's extra tokens far below what their
+     rounds cost on a small model (BENCHMARKS.md, sixteenth set); the timed pricing answers that.
 
 Each row says which tree it ran and what was predicted for it (`shaped_tree`).
 """
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from specpilot.ir import Program, SetTopology, apply
+from specpilot.ir import Chain, Program, SetTopology, Tree, apply
 from specpilot.ir.errors import SpecPilotError
 
 from .systems import ProgramSystem
@@ -37,6 +44,11 @@ HELD_OUT_PROMPTS = 64
 # median of this many runs after a warm-up.
 CALIBRATION_PROMPTS = 8
 CALIBRATION_REPEATS = 3
+# Probe trees whose rounds the timed pricing measures: 1 to 64 drafted nodes, 1 to 6 levels, so
+# that the fit's three costs (base, per verified token, per drafter level) are told apart.
+PROBES = (Chain(1), Chain(6), Tree((8,)), Tree((4, 4)), Tree((4, 3, 2, 1)),
+          Tree((2, 2, 2, 2, 1, 1)))
+PROBE_WARMUP, PROBE_REPEATS = 2, 5
 
 
 def best_shaped_topology(base: Program, acceptance, batch: int, cost_model) -> Tuple[object, float]:
@@ -65,22 +77,80 @@ def _with_topology(program: Program, topology) -> Program:
                                                                      SetTopology(topology))
 
 
+def fit_linear_cost(probes: Sequence[Tuple[object, float]]) -> Tuple[float, float, float]:
+    """(base, per verified token, per drafter level) fitted by least squares to `probes`'
+    (topology, round seconds); a SpecPilotError where the probes cannot tell them apart."""
+    import numpy as np
+
+    rows = np.array([[1.0, t.num_nodes + 1, t.depth] for t, _ in probes])
+    seconds = np.array([s for _, s in probes])
+    if np.linalg.matrix_rank(rows) < 3:
+        raise SpecPilotError("the probe trees must differ in size and depth independently")
+    base, per_token, per_depth = np.linalg.lstsq(rows, seconds, rcond=None)[0]
+    return float(base), float(per_token), float(per_depth)
+
+
+def best_timed_topology(acceptance, cost: Callable[[object], float]) -> Tuple[object, float]:
+    """(topology, expected tokens per second) of the shaped tree with the most expected tokens
+    (its accepted drafts replayed over the measured ranks, plus the bonus) per `cost` seconds."""
+    from specpilot.cost.topologies import shaped_topologies
+
+    best: Optional[Tuple[float, object]] = None
+    for topology in shaped_topologies(acceptance):
+        seconds = cost(topology)
+        if seconds <= 0:
+            continue            # outside what the fit can price
+        rate = (1.0 + acceptance.mean_accepted(topology)) / seconds
+        if best is None or rate > best[0]:
+            best = (rate, topology)
+    if best is None:
+        raise SpecPilotError("no shaped tree has a positive fitted round cost")
+    return best[1], best[0]
+
+
+def time_probes(pair, batch: int, context: int, graphed: bool,
+                probes: Sequence[object] = PROBES) -> List[Tuple[object, float]]:
+    """(probe, median seconds of one of its rounds) at `batch`, every row active after `context`
+    positions (captured on a GPU; eager elsewhere, where only a script's check is timed)."""
+    from .step_costs import measure_round
+
+    warmup, repeats = (PROBE_WARMUP, PROBE_REPEATS) if graphed else (0, 1)
+    out = []
+    for probe in probes:
+        out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, context,
+                                         graphed, warmup, repeats)))
+        if graphed:
+            import torch
+            torch.cuda.empty_cache()        # the probe's caches and graph
+    return out
+
+
 class ShapedTreeSystem(ProgramSystem):
-    """`base` (the stock Program, graphed) with, at each batch size, the shaped tree the cost
-    model ranks first for the drafter's ranks on `held_out` prompts (`max_new_tokens` each)."""
+    """`base` (the stock Program, graphed) with, at each batch size, the shaped tree with the
+    most tokens per unit of cost for the drafter's ranks on `held_out` prompts
+    (`max_new_tokens` each). `pricing` "calibrated": the cost model's predicted tokens/s
+    (`cost_model`, default the GPU's spec calibrated at the batch size); "timed": probe trees'
+    rounds timed at the batch size and fitted (`fit_linear_cost`)."""
+
+    PRICINGS = ("calibrated", "timed")
 
     def __init__(self, name: str, base: Program, pair, held_out: Sequence[Sequence[int]],
                  max_new_tokens: int, cost_model=None, description: str = "",
-                 graphs_only: bool = True):
+                 graphs_only: bool = True, pricing: str = "calibrated"):
+        if pricing not in self.PRICINGS:
+            raise SpecPilotError(f"pricing {pricing!r}: expected one of {self.PRICINGS}")
         super().__init__(name, base, pair, description or (
             "stock + CaptureGraphs + the tree from measured acceptance: at each batch size the "
-            "Sequoia-shaped tree the cost model ranks first, for the drafter's ranks on "
-            "held-out prompts"), graphs_only=graphs_only)
+            "Sequoia-shaped tree with the most tokens per unit of cost, for the drafter's ranks "
+            "on held-out prompts, priced by " + (
+                "the cost model calibrated at that batch" if pricing == "calibrated" else
+                "probe trees' rounds timed at that batch")), graphs_only=graphs_only)
         self.held_out = [list(p) for p in held_out]
         self.profile_tokens = max_new_tokens
+        self.pricing = pricing
         self._cost_model = cost_model
         self._acceptance = None
-        self._chosen: Dict[int, Tuple[object, float]] = {}
+        self._chosen: Dict[int, Tuple[object, dict]] = {}
         self.models: Dict[int, object] = {}      # batch size -> the model that chose there
 
     def use_benched_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
@@ -118,16 +188,35 @@ class ShapedTreeSystem(ProgramSystem):
         return calibrated_model(CostModel(gpu_spec(self.program.gpu)), sized, self.pair,
                                 self.held_out[:count], self.profile_tokens, self.acceptance())
 
-    def chosen(self, batch_size: int) -> Tuple[object, float]:
-        """(topology, predicted tokens/s) at `batch_size` (chosen once per batch size)."""
+    def probe_context(self) -> int:
+        """Where the probes' rounds are timed: the held-out prompts' mean length plus half the
+        tokens each decodes (where a call's rounds are on average)."""
+        return sum(len(p) for p in self.held_out) // len(self.held_out) + self.profile_tokens // 2
+
+    def chosen(self, batch_size: int) -> Tuple[object, dict]:
+        """(topology, how it was priced) at `batch_size` (chosen once per batch size)."""
         if batch_size not in self._chosen:
-            model = self.models[batch_size] = self.cost_model(batch_size)
-            self._chosen[batch_size] = best_shaped_topology(self.program, self.acceptance(),
-                                                            batch_size, model)
+            acceptance = self.acceptance()
+            if self.pricing == "calibrated":
+                model = self.models[batch_size] = self.cost_model(batch_size)
+                topology, tps = best_shaped_topology(self.program, acceptance, batch_size,
+                                                     model)
+                priced = {"predicted_tokens_per_s": tps,
+                          "calibration": model.calibration.to_json()}
+            else:
+                probes = time_probes(self.pair, batch_size, self.probe_context(),
+                                     self.graphed)
+                fit = fit_linear_cost(probes)
+                topology, rate = best_timed_topology(
+                    acceptance, lambda t: fit[0] + fit[1] * (t.num_nodes + 1) + fit[2] * t.depth)
+                priced = {"predicted_tokens_per_s": rate * batch_size,
+                          "probes": {str(t): seconds for t, seconds in probes},
+                          "fit_seconds": dict(zip(("base", "per_token", "per_depth"), fit))}
+            self._chosen[batch_size] = (topology, dict(priced, pricing=self.pricing))
         return self._chosen[batch_size]
 
     def setup(self, batch_size, prompts, max_new_tokens):
-        self.chosen(batch_size)         # profiled and calibrated before anything is timed
+        self.chosen(batch_size)         # profiled and priced before anything is timed
         super().setup(batch_size, prompts, max_new_tokens)
 
     def at_batch(self, batch_size: int) -> Program:
@@ -136,15 +225,13 @@ class ShapedTreeSystem(ProgramSystem):
 
     def check(self, prompts, batch_size, reference, output):
         checks = super().check(prompts, batch_size, reference, output)
-        topology, tps = self.chosen(batch_size)
+        topology, priced = self.chosen(batch_size)
         checks["shaped_tree"] = {"topology": str(topology),
                                  "drafted_nodes": topology.num_nodes,
                                  "depth": topology.depth,
-                                 "predicted_tokens_per_s": tps,
                                  "predicted_mean_accepted":
                                      self.acceptance().mean_accepted(topology),
-                                 "profiled_prompts": len(self.held_out),
-                                 "calibration": self.models[batch_size].calibration.to_json()}
+                                 "profiled_prompts": len(self.held_out), **priced}
         return checks
 
 

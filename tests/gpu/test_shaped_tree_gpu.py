@@ -1,5 +1,5 @@
 """The shaped-tree bench system graphed on a CUDA GPU (the bench's `mech:graphed_sequoia`):
-its cost model calibrated by graphed runs, its rounds captured for the tree it chose, exact against greedy AR in float32, forcing clean,
+the shapes priced by the calibrated cost model or by timed probe rounds, its rounds captured for the tree it chose, exact against greedy AR in float32, forcing clean,
 and each round accepting what the tree's replay says. Skipped without CUDA."""
 import pytest
 import torch
@@ -13,8 +13,9 @@ pytestmark = [
 ]
 
 
-def test_the_graphed_system_runs_the_tree_it_chose_exactly(tmp_path):
+@pytest.mark.parametrize("pricing", ["calibrated", "timed"])
+def test_the_graphed_system_runs_the_tree_it_chose_exactly(tmp_path, pricing):
     target = make_checkpoint(tmp_path, "llama3", name="target", seed=71, hidden_size=64,
                              intermediate_size=128)
     drafter = noisy_checkpoint(target, "drafter", noise=0.3, seed=72)
-    assert_runs_its_tree(target, drafter, "cuda", graphed=True, calibrate=True)
+    assert_runs_its_tree(target, drafter, "cuda", graphed=True, pricing=pricing)

@@ -4,7 +4,8 @@ decode exactly like greedy AR, run that very tree (each round accepts what the t
 the reference's ranks says, exact in float32) and pass forcing."""
 from hf_factory import random_prompts
 from specpilot.bench.measure import measure
-from specpilot.bench.shaped_tree_system import ShapedTreeSystem, best_shaped_topology
+from specpilot.bench.shaped_tree_system import (PROBES, ShapedTreeSystem, best_shaped_topology,
+                                                best_timed_topology)
 from specpilot.bench.workload import stock_reference
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import measure_rank_profile
@@ -19,17 +20,19 @@ BATCH = 2
 
 
 def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed: bool,
-                         calibrate: bool = False) -> None:
-    """`calibrate`: the system calibrates its own model (timing runs on `device`), else it is
-    given the H200's datasheet model."""
+                         pricing: str = "datasheet") -> None:
+    """`pricing` "datasheet": the system is given the H200's datasheet model; "calibrated": it
+    calibrates its own (timing runs on `device`); "timed": it times probe trees' rounds."""
     pair = load_pair(target_dir, drafter_dir, "float32", device)
     stock = stock_program(build_deployment(target_dir, drafter_dir, dtype="float32"))
     base = replay(stock, [SetMaxBatchSize(BATCH)] + ([CaptureGraphs(True)] if graphed else []))
     prompts = random_prompts((5, 9, 3, 7), seed=73)
     held_out = random_prompts((6, 4, 8, 5, 7, 3), seed=74)
     system = ShapedTreeSystem("sequoia", base, pair, held_out, NEW,
-                              cost_model=None if calibrate else CostModel(gpu_spec("h200")),
-                              graphs_only=graphed)
+                              cost_model=(CostModel(gpu_spec("h200")) if pricing == "datasheet"
+                                          else None),
+                              graphs_only=graphed,
+                              pricing="timed" if pricing == "timed" else "calibrated")
     assert system.refusal is None and system.graphed == graphed
     reference = stock_reference(pair, prompts, NEW)
     row, output = measure(system, prompts, reference, BATCH, NEW, 0, 1, device)
@@ -40,14 +43,22 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
     # Chosen from the held-out prompts' ranks (greedy AR of the target on them).
     held_ref = generate_ar(pair.target, held_out, NEW, pair.eos_ids)
     acceptance = measure_rank_profile(pair.drafter, held_out, held_ref.tokens)
-    model = system.models[BATCH]
-    if calibrate:
-        assert [p.label for p in model.calibration.points] == ["ar", "stock"]
-    topology, _ = best_shaped_topology(base, acceptance, BATCH, model)
+    shaped = row["shaped_tree"]
+    if pricing == "timed":
+        assert len(shaped["probes"]) == len(PROBES) and all(
+            seconds > 0 for seconds in shaped["probes"].values())
+        fit = shaped["fit_seconds"]
+        topology, _ = best_timed_topology(acceptance, lambda t: fit["base"] + fit["per_token"] * (
+            t.num_nodes + 1) + fit["per_depth"] * t.depth)
+    else:
+        model = system.models[BATCH]
+        if pricing == "calibrated":
+            assert [p.label for p in model.calibration.points] == ["ar", "stock"]
+        topology, _ = best_shaped_topology(base, acceptance, BATCH, model)
     assert row["shaped_tree"]["topology"] == str(topology)
     assert row["shaped_tree"]["profiled_prompts"] == len(held_out)
     assert system.at_batch(BATCH).draft.topology == topology
-    if not calibrate:
+    if pricing == "datasheet":
         assert topology.num_nodes > 1, "the noisy drafter should be worth a tree of some size"
 
     # The decoder ran that tree: each round accepted what the tree accepts of the reference.

@@ -10,12 +10,14 @@ import pytest
 
 from hf_factory import make_checkpoint, noisy_checkpoint
 from shaped_tree_check import assert_runs_its_tree
-from specpilot.bench.shaped_tree_system import best_shaped_topology, held_out_prompts
+from specpilot.bench.shaped_tree_system import (PROBES, best_shaped_topology, best_timed_topology,
+                                                fit_linear_cost, held_out_prompts)
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import RankProfile
 from specpilot.cost.gpu_specs import gpu_spec
 from specpilot.cost.topologies import shaped_topologies
 from specpilot.deploy import build_deployment
+from specpilot.ir.errors import SpecPilotError
 from specpilot.ir import (Chain, Deployment, ModelSpec, SetTopology, apply, dense_weight_formats,
                           stock_program)
 from torch_threads import single_thread_fixture
@@ -88,9 +90,10 @@ def test_held_out_prompts_follow_the_benched_ones():
     assert held_out_prompts(prompts, 10) == []
 
 
-def test_the_system_runs_the_tree_it_chose_exactly_and_forced_clean(pair_dirs):
+@pytest.mark.parametrize("pricing", ["datasheet", "timed"])
+def test_the_system_runs_the_tree_it_chose_exactly_and_forced_clean(pair_dirs, pricing):
     """Eager on the CPU; tests/gpu/test_shaped_tree_gpu.py runs it graphed."""
-    assert_runs_its_tree(*pair_dirs, "cpu", graphed=False)
+    assert_runs_its_tree(*pair_dirs, "cpu", graphed=False, pricing=pricing)
 
 
 def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair_dirs):
@@ -105,7 +108,8 @@ def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair
     stock = stock_program(build_deployment(*pair_dirs, dtype="float32"))
     system = ShapedTreeSystem("sequoia", replay(stock, [SetMaxBatchSize(2)]), pair,
                               random_prompts((6, 4, 8, 5), seed=75), 10, graphs_only=False)
-    topology, tps = system.chosen(2)
+    topology, priced = system.chosen(2)
+    assert priced["pricing"] == "calibrated"
     model = system.models[2]
     points = model.calibration.points
     assert [p.label for p in points] == ["ar", "stock"]
@@ -114,4 +118,27 @@ def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair
         calibrated = abs(model.calibration.predict(p.roofline_s, p.overhead_s) / p.measured_s - 1)
         datasheet = abs((p.roofline_s + p.overhead_s) / p.measured_s - 1)
         assert calibrated < min(datasheet, 0.25), (p, calibrated, datasheet)
-    assert (topology, tps) == best_shaped_topology(system.program, system.acceptance(), 2, model)
+    assert (topology, priced["predicted_tokens_per_s"]) == best_shaped_topology(
+        system.program, system.acceptance(), 2, model)
+
+
+def test_the_linear_fit_recovers_a_linear_round_cost_and_refuses_probes_it_cannot_split():
+    probes = [(t, 2e-3 + 5e-5 * (t.num_nodes + 1) + 3e-4 * t.depth) for t in PROBES]
+    assert fit_linear_cost(probes) == pytest.approx((2e-3, 5e-5, 3e-4), rel=1e-6)
+    # Chains alone: nodes + 1 = depth + 1, so a token and a level cannot be told apart.
+    with pytest.raises(SpecPilotError, match="size and depth"):
+        fit_linear_cost([(Chain(k), 1e-3 * k) for k in (1, 2, 4)])
+
+
+def test_timed_pricing_grows_the_tree_as_its_tokens_get_cheap():
+    # Ranks 0-3: wider trees accept more. Where a verified token costs nothing next to a round
+    # the chosen tree is large; where it costs half a round, a small one.
+    acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=5)
+    cheap, _ = best_timed_topology(acceptance, lambda t: 1.0 + 1e-4 * (t.num_nodes + 1)
+                                   + 0.05 * t.depth)
+    dear, _ = best_timed_topology(acceptance, lambda t: 1.0 + 0.5 * (t.num_nodes + 1)
+                                  + 0.05 * t.depth)
+    assert cheap.num_nodes >= 32 and dear.num_nodes <= 3
+    every = {t: (1 + acceptance.mean_accepted(t)) / (1.0 + 0.5 * (t.num_nodes + 1) + 0.05 * t.depth)
+             for t in shaped_topologies(acceptance)}
+    assert every[dear] == max(every.values())
