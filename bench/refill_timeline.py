@@ -15,7 +15,8 @@ replay and every admission:
                    between them (a wait inside an admission's interval, for the host or for
                    the newcomer's prefill on its own stream, counts as admission time)
   after_ms         the last replay to the call's end (results read back)
-  replays, refills, replays_by_length, new tokens and tokens/s
+  replays, refills, replays_by_length (by chain length; "0x4": the drain's plain blocks of
+  four rounds), new tokens and tokens/s
 
 per batch size, decoder and rounds a replay (--rounds-per-replay: a finished request's slot
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
@@ -59,7 +60,7 @@ class Timeline:
 
     def __init__(self, decoder: GraphedRefillDecoder):
         self.decoder, self.cuda = decoder, decoder.device.type == "cuda"
-        self.marks: List[tuple] = []         # (kind, length or None, start, end)
+        self.marks: List[tuple] = []         # (kind, length key or None, start, end)
         self._inner_runner, self._inner_admit = decoder._runner, decoder._admit
         decoder._runner, decoder._admit = self._runner, self._admit
 
@@ -76,11 +77,14 @@ class Timeline:
 
     def _runner(self, forced, k, rounds=None):
         replay = self._inner_runner(forced, k, rounds)
+        # A replay of other than the decoder's rounds (the drain's plain blocks) is timed
+        # under its own key, "<length>x<rounds>".
+        key = k if rounds in (None, self.decoder.rounds_per_replay) else f"{k}x{rounds}"
 
         def timed():
             start = self.mark()
             replay()
-            self.marks.append(("replay", k, start, self.mark()))
+            self.marks.append(("replay", key, start, self.mark()))
         return timed
 
     def _admit(self, *args, **kwargs):

@@ -19,9 +19,12 @@ already runs along inactive); only the host loop and the state of one row change
 
 Once the queue is empty nobody waits for a slot, so plain steps (speculation off, or a plain
 AR decoder) then replay DRAIN_PLAIN_ROUNDS rounds at a time while the batch's longest request
-still needs that many by its limit (a round commits at least one token), and single rounds
-after: the same rounds as one round a replay where no request ends early by EOS, in fewer
-replays. A request that ends by EOS within a block leaves at most a block's rounds run past it.
+still needs that many, and single rounds after. What a request needs is read from its token
+count, copied back with the active flags on these replays only: a plain round commits exactly
+one token, so counted from a replay that ran plain after every row's admission, the bound is
+exact. Where no request ends early by EOS the rounds are those of one round a replay, in fewer
+replays; a request that ends by EOS at most 2 x DRAIN_PLAIN_ROUNDS - 1 rounds before the others
+(one a replay: 1) leaves that many rounds run past it, as strong AR's four-round graphs do.
 
 Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
 with refill; one request's are not), so the per-request acceptance is read back per request.
@@ -119,6 +122,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         cuda = dev.type == "cuda"
         self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
         self.host_next = torch.zeros((3, 2), dtype=torch.int64, pin_memory=cuda)
+        self.host_count = torch.zeros((3, batch), dtype=torch.int64, pin_memory=cuda)
         self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture)
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
@@ -216,11 +220,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
-        # Rounds queued so far, and before each row's request's first round: a round commits at
-        # least one token of every active row, so a request needs at most its limit - 1 (the
-        # first token is its prefill's) less the rounds it has had.
+        # Rounds queued so far; per plain drain replay whose counts were copied back, the rounds
+        # queued through it; the counts of the last read-back, where it was of such a replay.
         rounds_run = 0
-        admitted_at = [0] * b
+        counted: Dict[int, int] = {}
+        counts: Optional[List[int]] = None
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
@@ -236,10 +240,20 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             if forced:
                 k = lengths[j % len(lengths)]
             rounds = per
-            if (k == 0 and not queue and plain_block is not None and
-                    max(limits[i] - 1 - (rounds_run - admitted_at[row])
-                        for row, i in enumerate(held) if i is not None) >= block):
-                plain_block()           # nobody to refill, and every round of it still needed
+            drain = k == 0 and not queue and plain_block is not None
+            seen = j - 2                # the replay the last read-back was of
+            # Blocks need that read-back to be of a drain replay and every held row's request to
+            # have been in its row then (a newcomer's count there is its predecessor's). The
+            # rows it showed finished are emptied already, so each held row was running then,
+            # and has run plain since (off stays off with the queue empty): one token a round.
+            if (drain and seen in counted and counts is not None
+                    and all(i is None or trusted_from[row] <= seen
+                            for row, i in enumerate(held))
+                    and max((limits[i] - counts[row] for row, i in enumerate(held)
+                             if i is not None), default=0)
+                    - (rounds_run - counted[seen]) >= block):
+                # The longest request still needs every round of the block.
+                plain_block()
                 rounds = block
             else:
                 replays[k]()
@@ -247,6 +261,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             rounds_run += rounds
             by_length[k] = by_length.get(k, 0) + rounds
             self.host_active[j % 3].copy_(self.active, non_blocking=cuda)
+            if drain:
+                self.host_count[j % 3].copy_(self.count, non_blocking=cuda)
+                counted[j] = rounds_run
             # The next length (rounds past the log's end all write its last row); not after a
             # plain replay, whose read-back is never used (off is read no more, and a restart
             # distrusts what came before it).
@@ -264,6 +281,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 # steps write no length.
                 k = replay_length(self.host_next[(j - 1) % 3, 1], lengths)
             active = self.host_active[(j - 1) % 3].tolist()
+            counts = self.host_count[(j - 1) % 3].tolist() if j - 1 in counted else None
             done = [row for row in range(b) if held[row] is not None and not active[row]
                     and j - 1 >= trusted_from[row]]
             for at, row in enumerate(done):     # the first len(queue) rows are refilled below
@@ -278,7 +296,6 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     self._admit(row, prompts[i], limits[i],
                                 None if references is None else references[i], alone)
                     held[row], trusted_from[row] = i, j + 1
-                    admitted_at[row] = rounds_run
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew

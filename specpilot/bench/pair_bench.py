@@ -58,7 +58,7 @@ def pair_dirs(pair: str):
 
 
 def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: str, dtype: str,
-                    gpu: str, pair, benched: Sequence[Sequence[int]] = ()) -> List[ProgramSystem]:
+                    gpu: str, pair, benched: Sequence[Sequence[int]]) -> List[ProgramSystem]:
     """The stock Program's systems, the mechanisms' (with `--mechanisms`; the shaped tree is
     profiled on the workload's prompts after the `benched` ones) and every `--program`."""
     from specpilot.deploy import build_deployment

@@ -21,8 +21,9 @@ model predicts serves the most tokens per second at that batch:
          graphed rounds are timed at that batch, and a round's cost is fitted as base + a
          cost per verified token + a cost per drafter level (`sequoia.linear_step_cost`).
      On an H200 (run 33's pair) the calibrated model chose 64-node trees at batch 1 and 4 that
-     ran 0.80x and 0.86x the stock chain: it prices a tree's extra tokens far below what their
-     rounds cost on a small model (BENCHMARKS.md, sixteenth set); the timed pricing answers that.
+     ran 0.80x and 0.86x the stock chain: it priced them far below what their rounds cost
+     (BENCHMARKS.md, sixteenth set). Timing the rounds is meant to price them as they run; it
+     has not been benched yet.
 
 Each row says which tree it ran and what was predicted for it (`shaped_tree`).
 """
@@ -79,24 +80,45 @@ def _with_topology(program: Program, topology) -> Program:
 
 def fit_linear_cost(probes: Sequence[Tuple[object, float]]) -> Tuple[float, float, float]:
     """(base, per verified token, per drafter level) fitted by least squares to `probes`'
-    (topology, round seconds); a SpecPilotError where the probes cannot tell them apart."""
+    (topology, round seconds), none negative: where the free fit makes a cost negative (timing
+    noise where a term barely matters), the best fit with that cost held at 0 is taken, so no
+    tree is priced cheaper for being larger. A SpecPilotError where the probes cannot tell the
+    three apart."""
     import numpy as np
 
     rows = np.array([[1.0, t.num_nodes + 1, t.depth] for t, _ in probes])
     seconds = np.array([s for _, s in probes])
     if np.linalg.matrix_rank(rows) < 3:
         raise SpecPilotError("the probe trees must differ in size and depth independently")
-    base, per_token, per_depth = np.linalg.lstsq(rows, seconds, rcond=None)[0]
+    best = None
+    for kept in ((0, 1, 2), (0, 1), (0, 2), (0,)):      # base always; then fewer terms
+        coef = np.zeros(3)
+        coef[list(kept)] = np.linalg.lstsq(rows[:, kept], seconds, rcond=None)[0]
+        if (coef < 0).any():
+            continue
+        residual = float(((rows @ coef - seconds) ** 2).sum())
+        if best is None or residual < best[0]:
+            best = (residual, coef)
+    if best is None:
+        raise SpecPilotError("the probe rounds fit no non-negative cost")
+    base, per_token, per_depth = best[1]
     return float(base), float(per_token), float(per_depth)
 
 
-def best_timed_topology(acceptance, cost: Callable[[object], float]) -> Tuple[object, float]:
-    """(topology, expected tokens per second) of the shaped tree with the most expected tokens
-    (its accepted drafts replayed over the measured ranks, plus the bonus) per `cost` seconds."""
+def best_timed_topology(acceptance, cost: Callable[[object], float],
+                        base: Optional[Program] = None) -> Tuple[object, float]:
+    """(topology, expected tokens per second of a row) of the shaped tree with the most expected
+    tokens (its accepted drafts replayed over the measured ranks, plus the bonus) per `cost`
+    seconds; with `base`, only trees that Program takes."""
     from specpilot.cost.topologies import shaped_topologies
 
     best: Optional[Tuple[float, object]] = None
     for topology in shaped_topologies(acceptance):
+        if base is not None:
+            try:
+                _with_topology(base, topology)
+            except SpecPilotError:
+                continue        # a shape this Program cannot take (refused by the IR)
         seconds = cost(topology)
         if seconds <= 0:
             continue            # outside what the fit can price
@@ -112,15 +134,20 @@ def time_probes(pair, batch: int, context: int, graphed: bool,
                 probes: Sequence[object] = PROBES) -> List[Tuple[object, float]]:
     """(probe, median seconds of one of its rounds) at `batch`, every row active after `context`
     positions (captured on a GPU; eager elsewhere, where only a script's check is timed)."""
+    import torch
+
     from .step_costs import measure_round
 
     warmup, repeats = (PROBE_WARMUP, PROBE_REPEATS) if graphed else (0, 1)
     out = []
     for probe in probes:
-        out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, context,
+        # measure_round's cache holds the context and every timed round's span after it: kept
+        # within the target's positions.
+        span = (warmup + repeats + 3) * (probe.num_nodes + 1)
+        at = max(1, min(context, pair.target.config.max_position_embeddings - span))
+        out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, at,
                                          graphed, warmup, repeats)))
         if graphed:
-            import torch
             torch.cuda.empty_cache()        # the probe's caches and graph
     return out
 
@@ -151,6 +178,7 @@ class ShapedTreeSystem(ProgramSystem):
         self._cost_model = cost_model
         self._acceptance = None
         self._chosen: Dict[int, Tuple[object, dict]] = {}
+        self._programs: Dict[int, Program] = {}
         self.models: Dict[int, object] = {}      # batch size -> the model that chose there
 
     def use_benched_prompts(self, prompts: Sequence[Sequence[int]]) -> None:
@@ -208,11 +236,15 @@ class ShapedTreeSystem(ProgramSystem):
                                      self.graphed)
                 fit = fit_linear_cost(probes)
                 topology, rate = best_timed_topology(
-                    acceptance, lambda t: fit[0] + fit[1] * (t.num_nodes + 1) + fit[2] * t.depth)
-                priced = {"predicted_tokens_per_s": rate * batch_size,
+                    acceptance, lambda t: fit[0] + fit[1] * (t.num_nodes + 1) + fit[2] * t.depth,
+                    ProgramSystem.at_batch(self, batch_size))
+                # Full rows, no idle slots: unlike the calibrated model's figure.
+                priced = {"expected_tokens_per_s_full_rows": rate * batch_size,
                           "probes": {str(t): seconds for t, seconds in probes},
                           "fit_seconds": dict(zip(("base", "per_token", "per_depth"), fit))}
             self._chosen[batch_size] = (topology, dict(priced, pricing=self.pricing))
+            self._programs[batch_size] = _with_topology(
+                ProgramSystem.at_batch(self, batch_size), topology)
         return self._chosen[batch_size]
 
     def setup(self, batch_size, prompts, max_new_tokens):
@@ -220,8 +252,9 @@ class ShapedTreeSystem(ProgramSystem):
         super().setup(batch_size, prompts, max_new_tokens)
 
     def at_batch(self, batch_size: int) -> Program:
-        topology, _ = self.chosen(batch_size)
-        return _with_topology(super().at_batch(batch_size), topology)
+        # Built once per batch size: the bench asks in every timed run.
+        self.chosen(batch_size)
+        return self._programs[batch_size]
 
     def check(self, prompts, batch_size, reference, output):
         checks = super().check(prompts, batch_size, reference, output)
@@ -258,11 +291,18 @@ def calibrated_model(model, stock: Program, pair, prompts: Sequence[Sequence[int
     capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
     ar = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=cuda)
     ar.prepare_prefill(prompts)
-    runs = {"ar": lambda: [ar.generate(chunk, max_new_tokens) for chunk in batches(prompts, batch)],
-            "stock": lambda: run_graphed(stock, pair, prompts, max_new_tokens, capture=cuda)}
+    decoded: Dict[str, List[int]] = {}            # per run, each request's new tokens
 
-    def seconds(run) -> float:
-        run()                                       # warm-up (captures on a GPU)
+    def ar_run():
+        return [t for chunk in batches(prompts, batch)
+                for t in ar.generate(chunk, max_new_tokens).tokens]
+
+    runs = {"ar": ar_run,
+            "stock": lambda: run_graphed(stock, pair, prompts, max_new_tokens,
+                                         capture=cuda).tokens}
+
+    def seconds(label, run) -> float:
+        decoded[label] = [len(t) for t in run()]    # warm-up (captures on a GPU)
         times = []
         for _ in range(CALIBRATION_REPEATS):
             if cuda:
@@ -275,13 +315,16 @@ def calibrated_model(model, stock: Program, pair, prompts: Sequence[Sequence[int
         return statistics.median(times)
 
     try:
-        measured = {label: seconds(run) for label, run in runs.items()}
+        measured = {label: seconds(label, run) for label, run in runs.items()}
     finally:
         release_decoders()      # the stock decoder's graphs; the AR one's go with this frame
     lengths = [len(p) for p in prompts]
-    new = list(acceptance.new_tokens[:len(prompts)])    # what each request really decoded
-    predictions = {"ar": model.predict_ar_run(stock, lengths, new, batch, graphed=cuda),
-                   "stock": model.predict_speculative_run(stock, acceptance, lengths, new)}
+    # Each run priced at the tokens it decoded (bf16 batches may end a request elsewhere than
+    # the profile's reference did); the stock run's rounds from the profile's ranks.
+    predictions = {"ar": model.predict_ar_run(stock, lengths, decoded["ar"], batch,
+                                              graphed=cuda),
+                   "stock": model.predict_speculative_run(stock, acceptance, lengths,
+                                                          decoded["stock"])}
     for label, prediction in predictions.items():
         model = model.calibrated(label, measured[label], prediction)
     return model

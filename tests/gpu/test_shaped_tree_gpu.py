@@ -1,6 +1,7 @@
-"""The shaped-tree bench system graphed on a CUDA GPU (the bench's `mech:graphed_sequoia`):
-the shapes priced by the calibrated cost model or by timed probe rounds, its rounds captured for the tree it chose, exact against greedy AR in float32, forcing clean,
-and each round accepting what the tree's replay says. Skipped without CUDA."""
+"""The shaped-tree bench systems graphed on a CUDA GPU (the bench's `mech:graphed_sequoia` and
+`mech:graphed_sequoia_timed`): the shapes priced by the calibrated cost model or by timed probe
+rounds, the rounds captured for the tree chosen, exact against greedy AR in float32, forcing
+clean, and each round accepting what the tree's replay says. Skipped without CUDA."""
 import pytest
 import torch
 

@@ -48,8 +48,9 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
         assert len(shaped["probes"]) == len(PROBES) and all(
             seconds > 0 for seconds in shaped["probes"].values())
         fit = shaped["fit_seconds"]
-        topology, _ = best_timed_topology(acceptance, lambda t: fit["base"] + fit["per_token"] * (
-            t.num_nodes + 1) + fit["per_depth"] * t.depth)
+        def fitted(t):
+            return fit["base"] + fit["per_token"] * (t.num_nodes + 1) + fit["per_depth"] * t.depth
+        topology, _ = best_timed_topology(acceptance, fitted, base)
     else:
         model = system.models[BATCH]
         if pricing == "calibrated":

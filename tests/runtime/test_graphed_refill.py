@@ -262,20 +262,29 @@ def test_a_captured_refill_decoders_rounds_a_replay_default_and_its_setting(monk
 
 @pytest.mark.parametrize("per", [1, 2, 3])
 @pytest.mark.parametrize("k,batch", [(0, 2), (3, 3)])
-def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per):
+def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per, monkeypatch):
     # specpilot/cost/refill_schedule.refill_steps with rounds_per_replay models this loop from
     # each request's rounds alone: every round the decoder runs, by length, is counted there.
+    # It does not model the drain's plain blocks (their bound needs the limits, and a request
+    # that ends by EOS within one leaves rounds run past it): without blocks the count is exact,
+    # with them at most 2 x DRAIN_PLAIN_ROUNDS - 1 rounds more.
+    import specpilot.runtime.graphed_refill as refill
     from specpilot.cost.refill_schedule import refill_steps
 
     s, prompts, reference = mixed_requests(5)
     drafter = s["drafter"] if k else None
-    decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"], capture=False,
-                                   rounds_per_replay=per)
-    r = decoder.generate(prompts, MAX_NEW)
-    assert r.tokens == reference.tokens
-    ran = sum(v for name, v in r.stats.items() if name.startswith("rounds_chain_"))
-    rounds = [len(a) for a in r.accepted_lengths]
-    assert ran == refill_steps(rounds, batch, rounds_per_replay=per)
+    ran = {}
+    for block in (refill.DRAIN_PLAIN_ROUNDS, 1):
+        monkeypatch.setattr(refill, "DRAIN_PLAIN_ROUNDS", block)
+        decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"],
+                                       capture=False, rounds_per_replay=per)
+        r = decoder.generate(prompts, MAX_NEW)
+        assert r.tokens == reference.tokens
+        ran[block] = sum(v for name, v in r.stats.items() if name.startswith("rounds_chain_"))
+        rounds = [len(a) for a in r.accepted_lengths]
+    assert ran[1] == refill_steps(rounds, batch, rounds_per_replay=per)
+    monkeypatch.undo()
+    assert 0 <= ran[refill.DRAIN_PLAIN_ROUNDS] - ran[1] <= 2 * refill.DRAIN_PLAIN_ROUNDS - 1
 
 
 def test_many_rounds_a_replay_do_not_trip_the_runaway_guard():
@@ -316,7 +325,7 @@ def _replay_log(s, drafter, batch, k, **options):
 def test_plain_steps_with_nobody_to_refill_run_in_blocks(seed, batch):
     # Plain AR with refill: while the queue holds requests every replay is one round (a slot
     # must be refilled as soon as it is free); once it is empty, blocks of DRAIN_PLAIN_ROUNDS
-    # while the longest request still needs that many, then single rounds again.
+    # while the longest request still needs that many, and single rounds at the end.
     from specpilot.runtime.graphed_refill import DRAIN_PLAIN_ROUNDS
 
     s, prompts, reference = mixed_requests(seed)
@@ -326,32 +335,63 @@ def test_plain_steps_with_nobody_to_refill_run_in_blocks(seed, batch):
     log = decoder.log
     last_admit = max(i for i, e in enumerate(log) if e == "admit")
     assert set(log[:last_admit]) <= {1, "admit"}
-    assert DRAIN_PLAIN_ROUNDS in log[last_admit:]
+    drain = log[last_admit + 1:]
+    assert DRAIN_PLAIN_ROUNDS in drain and drain[-1] == 1
     assert r.stats["rounds_chain_0"] == sum(e for e in log if e != "admit")
 
 
-@pytest.mark.parametrize("limits", [[16, 9, 13], [5, 16, 16, 2], [16]])
-def test_blocks_run_no_round_that_single_rounds_would_not(limits, monkeypatch):
-    # Without EOS a request runs exactly limit - 1 rounds after its prefill: the blocks (the
-    # longest still needing that many) must end where one round a replay ends, in fewer
-    # replays, with the same tokens.
+def _with_and_without_blocks(monkeypatch, make, prompts, limits):
+    """(result, replay log) of one decoder from `make()`, then of one with no blocks."""
     import specpilot.runtime.graphed_refill as refill
 
+    blocks = make()
+    with_blocks = blocks.generate(prompts, limits)
+    monkeypatch.setattr(refill, "DRAIN_PLAIN_ROUNDS", 1)    # no coarser than a replay: no blocks
+    singles = make()
+    one_by_one = singles.generate(prompts, limits)
+    monkeypatch.undo()
+    return (with_blocks, blocks.log), (one_by_one, singles.log)
+
+
+@pytest.mark.parametrize("limits,batch", [([16, 9, 13], 3), ([5, 16, 16, 2], 4), ([16], 1),
+                                          ([7, 16, 3, 12, 16, 9, 5], 3),
+                                          ([16, 3, 2, 4, 2], 2)])
+def test_blocks_run_no_round_that_single_rounds_would_not(limits, batch, monkeypatch):
+    # Without EOS a request runs exactly limit - 1 rounds after its prefill: the blocks must end
+    # where one round a replay ends, in fewer replays, with the same tokens, with or without a
+    # queue before the drain (more requests than slots).
     s, prompts, _ = mixed_requests(11)
     no_eos = dict(s, eos=())
-    batch = len(limits)
-    blocks = _replay_log(no_eos, None, batch, 0)
-    with_blocks = blocks.generate(prompts[:batch], limits)
-    monkeypatch.setattr(refill, "DRAIN_PLAIN_ROUNDS", 1)    # no coarser than a replay: no blocks
-    singles = _replay_log(no_eos, None, batch, 0)
-    one_by_one = singles.generate(prompts[:batch], limits)
-    assert with_blocks.tokens == one_by_one.tokens
-    assert [len(t) for t in with_blocks.tokens] == limits
-    assert with_blocks.stats == one_by_one.stats
-    assert with_blocks.target_forwards == one_by_one.target_forwards == max(limits) + 1
-    assert set(singles.log) == {1}
-    if max(limits) > 5:
-        assert len(blocks.log) < len(singles.log)
+    (blocked, log), (single, singles_log) = _with_and_without_blocks(
+        monkeypatch, lambda: _replay_log(no_eos, None, batch, 0), prompts[:len(limits)], limits)
+    assert blocked.tokens == single.tokens
+    assert [len(t) for t in blocked.tokens] == limits
+    assert blocked.stats == single.stats
+    assert blocked.target_forwards == single.target_forwards
+    assert set(singles_log) <= {1, "admit"}
+    assert len(log) < len(singles_log)
+
+
+@pytest.mark.parametrize("seed,costs", [(11, [1.0, 2.0, 2.6, 3.2, 3.8]),
+                                        (4, [1.0, 1.6, 2.0, 2.4, 2.8])])
+def test_a_batch_that_speculated_then_turned_off_drains_in_the_rounds_singles_run(seed, costs,
+                                                                                monkeypatch):
+    # Dear rounds: requests accept drafts (several tokens a round), then the batch turns
+    # speculation off. The blocks' bound counts from a read-back taken after the last
+    # speculative round, so even then they run exactly the rounds of one round a replay.
+    s, prompts, _ = mixed_requests(seed)
+    no_eos = dict(s, eos=())
+    limits = [MAX_NEW] * len(prompts)
+    (blocked, log), (single, _) = _with_and_without_blocks(
+        monkeypatch, lambda: _replay_log(no_eos, s["drafter"], 2, 4, adaptive=True,
+                                         round_costs=costs), prompts, limits)
+    assert blocked.tokens == single.tokens == generate_ar(s["target"], prompts, MAX_NEW).tokens
+    assert blocked.stats == single.stats
+    assert blocked.accepted_lengths == single.accepted_lengths
+    speculative = sum(c for key, c in blocked.stats.items()
+                      if key.startswith("rounds_chain_") and key != "rounds_chain_0")
+    assert speculative > 0 and any(a > 0 for row in blocked.accepted_lengths for a in row)
+    assert 4 in log, "the drain should have run a block"
 
 
 def test_a_turned_off_adaptive_batch_drains_in_plain_blocks():

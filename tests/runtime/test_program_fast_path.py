@@ -81,7 +81,7 @@ def test_the_bench_builds_a_program_its_own_models_where_it_needs_them(programs,
         save_program(program, paths[-1])
     settings = PairBenchSettings(pair=str(tmp_path), programs=paths)
     systems = {s.name: s for s in program_systems(settings, folder, folder, "float32",
-                                                  "NVIDIA H200", pair)}
+                                                  "NVIDIA H200", pair, benched=[])}
     assert systems["program:plain"].pair is pair                   # built like the stock pair
     assert systems["program:layers"].pair is not pair              # its own models
     assert systems["program:layers"].refusal is None
