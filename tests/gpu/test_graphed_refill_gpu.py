@@ -125,3 +125,37 @@ def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_pa
     report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
                                   default_tolerance(torch.float32))
     assert report.passed, report.format()
+
+
+class _ReplayRounds(GraphedRefillDecoder):
+    """Records each replay's rounds, in order."""
+
+    def _runner(self, forced, k=None, rounds=None):
+        run = super()._runner(forced, k, rounds)
+        n = self.rounds_per_replay if rounds is None else rounds
+
+        def logged():
+            self.log.append(n)
+            run()
+        return logged
+
+
+def test_captured_drain_runs_plain_blocks_and_the_rounds_single_rounds_run(tmp_path):
+    # Plain AR with refill and no queue, no EOS: the captured decoder replays blocks of four
+    # rounds while the longest request needs them, and runs exactly max(limit) rounds (the
+    # limit - 1 the longest needs after its prefill, and the one queued while the host sees it
+    # finish), as one round a replay would.
+    from specpilot.runtime.graphed_refill import DRAIN_PLAIN_ROUNDS
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=95)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    prompts = random_prompts((6, 3, 9), seed=96)
+    limits = [20, 9, 14]
+    reference = generate_ar(target, prompts, 20)
+    decoder = _ReplayRounds(target, None, 3, 64, 0, capture=True)
+    for _ in range(2):                        # a decoder serves many calls
+        decoder.log = []
+        r = decoder.generate(prompts, limits)
+        assert r.tokens == [t[:n] for t, n in zip(reference.tokens, limits)]
+        assert r.stats["rounds_chain_0"] == max(limits) == sum(decoder.log)
+        assert DRAIN_PLAIN_ROUNDS in decoder.log and decoder.log[-1] == 1
