@@ -96,6 +96,20 @@ def refill_rounds_per_replay() -> int:
     return rounds
 
 
+def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
+                counts: List[int], seen: int, since: int, block: int) -> bool:
+    """Whether the longest held request still needs `block` plain rounds: by `counts`, the rows'
+    token counts read back from drain replay `seen`, less the `since` rounds queued after it
+    (all plain: one token a round). Only where every held row's request was in its row at `seen`
+    (a newcomer's count there is its predecessor's); the rows that read-back showed finished
+    are emptied already."""
+    if any(i is not None and trusted_from[row] > seen for row, i in enumerate(held)):
+        return False
+    need = max((limits[i] - counts[row] for row, i in enumerate(held) if i is not None),
+               default=0)
+    return need - since >= block
+
+
 class GraphedRefillDecoder(GraphedChainDecoder):
     """`GraphedChainDecoder` (chains of fixed length k or adaptive lengths up to k, or k = 0
     for plain steps) whose `generate` and `force` take any number of prompts and keep the
@@ -220,11 +234,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         queue = deque(range(len(first), n))
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
-        # Rounds queued so far; per plain drain replay whose counts were copied back, the rounds
-        # queued through it; the counts of the last read-back, where it was of such a replay.
+        # Rounds queued so far; per drain replay (its counts copied back), the rounds queued
+        # through it; the counts of the last read-back, where it was of a drain replay.
         rounds_run = 0
         counted: Dict[int, int] = {}
-        counts: Optional[List[int]] = None
+        counts: List[int] = []
         results: Dict[int, dict] = {}
         cuda = self.device.type == "cuda"
         by_length: Dict[int, int] = {}
@@ -241,18 +255,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 k = lengths[j % len(lengths)]
             rounds = per
             drain = k == 0 and not queue and plain_block is not None
-            seen = j - 2                # the replay the last read-back was of
-            # Blocks need that read-back to be of a drain replay and every held row's request to
-            # have been in its row then (a newcomer's count there is its predecessor's). The
-            # rows it showed finished are emptied already, so each held row was running then,
-            # and has run plain since (off stays off with the queue empty): one token a round.
-            if (drain and seen in counted and counts is not None
-                    and all(i is None or trusted_from[row] <= seen
-                            for row, i in enumerate(held))
-                    and max((limits[i] - counts[row] for row, i in enumerate(held)
-                             if i is not None), default=0)
-                    - (rounds_run - counted[seen]) >= block):
-                # The longest request still needs every round of the block.
+            seen = j - 2                # the replay the last read-back (`counts`) was of
+            if drain and seen in counted and _block_fits(held, trusted_from, limits, counts,
+                                                         seen, rounds_run - counted[seen], block):
                 plain_block()
                 rounds = block
             else:
@@ -281,7 +286,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 # steps write no length.
                 k = replay_length(self.host_next[(j - 1) % 3, 1], lengths)
             active = self.host_active[(j - 1) % 3].tolist()
-            counts = self.host_count[(j - 1) % 3].tolist() if j - 1 in counted else None
+            if j - 1 in counted:
+                counts = self.host_count[(j - 1) % 3].tolist()
             done = [row for row in range(b) if held[row] is not None and not active[row]
                     and j - 1 >= trusted_from[row]]
             for at, row in enumerate(done):     # the first len(queue) rows are refilled below

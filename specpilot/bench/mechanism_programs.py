@@ -31,7 +31,7 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   ragged_adaptive_refill   the three batching mechanisms combined, eager
   graphed_sequoia     CaptureGraphs + the tree from measured acceptance: at each batch size the
                       Sequoia-shaped tree the calibrated cost model ranks first, shaped on
-                      held-out prompts (shaped_tree_system.py)
+                      held-out prompts (shaped_tree_system.py, tree_pricing.py)
   graphed_sequoia_timed   the same, each shape priced by probe trees' rounds timed at that
                       batch (Sequoia's hardware-aware pricing)
 
@@ -41,15 +41,15 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, Optional, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetBatchLayout, SetDrafterKernels, SetDraftLengthPolicy, SetRefill,
-                          SetTopology, SetVerifyPrune, Tree, apply, replay)
+                          SetTopology, SetVerifyPrune, Tree, replay)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.decoder import ModelPair, with_fused_drafter
 
-from .shaped_tree_system import ShapedTreeSystem
+from .shaped_tree_system import HeldOutProfile, shaped_tree_systems
 from .systems import ProgramSystem
 
 
@@ -116,10 +116,10 @@ def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
         return str(exc)
 
 
-def mechanism_systems(stock: Program, pair, held_out: Optional[Sequence[Sequence[int]]] = None,
-                      profile_tokens: int = 256) -> List[ProgramSystem]:
-    """Every mechanism Program as a system; with `held_out` prompts (None: the system is left
-    out) also the tree from measured acceptance, shaped on them (shaped_tree_system.py)."""
+def mechanism_systems(stock: Program, pair,
+                      profile: Optional[HeldOutProfile] = None) -> List[ProgramSystem]:
+    """Every mechanism Program as a system; with a held-out rank `profile` (None: they are left
+    out) also the tree from measured acceptance, shaped on it (shaped_tree_system.py)."""
     out: List[ProgramSystem] = []
     fused: Optional[Union[ModelPair, str]] = None       # built once, for the systems that ask
     for name, program in mechanism_programs(stock).items():
@@ -139,9 +139,6 @@ def mechanism_systems(stock: Program, pair, held_out: Optional[Sequence[Sequence
             # drafter kernels) would only mislead.
             system.refusal = refusal
         out.append(system)
-    if held_out is not None:
-        graphed = apply(stock, CaptureGraphs(True))
-        out += [ShapedTreeSystem("mech:graphed_sequoia", graphed, pair, held_out, profile_tokens),
-                ShapedTreeSystem("mech:graphed_sequoia_timed", graphed, pair, held_out,
-                                 profile_tokens, pricing="timed")]
+    if profile is not None:
+        out += shaped_tree_systems(stock, pair, profile)
     return out

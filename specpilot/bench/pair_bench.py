@@ -73,14 +73,12 @@ def program_systems(settings: PairBenchSettings, target_dir: str, drafter_dir: s
                              graphs_only=True))
     if settings.mechanisms:
         from .mechanism_programs import mechanism_systems
-        from .shaped_tree_system import ShapedTreeSystem, held_out_prompts
+        from .shaped_tree_system import HeldOutProfile, held_out_prompts
 
         held_out = held_out_prompts(encode_prompts(pair, settings.workload, None), len(benched))
-        systems = mechanism_systems(stock, pair, held_out or benched, settings.max_new_tokens)
-        for system in systems:
-            if not held_out and isinstance(system, ShapedTreeSystem):
-                system.use_benched_prompts(benched)
-        out += systems
+        profile = HeldOutProfile(pair, held_out or benched, settings.max_new_tokens,
+                                 benched=not held_out)
+        out += mechanism_systems(stock, pair, profile)
     for path in settings.programs:
         program = load_program(path)
         if program.models.target.dtype != dtype:

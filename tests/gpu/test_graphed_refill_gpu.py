@@ -7,6 +7,7 @@ import torch
 
 from hf_factory import make_checkpoint, random_prompts
 from mechanism_setup import ContraryDrafter
+from refill_setup import ReplayLog
 from specpilot.ir.topology import DynamicTree, Tree
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.forcing import compare_to_reference, default_tolerance
@@ -127,19 +128,6 @@ def test_captured_tree_refill_equals_eager_tree_refill_and_passes_forcing(tmp_pa
     assert report.passed, report.format()
 
 
-class _ReplayRounds(GraphedRefillDecoder):
-    """Records each replay's rounds, in order."""
-
-    def _runner(self, forced, k=None, rounds=None):
-        run = super()._runner(forced, k, rounds)
-        n = self.rounds_per_replay if rounds is None else rounds
-
-        def logged():
-            self.log.append(n)
-            run()
-        return logged
-
-
 def test_captured_drain_runs_plain_blocks_and_the_rounds_single_rounds_run(tmp_path):
     # Plain AR with refill and no queue, no EOS: the captured decoder replays blocks of four
     # rounds while the longest request needs them, and runs exactly max(limit) rounds (the
@@ -152,7 +140,7 @@ def test_captured_drain_runs_plain_blocks_and_the_rounds_single_rounds_run(tmp_p
     prompts = random_prompts((6, 3, 9), seed=96)
     limits = [20, 9, 14]
     reference = generate_ar(target, prompts, 20)
-    decoder = _ReplayRounds(target, None, 3, 64, 0, capture=True)
+    decoder = ReplayLog(target, None, 3, 64, 0, capture=True)
     for _ in range(2):                        # a decoder serves many calls
         decoder.log = []
         r = decoder.generate(prompts, limits)

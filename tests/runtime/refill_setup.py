@@ -1,5 +1,6 @@
-"""What the refill tests share (tests/runtime/test_graphed_refill.py, test_graphed_tree_refill.py):
-requests of mixed lengths, more than the slots, and two refills that leave a stale row behind."""
+"""What the refill tests share (tests/runtime/test_graphed_refill.py, test_graphed_tree_refill.py,
+tests/gpu/test_graphed_refill_gpu.py): requests of mixed lengths, more than the slots, two
+refills that leave a stale row behind, and a decoder that logs its replays."""
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
@@ -35,3 +36,23 @@ class NoTargetPrefill(GraphedRefillDecoder):
         batch_cache, scratch = self._row_prefill.caches[0]
         elsewhere = self.target.new_cache(self.batch, batch_cache.capacity)
         self._row_prefill.caches[0] = (elsewhere, scratch)
+
+
+class ReplayLog(GraphedRefillDecoder):
+    """A refill decoder that logs, in order, each replay's rounds and each admission ("admit")
+    in `log` (reset it before a call)."""
+
+    log: list
+
+    def _runner(self, forced, k=None, rounds=None):
+        run = super()._runner(forced, k, rounds)
+        n = self.rounds_per_replay if rounds is None else rounds
+
+        def logged():
+            self.log.append(n)
+            run()
+        return logged
+
+    def _admit(self, row, prompt, limit, reference=None, alone=False):
+        self.log.append("admit")
+        super()._admit(row, prompt, limit, reference, alone)

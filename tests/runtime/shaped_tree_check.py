@@ -4,8 +4,8 @@ decode exactly like greedy AR, run that very tree (each round accepts what the t
 the reference's ranks says, exact in float32) and pass forcing."""
 from hf_factory import random_prompts
 from specpilot.bench.measure import measure
-from specpilot.bench.shaped_tree_system import (PROBES, ShapedTreeSystem, best_shaped_topology,
-                                                best_timed_topology)
+from specpilot.bench.shaped_tree_system import HeldOutProfile, ShapedTreeSystem
+from specpilot.bench.tree_pricing import PROBES, best_shaped_topology, best_timed_topology
 from specpilot.bench.workload import stock_reference
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import measure_rank_profile
@@ -28,7 +28,7 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
     base = replay(stock, [SetMaxBatchSize(BATCH)] + ([CaptureGraphs(True)] if graphed else []))
     prompts = random_prompts((5, 9, 3, 7), seed=73)
     held_out = random_prompts((6, 4, 8, 5, 7, 3), seed=74)
-    system = ShapedTreeSystem("sequoia", base, pair, held_out, NEW,
+    system = ShapedTreeSystem("sequoia", base, pair, HeldOutProfile(pair, held_out, NEW),
                               cost_model=(CostModel(gpu_spec("h200")) if pricing == "datasheet"
                                           else None),
                               graphs_only=graphed,
@@ -48,9 +48,8 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
         assert len(shaped["probes"]) == len(PROBES) and all(
             seconds > 0 for seconds in shaped["probes"].values())
         fit = shaped["fit_seconds"]
-        def fitted(t):
-            return fit["base"] + fit["per_token"] * (t.num_nodes + 1) + fit["per_depth"] * t.depth
-        topology, _ = best_timed_topology(acceptance, fitted, base)
+        topology, _ = best_timed_topology(
+            base, acceptance, BATCH, (fit["base"], fit["per_token"], fit["per_depth"]))
     else:
         model = system.models[BATCH]
         if pricing == "calibrated":

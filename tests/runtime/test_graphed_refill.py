@@ -13,7 +13,7 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
 from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_clean, one_thread,  # noqa: F401
                              pair_setup)
-from refill_setup import NoTargetPrefill, StaleLength, mixed_requests
+from refill_setup import NoTargetPrefill, ReplayLog, StaleLength, mixed_requests
 
 
 @pytest.mark.parametrize("seed", [11, 4])
@@ -297,25 +297,8 @@ def test_many_rounds_a_replay_do_not_trip_the_runaway_guard():
     assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
 
 
-class _ReplayLog(GraphedRefillDecoder):
-    """A refill decoder that logs, in order, each replay's rounds and each admission."""
-
-    def _runner(self, forced, k=None, rounds=None):
-        run = super()._runner(forced, k, rounds)
-        n = self.rounds_per_replay if rounds is None else rounds
-
-        def logged():
-            self.log.append(n)
-            run()
-        return logged
-
-    def _admit(self, row, prompt, limit, reference=None, alone=False):
-        self.log.append("admit")
-        super()._admit(row, prompt, limit, reference, alone)
-
-
 def _replay_log(s, drafter, batch, k, **options):
-    decoder = _ReplayLog(s["target"], drafter, batch, 64, k, s["eos"], capture=False, **options)
+    decoder = ReplayLog(s["target"], drafter, batch, 64, k, s["eos"], capture=False, **options)
     decoder.log = []
     return decoder
 

@@ -8,18 +8,23 @@ from dataclasses import replace
 
 import pytest
 
-from hf_factory import make_checkpoint, noisy_checkpoint
+from hf_factory import make_checkpoint, noisy_checkpoint, random_prompts
 from shaped_tree_check import assert_runs_its_tree
-from specpilot.bench.shaped_tree_system import (PROBES, best_shaped_topology, best_timed_topology,
-                                                fit_linear_cost, held_out_prompts)
+from specpilot.bench.shaped_tree_system import (HeldOutProfile, ShapedTreeSystem,
+                                                held_out_prompts, shaped_tree_systems)
+from specpilot.bench.shapes import get_preset
+from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
+                                          fit_linear_cost)
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import RankProfile
 from specpilot.cost.gpu_specs import gpu_spec
 from specpilot.cost.topologies import shaped_topologies
-from specpilot.deploy import build_deployment
-from specpilot.ir.errors import SpecPilotError
-from specpilot.ir import (Chain, Deployment, ModelSpec, SetTopology, apply, dense_weight_formats,
+from specpilot.deploy import build_deployment, model_spec_from_config
+from specpilot.ir import (Chain, Deployment, SetMaxBatchSize, SetTopology, apply, replay,
                           stock_program)
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.decoder import load_pair
 from torch_threads import single_thread_fixture
 
 one_thread = single_thread_fixture()
@@ -55,21 +60,16 @@ def test_a_drafter_always_right_gets_a_chain_one_right_half_the_time_a_wider_tre
     assert split.level_widths()[0] >= 2
 
 
-def _spec(role, hidden, inter, layers, head_dim, tied):
-    return ModelSpec(role=role, family="llama", checkpoint=f"/{role}", dtype="bfloat16",
-                     vocab_size=128256, hidden_size=hidden, intermediate_size=inter,
-                     num_layers=layers, num_heads=32, num_kv_heads=8, head_dim=head_dim,
-                     qkv_bias=False, qk_norm=False, tie_embeddings=tied,
-                     layer_kinds=("attention",) * layers,
-                     weight_formats=dense_weight_formats(layers, "bfloat16"))
+def _preset_spec(name, role):
+    return model_spec_from_config(get_preset(name).config(), role, "bfloat16", f"/{name}")
 
 
 def test_the_shape_shrinks_as_verifying_gets_dearer():
     # A Llama-3.1-8B / 3.2-1B-shaped pair on the H200: at batch 64 every drafted node is
     # verified 64 times over, so the cost model must pick a smaller tree than at batch 1 (a
     # mixed drafter, ranks 0-3), each the best it sees among the shapes at its batch.
-    stock = stock_program(Deployment(_spec("target", 4096, 14336, 32, 128, False),
-                                     _spec("drafter", 2048, 8192, 16, 64, True), "h200",
+    stock = stock_program(Deployment(_preset_spec("llama-3.1-8b", "target"),
+                                     _preset_spec("llama-3.2-1b", "drafter"), "h200",
                                      "humaneval"))
     model = CostModel(gpu_spec("h200"))
     acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=3)
@@ -99,17 +99,12 @@ def test_the_system_runs_the_tree_it_chose_exactly_and_forced_clean(pair_dirs, p
 def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair_dirs):
     """As a compile's round zero: greedy AR and the stock chain timed on held-out prompts, each
     priced at the tokens it decoded, and the spec refitted to both."""
-    from specpilot.ir import SetMaxBatchSize, replay
-    from specpilot.runtime.ar import generate_ar
-    from specpilot.runtime.decoder import load_pair
-    from hf_factory import random_prompts
-    from specpilot.bench.shaped_tree_system import ShapedTreeSystem
-
     pair = load_pair(*pair_dirs, "float32", "cpu")
     stock = replay(stock_program(build_deployment(*pair_dirs, dtype="float32")),
                    [SetMaxBatchSize(2)])
     held_out = random_prompts((6, 4, 8, 5), seed=75)
-    system = ShapedTreeSystem("sequoia", stock, pair, held_out, 10, graphs_only=False)
+    system = ShapedTreeSystem("sequoia", stock, pair, HeldOutProfile(pair, held_out, 10),
+                              graphs_only=False)
     topology, priced = system.chosen(2)
     assert priced["pricing"] == "calibrated"
     model = system.models[2]
@@ -122,12 +117,12 @@ def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair
     decoded = [len(t) for t in generate_ar(pair.target, held_out, 10, pair.eos_ids).tokens]
     for label, prediction in (
             ("ar", datasheet.predict_ar_run(stock, lengths, decoded, 2)),
-            ("stock", datasheet.predict_speculative_run(stock, system.acceptance(), lengths,
-                                                        decoded))):
+            ("stock", datasheet.predict_speculative_run(stock, system.profile.acceptance(),
+                                                        lengths, decoded))):
         assert (points[label].roofline_s, points[label].overhead_s) == pytest.approx(
             (prediction.roofline_s, prediction.overhead_s), rel=1e-9)
     assert (topology, priced["predicted_tokens_per_s"]) == best_shaped_topology(
-        system.program, system.acceptance(), 2, model)
+        system.program, system.profile.acceptance(), 2, model)
 
 
 def test_the_linear_fit_recovers_a_linear_round_cost_and_refuses_probes_it_cannot_split():
@@ -142,15 +137,28 @@ def test_the_linear_fit_recovers_a_linear_round_cost_and_refuses_probes_it_canno
         fit_linear_cost([(Chain(k), 1e-3 * k) for k in (1, 2, 4)])
 
 
-def test_timed_pricing_grows_the_tree_as_its_tokens_get_cheap():
+def test_timed_pricing_grows_the_tree_as_its_tokens_get_cheap(stock):
     # Ranks 0-3: wider trees accept more. Where a verified token costs nothing next to a round
-    # the chosen tree is large; where it costs half a round, a small one.
+    # the chosen tree is large; where it costs half a round, a small one: the shape with the
+    # most expected tokens a round (replayed over the ranks, plus the bonus) per second.
     acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=5)
-    cheap, _ = best_timed_topology(acceptance, lambda t: 1.0 + 1e-4 * (t.num_nodes + 1)
-                                   + 0.05 * t.depth)
-    dear, _ = best_timed_topology(acceptance, lambda t: 1.0 + 0.5 * (t.num_nodes + 1)
-                                  + 0.05 * t.depth)
+    cheap, _ = best_timed_topology(stock, acceptance, 4, (1.0, 1e-4, 0.05))
+    dear, tps = best_timed_topology(stock, acceptance, 4, (1.0, 0.5, 0.05))
     assert cheap.num_nodes >= 32 and dear.num_nodes <= 3
-    every = {t: (1 + acceptance.mean_accepted(t)) / (1.0 + 0.5 * (t.num_nodes + 1) + 0.05 * t.depth)
+    every = {t: 4 * (1 + acceptance.mean_accepted(t)) / (1.0 + 0.5 * (t.num_nodes + 1)
+                                                         + 0.05 * t.depth)
              for t in shaped_topologies(acceptance)}
-    assert every[dear] == max(every.values())
+    assert tps == pytest.approx(every[dear]) and every[dear] == max(every.values())
+
+
+def test_both_pricings_share_one_held_out_profile(pair_dirs, stock):
+    # The ranks are measured once for both systems; on the benched prompts they say so.
+    pair = load_pair(*pair_dirs, "float32", "cpu")
+    profile = HeldOutProfile(pair, random_prompts((6, 4), seed=76), 8, benched=True)
+    systems = shaped_tree_systems(stock, pair, profile)
+    assert [s.pricing for s in systems] == ["calibrated", "timed"]
+    assert all(s.profile is profile for s in systems)
+    assert profile.acceptance() is systems[1].profile.acceptance()
+    assert all(any("timed on" in n for n in s.notes) for s in systems)
+    with pytest.raises(SpecPilotError, match="no prompts"):
+        HeldOutProfile(pair, [], 8)
