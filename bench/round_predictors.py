@@ -38,25 +38,16 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.prompts import workload_prompts
 from specpilot.runtime.decoder import load_pair
 from specpilot.runtime.speculative import speculative_generate
-from specpilot.runtime.steps import append_step
+from specpilot.runtime.steps import teacher_forced_logits
 from specpilot.search.run_folder import write_json_atomic
 
 # Which way each feature points: +1 where a larger value should mean more rounds.
 LONGER_WHEN = {"length": +1, "agree_all": -1, "agree_last32": -1, "conf_last32": -1}
 
 
-def prompt_logits(model, prompt: Sequence[int]) -> torch.Tensor:
-    """[T, V] float32: `model`'s (a runtime Transformer) logits at every prompt position, one
-    teacher-forced pass into a cache of its own."""
-    cache = model.new_cache(1, len(prompt) + 1)
-    start = torch.zeros(1, dtype=torch.int64, device=model.device)
-    with torch.no_grad():
-        return append_step(model, cache, start, [list(prompt)], logits_last_only=False)[0]
-
-
 def prompt_features(target, drafter, prompt: Sequence[int]) -> Dict[str, float]:
     """The module docstring's features of one prompt, from the pair's runtime models."""
-    lt, ld = prompt_logits(target, prompt), prompt_logits(drafter, prompt)
+    lt, ld = teacher_forced_logits(target, prompt), teacher_forced_logits(drafter, prompt)
     agree = (lt.argmax(-1) == ld.argmax(-1)).float()
     conf = torch.softmax(lt, dim=-1).max(dim=-1).values
     return {"length": float(len(prompt)), "agree_all": agree.mean().item(),

@@ -31,7 +31,7 @@ from specpilot.ir import Program, SetTopology
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import STATIC_TOPOLOGIES, SparseTree
 
-from .steps import append_step
+from .steps import teacher_forced_logits
 
 StepCost = Callable[[int, int], float]   # (tree nodes, tree depth) -> seconds of one step
 
@@ -51,11 +51,7 @@ def measure_rank_trace(drafter, prompts: Sequence[Sequence[int]], reference) -> 
                              "requests: measure on the prompts the reference was decoded from")
     out = []
     for prompt, ref in zip(prompts, reference.tokens):
-        seq = list(prompt) + list(ref)
-        cache = drafter.new_cache(1, len(seq))
-        logits = append_step(drafter, cache, torch.zeros(1, dtype=torch.int64,
-                                                         device=drafter.device),
-                             [seq[:-1]], logits_last_only=False)[0]
+        logits = teacher_forced_logits(drafter, (list(prompt) + list(ref))[:-1])
         at = logits[len(prompt) - 1:]                        # predicts reference token t
         want = at.gather(1, torch.tensor(ref, device=at.device)[:, None])
         out.append(tuple((at > want).sum(dim=1).tolist()))

@@ -257,7 +257,7 @@ def measure_rank_profile(drafter, prompts: Sequence[Sequence[int]], reference_to
     record the rank of every reference token after the first (see the module docstring)."""
     import torch
 
-    from specpilot.runtime.steps import append_step
+    from specpilot.runtime.steps import teacher_forced_logits
 
     ranks_out, counts = [], []
     with torch.no_grad():
@@ -267,10 +267,7 @@ def measure_rank_profile(drafter, prompts: Sequence[Sequence[int]], reference_to
             if len(ref) < 2:
                 ranks_out.append([])
                 continue
-            tokens = list(prompt) + ref[:-1]
-            cache = drafter.new_cache(1, len(tokens) + 1)
-            start = torch.zeros(1, dtype=torch.int64, device=drafter.device)
-            logits = append_step(drafter, cache, start, [tokens], logits_last_only=False)[0]
+            logits = teacher_forced_logits(drafter, list(prompt) + ref[:-1])
             rows = logits[len(prompt):]            # row j predicts reference token j + 1
             wanted = torch.tensor(ref[1:], device=rows.device)
             chosen = rows.gather(1, wanted[:, None])

@@ -13,6 +13,7 @@ import torch
 from bench_script import load_bench_script
 from hf_factory import load_hf, make_checkpoint
 from specpilot.runtime.decoder import load_pair
+from specpilot.runtime.steps import teacher_forced_logits
 
 # Prompts of several lengths (word-level tokens w0..w63 of the tiny checkpoints' tokenizer).
 PROMPTS = ([3, 14, 15, 92 % 64, 65 % 64], [35, 89 % 64, 7], [2, 7, 1, 8, 28, 18, 28], [9])
@@ -84,7 +85,7 @@ def test_a_folder_without_a_pair_is_refused_with_its_name(script, tmp_path, caps
     assert "none/target" in capsys.readouterr().err
 
 
-def test_prompt_logits_are_hfs_and_the_features_follow_from_them(script, tmp_path):
+def test_teacher_forced_logits_are_hfs_and_the_features_follow_from_them(script, tmp_path):
     target = make_checkpoint(tmp_path, "llama3", name="target", seed=11, hidden_size=64,
                              intermediate_size=128)
     drafter = make_checkpoint(tmp_path, "llama3", name="drafter", seed=12, hidden_size=32,
@@ -96,9 +97,9 @@ def test_prompt_logits_are_hfs_and_the_features_follow_from_them(script, tmp_pat
     with torch.no_grad():
         hf_t = load_hf(target)(ids).logits[0].float()
         hf_d = load_hf(drafter)(ids).logits[0].float()
-    ours_t = script.prompt_logits(pair.target, prompt)
+    ours_t = teacher_forced_logits(pair.target, prompt)
     torch.testing.assert_close(ours_t, hf_t, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(script.prompt_logits(pair.drafter, prompt), hf_d,
+    torch.testing.assert_close(teacher_forced_logits(pair.drafter, prompt), hf_d,
                                atol=1e-4, rtol=1e-4)
     f = script.prompt_features(pair.target, pair.drafter, prompt)
     agree = (hf_t.argmax(-1) == hf_d.argmax(-1)).float()

@@ -1,6 +1,7 @@
-"""The tree from measured acceptance as a bench system (specpilot/bench/shaped_tree_system.py):
-the shape follows the ranks it is given and the batch it runs at, it is profiled on held-out
-prompts, and the decoder it builds runs that very tree (its per-round acceptance equals the
+"""The tree from measured acceptance as bench systems (specpilot/bench/shaped_tree_system.py,
+priced by tree_pricing.py): the shape follows the ranks it is given, the batch it runs at and
+the round costs it is priced by, it is profiled once on held-out prompts, and the decoder it
+builds runs that very tree (its per-round acceptance equals the
 tree's replay over the reference's ranks, in float32) exactly like greedy AR, forcing clean.
 """
 import random
