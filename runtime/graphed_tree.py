@@ -21,7 +21,7 @@ wrong compaction corrupts every later proposal.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, NamedTuple, Optional, Sequence
 
 import torch
 
@@ -39,6 +39,45 @@ def placed_mask(pattern: torch.Tensor, base: torch.Tensor, slot_ids: torch.Tenso
     inside = (rel >= 0) & (rel < w)
     seen = pattern.gather(2, rel.clamp(0, w - 1)[:, None, :].expand(b, q, rel.shape[1]))
     return (rel < 0)[:, None, :] | (seen & inside[:, None, :])
+
+
+class WalkTables(NamedTuple):
+    """A static tree's shape as the walk reads it (n nodes, D levels)."""
+    ancestors: torch.Tensor     # [n, n] bool: node i's ancestors and itself
+    depths: torch.Tensor        # [n] int64, 1 for the root's children
+    path_table: torch.Tensor    # [n, D]: node i's root path at each depth, -1 below i
+    depth_slots: torch.Tensor   # [D]: 1 .. D
+
+
+def tree_walk_tables(shape, device) -> WalkTables:
+    """`shape`'s (a TreeShape) tables for `walk_tree`."""
+    n, depth = shape.num_nodes, shape.max_depth
+    ancestors = torch.zeros((n, n), dtype=torch.bool)
+    path_table = torch.full((n, depth), -1, dtype=torch.int64)
+    for i in range(n):
+        for a in shape.ancestors_or_self(i):
+            ancestors[i, a] = True
+            path_table[i, shape.depths[a] - 1] = a
+    return WalkTables(ancestors.to(device), torch.tensor(shape.depths, device=device),
+                      path_table.to(device), torch.arange(1, depth + 1, device=device))
+
+
+def walk_tree(tables: WalkTables, nodes: torch.Tensor, parent_row: torch.Tensor,
+              g: torch.Tensor):
+    """Greedy acceptance down a static tree: (accepted node per depth or -1 [B, D], count [B]).
+    From the root, at each depth the child of the current node whose token (`nodes` [B, n]) is
+    the target's argmax there (`g` [B, n + 1]; `parent_row` [n] or [B, n]: each node's parent
+    as a row of `g`, 0 = the root); siblings hold distinct tokens, so at most one matches.
+
+    All depths at once, in a fixed dozen kernels whatever the depth (a round on the device is
+    bound by its kernel count): a node is accepted when it and each of its ancestors match the
+    argmax at their parents; the accepted nodes form one root path, so the deepest names it."""
+    match = nodes == g.gather(1, parent_row.expand_as(nodes))                    # [B, n]
+    rejected_above = ((~match)[:, None, :] & tables.ancestors[None]).any(dim=2)
+    depth = torch.where(rejected_above, 0, tables.depths[None, :])               # [B, n]
+    count, deepest = depth.max(dim=1)
+    path = tables.path_table[deepest]                                            # [B, D]
+    return torch.where(tables.depth_slots[None, :] <= count[:, None], path, -1), count
 
 
 class GraphedTreeDecoder(GraphedChainDecoder):
@@ -85,6 +124,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         self.on_forced_path = on_path.to(dev)
         self.depth_slots = torch.arange(1, shape.max_depth + 1, **i64)
         self.batch_rows = torch.arange(batch, **i64)
+        self.walk_tables = tree_walk_tables(shape, dev)
 
     def _span(self) -> int:
         return self.shape.num_nodes
@@ -141,24 +181,8 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                              cache)
 
     def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
-        """Greedy acceptance down the tree: (accepted node per depth or -1 [B, D], count [B]).
-        At each depth the child of the current node whose token is the target's argmax there
-        (siblings hold distinct tokens, so at most one matches). `parent_row` [n] or [B, n]:
-        each node's parent as a verification row (0 = the root)."""
-        b = nodes.shape[0]
-        current = torch.zeros(b, dtype=torch.int64, device=self.device)
-        alive = torch.ones(b, dtype=torch.bool, device=self.device)
-        path = []
-        for _ in range(self.k):
-            want = g.gather(1, current[:, None])
-            match = (parent_row == current[:, None]) & (nodes == want) & alive[:, None]
-            found = match.any(dim=1)
-            pick = match.to(torch.int64).argmax(dim=1)
-            current = torch.where(found, 1 + pick, current)
-            alive = alive & found
-            path.append(torch.where(found, pick, torch.full_like(pick, -1)))
-        path = torch.stack(path, dim=1)
-        return path, (path >= 0).sum(dim=1)
+        """Greedy acceptance down the tree (`walk_tree`)."""
+        return walk_tree(self.walk_tables, nodes, parent_row, g)
 
     def _compact(self, base: torch.Tensor, path: torch.Tensor,
                  drafter_path: Optional[torch.Tensor] = None) -> None:
@@ -176,10 +200,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         rows = self.batch_rows[:, None]
         for cache, nodes in moves:
             src = torch.where(keep, base[:, None] + 1 + nodes.clamp(min=0), dst)
-            for layer in range(len(cache.k)):
-                k, v = cache.k[layer][rows, src], cache.v[layer][rows, src]
-                cache.k[layer][rows, dst] = k
-                cache.v[layer][rows, dst] = v
+            cache.move_slots(rows, src, dst)
             cache.positions[rows, dst] = dst
 
     def _round(self, k: int) -> None:

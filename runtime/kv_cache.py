@@ -1,5 +1,11 @@
 """Static, preallocated KV cache: one K and one V buffer per layer, [B, S, Hkv, D].
 
+`allocate` takes every layer's K from one [L, B, S, Hkv, D] buffer (and V from another), so a
+tree's compaction moves a round's accepted nodes in all layers with one gather and one scatter
+per buffer (`move_slots`): under a CUDA graph at small batch a round is bound by its kernel
+count, and one copy a layer made compaction cost 4L kernels a round. K and V stay separate
+buffers so that no two of a layer's inputs alias each other (a compiled layer mutates both).
+
 Slots are addressed explicitly by the decode loops: committed tokens sit at slot == position,
 drafted (chain or tree) tokens are written past the committed length and either kept (chain),
 compacted (tree) or simply left to be overwritten. `positions[b, s]` is the position of the token
@@ -8,7 +14,7 @@ in slot s; it is needed for sliding-window masks, where slot and position can di
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List
+from typing import List, Optional
 
 import torch
 
@@ -18,14 +24,19 @@ class KVCache:
     k: List[torch.Tensor]
     v: List[torch.Tensor]
     positions: torch.Tensor  # [B, S] int64
+    # [L, B, S, Hkv, D] buffers whose [i] are k[i] / v[i] (None: layers held separately)
+    stacked_k: Optional[torch.Tensor] = None
+    stacked_v: Optional[torch.Tensor] = None
 
     @classmethod
     def allocate(cls, num_layers: int, batch: int, capacity: int, num_kv_heads: int,
                  head_dim: int, dtype: torch.dtype, device="cpu") -> "KVCache":
-        shape = (batch, capacity, num_kv_heads, head_dim)
-        return cls(k=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-                   v=[torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)],
-                   positions=torch.zeros((batch, capacity), dtype=torch.int64, device=device))
+        shape = (num_layers, batch, capacity, num_kv_heads, head_dim)
+        k = torch.zeros(shape, dtype=dtype, device=device)
+        v = torch.zeros(shape, dtype=dtype, device=device)
+        return cls(k=_layer_aliases(k), v=_layer_aliases(v),
+                   positions=torch.zeros((batch, capacity), dtype=torch.int64, device=device),
+                   stacked_k=k, stacked_v=v)
 
     @property
     def batch(self) -> int:
@@ -38,8 +49,22 @@ class KVCache:
     def view(self, rows: slice = slice(None), slots: slice = slice(None)) -> "KVCache":
         """`rows` and `slots` of every layer's K/V and of the positions, as views: what a
         forward writes into the view lands in this cache."""
+        stacked = (None, None) if self.stacked_k is None else (
+            self.stacked_k[:, rows, slots], self.stacked_v[:, rows, slots])
         return KVCache(k=[t[rows, slots] for t in self.k], v=[t[rows, slots] for t in self.v],
-                       positions=self.positions[rows, slots])
+                       positions=self.positions[rows, slots],
+                       stacked_k=stacked[0], stacked_v=stacked[1])
+
+    def move_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+        """Every layer's K/V at slots `src` [B, N] of rows `rows` [B, 1] copied to slots `dst`
+        [B, N] (gathered before scattering: overlapping ranges are safe); positions untouched."""
+        if self.stacked_k is not None:
+            for buffer in (self.stacked_k, self.stacked_v):
+                buffer[:, rows, dst] = buffer[:, rows, src]
+            return
+        for layer in range(len(self.k)):
+            for buffer in (self.k[layer], self.v[layer]):
+                buffer[rows, dst] = buffer[rows, src]
 
     def copy_slots(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Move entries of request `row` from slots `src` to slots `dst` (tree compaction).
@@ -49,3 +74,13 @@ class KVCache:
             self.k[layer][row, dst] = self.k[layer][row, src].clone()
             self.v[layer][row, dst] = self.v[layer][row, src].clone()
         self.positions[row, dst] = self.positions[row, src].clone()
+
+
+def _layer_aliases(stacked: torch.Tensor) -> List[torch.Tensor]:
+    """Each layer of `stacked` [L, ...] as a tensor on its storage that is not a view of it:
+    the compiled layers (SPECPILOT_FAST_OPS=layers) given views compiled again for new batch
+    and cache sizes (tests/runtime/test_compiled_layers.py); given these they do not."""
+    step, shape, stride = stacked.stride(0), stacked.shape[1:], stacked.stride()[1:]
+    return [torch.empty(0, dtype=stacked.dtype, device=stacked.device).set_(
+                stacked.untyped_storage(), stacked.storage_offset() + i * step, shape, stride)
+            for i in range(stacked.shape[0])]
