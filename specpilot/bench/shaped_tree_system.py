@@ -12,11 +12,15 @@ the most tokens per second at that batch:
      held-out prompt it falls back to the benched ones and the systems say so in their notes;
   2. every shape the dynamic programme gives for that profile is priced at the batch size and
      the best is the row's Program (tree_pricing.py): `mech:graphed_sequoia` by the cost model
-     calibrated at that batch, `mech:graphed_sequoia_timed` by probe trees' rounds timed there.
-     On an H200 (run 33's pair) the calibrated model chose 64-node trees at batch 1 and 4 that
-     ran 0.80x and 0.86x the stock chain: it priced them far below what their rounds cost
-     (BENCHMARKS.md, sixteenth set). Timing the rounds is meant to price them as they run; it
-     has not been benched yet.
+     calibrated at that batch, `mech:graphed_sequoia_timed` by probe chains' and trees' rounds
+     timed there, each kind fitted on its own probes (a chain and a tree round run different
+     code), with the chain of every depth among the shapes it prices. On an H200 (run 33's
+     pair) the calibrated model chose 64-node trees at batch 1 and 4 that ran 0.80x and 0.86x
+     the stock chain: it priced them far below what their rounds cost (BENCHMARKS.md, sixteenth
+     set). In run 34 the timed pricing, then one fit over chain and tree probes, priced a
+     tree's level like a chain's (0.23 ms against a tree's 0.45 ms at batch 1) and chose a
+     5-node depth-4 sparse tree slower than the stock chain(4); the two fits have not been
+     benched yet.
 
 Each row says which tree it ran and how it was priced (`shaped_tree`).
 """
@@ -29,7 +33,8 @@ from specpilot.ir.errors import SpecPilotError
 
 from .systems import ProgramSystem
 from .tree_pricing import (CALIBRATION_PROMPTS, best_shaped_topology, best_timed_topology,
-                           calibrated_model, fit_linear_cost, time_probes, with_topology)
+                           calibrated_model, fit_chain_cost, fit_tree_cost, time_probes,
+                           with_topology)
 
 # Held-out prompts profiled (the bench's first prompts are the timed ones): a full batch 64 for
 # the calibration runs, and enough ranks per depth for the dynamic programme; decoding them
@@ -79,7 +84,7 @@ class ShapedTreeSystem(ProgramSystem):
     """`base` (the stock Program, graphed) with, at each batch size, the shaped tree with the
     most tokens per second for `profile`'s ranks. `pricing` "calibrated": the cost model's
     predicted tokens/s (`cost_model`, default the GPU's spec calibrated at the batch size);
-    "timed": probe trees' rounds timed at the batch size and fitted."""
+    "timed": probe chains' and trees' rounds timed at the batch size, a fit for each kind."""
 
     PRICINGS = ("calibrated", "timed")
 
@@ -92,7 +97,8 @@ class ShapedTreeSystem(ProgramSystem):
             "Sequoia-shaped tree with the most tokens per second, for the drafter's ranks on "
             "held-out prompts, priced by " + (
                 "the cost model calibrated at that batch" if pricing == "calibrated" else
-                "probe trees' rounds timed at that batch")), graphs_only=graphs_only)
+                "probe chains' and trees' rounds timed at that batch")),
+            graphs_only=graphs_only)
         if profile.benched:
             self.notes.append("the workload has no prompt beyond the benched ones: the tree is "
                               "shaped on the prompts it is timed on")
@@ -128,12 +134,16 @@ class ShapedTreeSystem(ProgramSystem):
             else:
                 probes = time_probes(self.pair, batch_size, self.profile.context(),
                                      self.graphed)
-                fit = fit_linear_cost(probes)
-                topology, tps = best_timed_topology(self.program, acceptance, batch_size, fit)
+                # A chain round runs other code than a tree round: each kind its own fit.
+                chain_fit, tree_fit = fit_chain_cost(probes), fit_tree_cost(probes)
+                topology, tps = best_timed_topology(self.program, acceptance, batch_size,
+                                                    chain_fit, tree_fit)
                 # Full rows, no idle slots: unlike the calibrated model's figure.
                 priced = {"expected_tokens_per_s_full_rows": tps,
                           "probes": {str(t): seconds for t, seconds in probes},
-                          "fit_seconds": dict(zip(("base", "per_token", "per_depth"), fit))}
+                          "fit_seconds": {
+                              "chain": dict(zip(("base", "per_depth"), chain_fit)),
+                              "tree": dict(zip(("base", "per_token", "per_depth"), tree_fit))}}
             self._chosen[batch_size] = (topology, dict(priced, pricing=self.pricing))
             # Built once per batch size: the bench asks for it in every timed run.
             self._programs[batch_size] = with_topology(ProgramSystem.at_batch(self, batch_size),

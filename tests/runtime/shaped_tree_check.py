@@ -5,7 +5,8 @@ the reference's ranks says, exact in float32) and pass forcing."""
 from hf_factory import random_prompts
 from specpilot.bench.measure import measure
 from specpilot.bench.shaped_tree_system import HeldOutProfile, ShapedTreeSystem
-from specpilot.bench.tree_pricing import PROBES, best_shaped_topology, best_timed_topology
+from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
+                                          fit_chain_cost, fit_tree_cost)
 from specpilot.bench.workload import stock_reference
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import measure_rank_profile
@@ -22,7 +23,8 @@ BATCH = 2
 def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed: bool,
                          pricing: str = "datasheet") -> None:
     """`pricing` "datasheet": the system is given the H200's datasheet model; "calibrated": it
-    calibrates its own (timing runs on `device`); "timed": it times probe trees' rounds."""
+    calibrates its own (timing runs on `device`); "timed": it times probe chains' and trees'
+    rounds, each kind fitted on its own."""
     pair = load_pair(target_dir, drafter_dir, "float32", device)
     stock = stock_program(build_deployment(target_dir, drafter_dir, dtype="float32"))
     base = replay(stock, [SetMaxBatchSize(BATCH)] + ([CaptureGraphs(True)] if graphed else []))
@@ -47,9 +49,14 @@ def assert_runs_its_tree(target_dir: str, drafter_dir: str, device: str, graphed
     if pricing == "timed":
         assert len(shaped["probes"]) == len(PROBES) and all(
             seconds > 0 for seconds in shaped["probes"].values())
-        fit = shaped["fit_seconds"]
-        topology, _ = best_timed_topology(
-            base, acceptance, BATCH, (fit["base"], fit["per_token"], fit["per_depth"]))
+        # Each kind's fit of the probes recorded, a chain's by the chains, a tree's by the trees.
+        probes = [(t, shaped["probes"][str(t)]) for t in PROBES]
+        chain_fit = (shaped["fit_seconds"]["chain"]["base"],
+                     shaped["fit_seconds"]["chain"]["per_depth"])
+        tree_fit = tuple(shaped["fit_seconds"]["tree"][term]
+                         for term in ("base", "per_token", "per_depth"))
+        assert chain_fit == fit_chain_cost(probes) and tree_fit == fit_tree_cost(probes)
+        topology, _ = best_timed_topology(base, acceptance, BATCH, chain_fit, tree_fit)
     else:
         model = system.models[BATCH]
         if pricing == "calibrated":

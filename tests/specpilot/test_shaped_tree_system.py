@@ -15,13 +15,13 @@ from specpilot.bench.shaped_tree_system import (HeldOutProfile, ShapedTreeSystem
                                                 held_out_prompts, shaped_tree_systems)
 from specpilot.bench.shapes import get_preset
 from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
-                                          fit_linear_cost)
+                                          fit_chain_cost, fit_tree_cost, shapes_and_chains)
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import RankProfile
 from specpilot.cost.gpu_specs import gpu_spec
 from specpilot.cost.topologies import shaped_topologies
 from specpilot.deploy import build_deployment, model_spec_from_config
-from specpilot.ir import (Chain, Deployment, SetMaxBatchSize, SetTopology, apply, replay,
+from specpilot.ir import (Chain, Deployment, SetMaxBatchSize, SetTopology, Tree, apply, replay,
                           stock_program)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
@@ -126,30 +126,77 @@ def test_without_a_model_the_shape_is_priced_by_one_calibrated_at_the_batch(pair
         system.program, system.profile.acceptance(), 2, model)
 
 
-def test_the_linear_fit_recovers_a_linear_round_cost_and_refuses_probes_it_cannot_split():
-    probes = [(t, 2e-3 + 5e-5 * (t.num_nodes + 1) + 3e-4 * t.depth) for t in PROBES]
-    assert fit_linear_cost(probes) == pytest.approx((2e-3, 5e-5, 3e-4), rel=1e-6)
+def _tree_law(t):
+    return 2e-3 + 5e-5 * (t.num_nodes + 1) + 3e-4 * t.depth
+
+
+def test_the_tree_fit_recovers_a_linear_round_cost_and_refuses_probes_it_cannot_split():
+    # The chain probes follow another law (a chain round runs other code): ignored.
+    probes = [(t, 1e-3 + 1e-4 * t.depth if isinstance(t, Chain) else _tree_law(t))
+              for t in PROBES]
+    assert fit_tree_cost(probes) == pytest.approx((2e-3, 5e-5, 3e-4), rel=1e-6)
     # Noise that makes the free fit's token cost negative: held at 0, never a discount.
     noisy = [(t, 2e-3 - 1e-6 * (t.num_nodes + 1) + 3e-4 * t.depth) for t in PROBES]
-    base, per_token, per_depth = fit_linear_cost(noisy)
+    base, per_token, per_depth = fit_tree_cost(noisy)
     assert per_token == 0 and per_depth > 0 and base > 0
-    # Chains alone: nodes + 1 = depth + 1, so a token and a level cannot be told apart.
+    # Trees of one depth cannot tell a token from a level; chains alone leave no tree to fit.
     with pytest.raises(SpecPilotError, match="size and depth"):
-        fit_linear_cost([(Chain(k), 1e-3 * k) for k in (1, 2, 4)])
+        fit_tree_cost([(Tree((k,)), 1e-3 * k) for k in (2, 4, 8)])
+    with pytest.raises(SpecPilotError, match="size and depth"):
+        fit_tree_cost([(Chain(k), 1e-3 * k) for k in (1, 2, 4)])
+
+
+def test_the_chain_fit_recovers_a_chain_round_cost_from_the_chains_alone():
+    # Chains at 1 ms + 0.24 ms a level, trees at a dearer law: the chain fit sees the chains.
+    probes = [(t, 1e-3 + 2.4e-4 * t.depth if isinstance(t, Chain) else _tree_law(t))
+              for t in PROBES]
+    assert fit_chain_cost(probes) == pytest.approx((1e-3, 2.4e-4), rel=1e-9)
+    # Rounds that get cheaper with depth (noise): the level cost held at 0, the base their mean.
+    falling = [(Chain(k), 2e-3 - 1e-5 * k) for k in (1, 3, 6)]
+    assert fit_chain_cost(falling) == (pytest.approx(2e-3 - 1e-5 * 10 / 3, rel=1e-9), 0.0)
+
+
+def test_the_chain_fit_needs_chains_of_two_depths():
+    # Trees of many depths do not stand in for a second chain depth.
+    probes = [(Chain(3), 2e-3), (Chain(3), 2.1e-3)] + [(t, _tree_law(t)) for t in PROBES
+                                                         if not isinstance(t, Chain)]
+    with pytest.raises(SpecPilotError, match="chain probes of at least two depths"):
+        fit_chain_cost(probes)
 
 
 def test_timed_pricing_grows_the_tree_as_its_tokens_get_cheap(stock):
     # Ranks 0-3: wider trees accept more. Where a verified token costs nothing next to a round
     # the chosen tree is large; where it costs half a round, a small one: the shape with the
-    # most expected tokens a round (replayed over the ranks, plus the bonus) per second.
+    # most expected tokens a round (replayed over the ranks, plus the bonus) per second. Chains
+    # are priced by the same law (their tokens folded into their levels).
     acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=5)
-    cheap, _ = best_timed_topology(stock, acceptance, 4, (1.0, 1e-4, 0.05))
-    dear, tps = best_timed_topology(stock, acceptance, 4, (1.0, 0.5, 0.05))
+    cheap, _ = best_timed_topology(stock, acceptance, 4, (1.0 + 1e-4, 1e-4 + 0.05),
+                                   (1.0, 1e-4, 0.05))
+    dear, tps = best_timed_topology(stock, acceptance, 4, (1.5, 0.55), (1.0, 0.5, 0.05))
     assert cheap.num_nodes >= 32 and dear.num_nodes <= 3
     every = {t: 4 * (1 + acceptance.mean_accepted(t)) / (1.0 + 0.5 * (t.num_nodes + 1)
                                                          + 0.05 * t.depth)
-             for t in shaped_topologies(acceptance)}
+             for t in shapes_and_chains(acceptance)}
     assert tps == pytest.approx(every[dear]) and every[dear] == max(every.values())
+
+
+def test_timed_pricing_prices_chains_and_trees_each_by_its_own_fit(stock):
+    # Top-1 or top-2, evenly: width pays, so the dynamic programme shapes no chain at all; the
+    # pricing still offers every chain up to its depth.
+    acceptance = _profile(lambda rng: rng.randrange(2))
+    shaped = shaped_topologies(acceptance)
+    assert not any(isinstance(t, Chain) for t in shaped)
+    assert shapes_and_chains(acceptance) == shaped + tuple(Chain(k) for k in range(1, 7))
+    chain_fit = (1.0, 0.05)
+    # Trees priced like chains: a branched tree.
+    wide, _ = best_timed_topology(stock, acceptance, 1, chain_fit, (1.0, 0.0, 0.05))
+    assert not isinstance(wide, Chain) and wide.level_widths()[0] >= 2
+    # A tree level dear (a tree round's extra code): a chain, the best chain by the chain fit.
+    chain, tps = best_timed_topology(stock, acceptance, 1, chain_fit, (1.0, 0.0, 2.0))
+    assert isinstance(chain, Chain)
+    chains = {k: (1 + acceptance.mean_accepted(Chain(k))) / (1.0 + 0.05 * k)
+              for k in range(1, 7)}
+    assert tps == pytest.approx(chains[chain.k]) and chains[chain.k] == max(chains.values())
 
 
 def test_both_pricings_share_one_held_out_profile(pair_dirs, stock):
