@@ -46,6 +46,8 @@
 #   timeline   bench/refill_timeline.py on the trained pair: whole refill calls (chain and
 #              adaptive, fused drafter) on the GPU's timeline: replays, admissions, idle gaps
 #              (TIMELINE_ARGS)
+#   treecost   bench/tree_round_cost.py: static trees' graphed rounds against chain(4)'s, with
+#              the acceptance walk and compaction as they are and as they were (random weights)
 #   predictors bench/round_predictors.py on the trained pair: whether prompt features tell a
 #              request's chain(4) rounds before it runs (PROMPTS, default 64; MAX_NEW)
 #
@@ -152,6 +154,9 @@ phase() {
     timeline)
         step timeline timeout 300 python3 bench/refill_timeline.py --pair "$PAIR" \
             ${TIMELINE_ARGS:-} --out "$RESULTS/refill-timeline.json" ;;
+    treecost)
+        step treecost timeout "${TREECOST_TIMEOUT:-200}" python3 bench/tree_round_cost.py \
+            --out "$RESULTS/tree-round-cost.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;
