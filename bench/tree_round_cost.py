@@ -1,8 +1,9 @@
 """What a static tree's round costs against a chain's, and what its acceptance walk and cache
 compaction add: each tree's graphed round as it runs now (the walk over every depth at once,
 `graphed_tree.walk_tree`; compaction one gather and scatter over the stacked layers,
-`KVCache.move_slots`) and as it ran before (`--before`: the depth-by-depth walk,
-`graphed_dynamic.walk_per_row`, and one copy per layer's K and V), at each batch size.
+`KVCache.move_slots`) and as it ran before (the `before` variant, `as_before`: the
+depth-by-depth walk, `graphed_dynamic.walk_per_row`, and one copy per layer's K and V), at each
+batch size.
 
 Per (batch, topology, variant): the median device time of one captured round (CUDA events)
 and the kernels an eager round launches (count and summed device time). Random weights by

@@ -10,8 +10,9 @@ above its parent.
 Everything here is tensors of fixed shape, so the tree is data: the drafter's kept nodes sit at
 scratch slots (level-major) after the root; the chosen nodes are re-indexed breadth-first for
 the target, whose tree mask is laid from a per-row ancestor pattern (graphed_tree.placed_mask).
-The walk, the commit and the compaction are the static tree's, with per-row parents; the drafter
-compacts from its scratch slots. One captured graph serves every tree of the budget.
+The commit and the compaction are the static tree's, with per-row parents; the walk goes depth
+by depth (`walk_per_row`: the rows' trees differ, so there is no one table of root paths), and
+the drafter compacts from its scratch slots. One captured graph serves every tree of the budget.
 
 Forced mode grows the tree as a round does, from the drafter, and puts the reference on the path
 from the root to the row's first deepest chosen node (the other nodes keep their drafts): so
@@ -81,7 +82,8 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         self.topology = topology
         # A tree of `budget` nodes is at most that deep: the static tree's walk, path slots and
         # chain length are sized by a comb that deep (every round grows its own tree; the
-        # comb's own pattern, levels and forced path, built at start-up, go unused here).
+        # comb's own pattern, levels, walk tables and forced path, built at start-up, go unused
+        # here).
         comb = comb_shape(topology.budget, min(topology.depth, topology.budget))
         super().__init__(target, drafter, batch, capacity, comb, eos_ids, capture,
                          rounds_per_replay, record_margins)

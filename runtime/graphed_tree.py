@@ -43,6 +43,7 @@ def placed_mask(pattern: torch.Tensor, base: torch.Tensor, slot_ids: torch.Tenso
 
 class WalkTables(NamedTuple):
     """A static tree's shape as the walk reads it (n nodes, D levels)."""
+    parent_row: torch.Tensor    # [n]: node i's parent as a verification row, 0 = the root
     ancestors: torch.Tensor     # [n, n] bool: node i's ancestors and itself
     depths: torch.Tensor        # [n] int64, 1 for the root's children
     path_table: torch.Tensor    # [n, D]: node i's root path at each depth, -1 below i
@@ -58,21 +59,24 @@ def tree_walk_tables(shape, device) -> WalkTables:
         for a in shape.ancestors_or_self(i):
             ancestors[i, a] = True
             path_table[i, shape.depths[a] - 1] = a
-    return WalkTables(ancestors.to(device), torch.tensor(shape.depths, device=device),
-                      path_table.to(device), torch.arange(1, depth + 1, device=device))
+    parent_row = [1 + p if p >= 0 else 0 for p in shape.parents]
+    return WalkTables(torch.tensor(parent_row, device=device), ancestors.to(device),
+                      torch.tensor(shape.depths, device=device), path_table.to(device),
+                      torch.arange(1, depth + 1, device=device))
 
 
-def walk_tree(tables: WalkTables, nodes: torch.Tensor, parent_row: torch.Tensor,
-              g: torch.Tensor):
+def walk_tree(tables: WalkTables, nodes: torch.Tensor, g: torch.Tensor):
     """Greedy acceptance down a static tree: (accepted node per depth or -1 [B, D], count [B]).
     From the root, at each depth the child of the current node whose token (`nodes` [B, n]) is
-    the target's argmax there (`g` [B, n + 1]; `parent_row` [n] or [B, n]: each node's parent
-    as a row of `g`, 0 = the root); siblings hold distinct tokens, so at most one matches.
+    the target's argmax there (`g` [B, n + 1], row 0 the root's, 1 + i node i's).
 
-    All depths at once, in a fixed dozen kernels whatever the depth (a round on the device is
-    bound by its kernel count): a node is accepted when it and each of its ancestors match the
-    argmax at their parents; the accepted nodes form one root path, so the deepest names it."""
-    match = nodes == g.gather(1, parent_row.expand_as(nodes))                    # [B, n]
+    All depths at once, in a fixed dozen operations whatever the depth (a round on the device
+    is bound by its kernel count): a node is accepted when it and each of its ancestors match
+    the argmax at their parents, and the deepest accepted node names the path. That is the
+    depth-by-depth walk where siblings hold distinct tokens, as top-k drafts do: then at most
+    one child matches and the accepted nodes form one root path. (Were two siblings equal, it
+    would take the deeper of their matching branches, still a path of the target's argmaxes.)"""
+    match = nodes == g.gather(1, tables.parent_row.expand_as(nodes))             # [B, n]
     rejected_above = ((~match)[:, None, :] & tables.ancestors[None]).any(dim=2)
     depth = torch.where(rejected_above, 0, tables.depths[None, :])               # [B, n]
     count, deepest = depth.max(dim=1)
@@ -101,15 +105,15 @@ class GraphedTreeDecoder(GraphedChainDecoder):
             if members != list(range(members[0], members[-1] + 1)):
                 raise SpecPilotError(f"tree nodes must be in breadth-first order: {shape}")
             self.levels.append(range(members[0], members[-1] + 1))
-        pattern = torch.zeros((n + 1, n + 1), dtype=torch.bool)
+        self.walk_tables = tree_walk_tables(shape, dev)
+        self.parent_row = self.walk_tables.parent_row
+        self.depth_slots = self.walk_tables.depth_slots
+        pattern = torch.zeros((n + 1, n + 1), dtype=torch.bool, device=dev)
         pattern[:, 0] = True                       # everyone sees the root
-        for i in range(n):
-            for a in shape.ancestors_or_self(i):
-                pattern[1 + i, 1 + a] = True
-        self.pattern = pattern.to(dev)
+        pattern[1:, 1:] = self.walk_tables.ancestors
+        self.pattern = pattern
         self.offsets = torch.tensor([0] + list(depths), **i64)   # position after the root
         self.slots_after = torch.arange(n + 1, **i64)
-        self.parent_row = torch.tensor([1 + p if p >= 0 else 0 for p in shape.parents], **i64)
         self.ranks = torch.tensor(shape.ranks, **i64)
         self.level_ranks = [self.ranks[lv.start:lv.stop] for lv in self.levels]
         # For each node of a level below the first: its parent's place within the level above.
@@ -122,9 +126,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         on_path = torch.zeros(n, dtype=torch.bool)
         on_path[forced_path] = True
         self.on_forced_path = on_path.to(dev)
-        self.depth_slots = torch.arange(1, shape.max_depth + 1, **i64)
         self.batch_rows = torch.arange(batch, **i64)
-        self.walk_tables = tree_walk_tables(shape, dev)
 
     def _span(self) -> int:
         return self.shape.num_nodes
@@ -181,8 +183,10 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                              cache)
 
     def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
-        """Greedy acceptance down the tree (`walk_tree`)."""
-        return walk_tree(self.walk_tables, nodes, parent_row, g)
+        """Greedy acceptance down the tree (`walk_tree`). `parent_row` is the static tree's
+        own (`self.parent_row`), which the walk's tables hold; the dynamic tree, whose rows
+        have their own parents, walks otherwise (graphed_dynamic.walk_per_row)."""
+        return walk_tree(self.walk_tables, nodes, g)
 
     def _compact(self, base: torch.Tensor, path: torch.Tensor,
                  drafter_path: Optional[torch.Tensor] = None) -> None:

@@ -1,10 +1,13 @@
-"""Static, preallocated KV cache: one K and one V buffer per layer, [B, S, Hkv, D].
+"""Static, preallocated KV cache: a K and a V tensor per layer, [B, S, Hkv, D].
 
 `allocate` takes every layer's K from one [L, B, S, Hkv, D] buffer (and V from another), so a
 tree's compaction moves a round's accepted nodes in all layers with one gather and one scatter
 per buffer (`move_slots`): under a CUDA graph at small batch a round is bound by its kernel
 count, and one copy a layer made compaction cost 4L kernels a round. K and V stay separate
 buffers so that no two of a layer's inputs alias each other (a compiled layer mutates both).
+The layers must stay those aliases: a layer replaced by another tensor would leave the stacked
+buffer stale, so the cache checks that they share its storage when it is made, and nothing may
+assign a layer afterwards.
 
 Slots are addressed explicitly by the decode loops: committed tokens sit at slot == position,
 drafted (chain or tree) tokens are written past the committed length and either kept (chain),
@@ -27,6 +30,13 @@ class KVCache:
     # [L, B, S, Hkv, D] buffers whose [i] are k[i] / v[i] (None: layers held separately)
     stacked_k: Optional[torch.Tensor] = None
     stacked_v: Optional[torch.Tensor] = None
+
+    def __post_init__(self):
+        for layers, stacked in ((self.k, self.stacked_k), (self.v, self.stacked_v)):
+            if stacked is not None and (
+                    len(layers) != stacked.shape[0] or
+                    any(t.data_ptr() != s.data_ptr() for t, s in zip(layers, stacked))):
+                raise ValueError("a KVCache's layers must be its stacked buffer's layers")
 
     @classmethod
     def allocate(cls, num_layers: int, batch: int, capacity: int, num_kv_heads: int,
@@ -67,12 +77,12 @@ class KVCache:
                 buffer[rows, dst] = buffer[rows, src]
 
     def copy_slots(self, row: int, src: torch.Tensor, dst: torch.Tensor) -> None:
-        """Move entries of request `row` from slots `src` to slots `dst` (tree compaction).
+        """Move entries of request `row` from slots `src` to slots `dst` (tree compaction),
+        positions included: `move_slots` for one row.
 
         Gathered before scattering, so overlapping source and destination ranges are safe."""
-        for layer in range(len(self.k)):
-            self.k[layer][row, dst] = self.k[layer][row, src].clone()
-            self.v[layer][row, dst] = self.v[layer][row, src].clone()
+        rows = torch.tensor([[row]], device=self.positions.device)
+        self.move_slots(rows, src[None], dst[None])
         self.positions[row, dst] = self.positions[row, src].clone()
 
 

@@ -30,11 +30,10 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   refill              continuous refill, eager
   ragged_adaptive_refill   the three batching mechanisms combined, eager
   graphed_sequoia     CaptureGraphs + the tree from measured acceptance: at each batch size the
-                      Sequoia-shaped tree the calibrated cost model ranks first, shaped on
-                      held-out prompts (shaped_tree_system.py, tree_pricing.py)
-  graphed_sequoia_timed   the same, the chains among the candidates, each shape priced by
-                      probe rounds timed at that batch, chains by chains', trees by trees'
-                      (Sequoia's hardware-aware pricing)
+                      Sequoia-shaped tree (or chain) the calibrated cost model ranks first,
+                      shaped on held-out prompts (shaped_tree_system.py, tree_pricing.py)
+  graphed_sequoia_timed   the same, each shape priced by probe rounds timed at that batch,
+                      chains by chains', trees by trees' (Sequoia's hardware-aware pricing)
 
 The eager mechanisms run their host loops in Python; they are measured as they are, next to the
 graphed ones, so that what graph capture would bring them is visible.

@@ -10,17 +10,17 @@ the most tokens per second at that batch:
      the bench does not time, decoded by greedy AR of the target), so the shape is not fitted
      to the prompts it is timed on (`HeldOutProfile`, measured once for both systems); with no
      held-out prompt it falls back to the benched ones and the systems say so in their notes;
-  2. every shape the dynamic programme gives for that profile is priced at the batch size and
-     the best is the row's Program (tree_pricing.py): `mech:graphed_sequoia` by the cost model
-     calibrated at that batch, `mech:graphed_sequoia_timed` by probe chains' and trees' rounds
-     timed there, each kind fitted on its own probes (a chain and a tree round run different
-     code), with the chain of every depth among the shapes it prices. On an H200 (run 33's
+  2. every shape the dynamic programme gives for that profile, and the chain of every depth, is
+     priced at the batch size and the best is the row's Program (tree_pricing.py):
+     `mech:graphed_sequoia` by the cost model calibrated at that batch,
+     `mech:graphed_sequoia_timed` by probe chains' and trees' rounds timed there, each kind
+     fitted on its own probes (a chain and a tree round run different code). On an H200 (run 33's
      pair) the calibrated model chose 64-node trees at batch 1 and 4 that ran 0.80x and 0.86x
      the stock chain: it priced them far below what their rounds cost (BENCHMARKS.md, sixteenth
      set). In run 34 the timed pricing, then one fit over chain and tree probes, priced a
      tree's level like a chain's (0.23 ms against a tree's 0.45 ms at batch 1) and chose a
-     5-node depth-4 sparse tree slower than the stock chain(4); the two fits have not been
-     benched yet.
+     5-node depth-4 sparse tree slower than the stock chain(4). With the two fits (run 36's
+     pair, batch 1) it chose chain(3), 1.28x strong AR against the stock chain(4)'s 1.29x.
 
 Each row says which tree it ran and how it was priced (`shaped_tree`).
 """
@@ -94,8 +94,8 @@ class ShapedTreeSystem(ProgramSystem):
             raise SpecPilotError(f"pricing {pricing!r}: expected one of {self.PRICINGS}")
         super().__init__(name, base, pair, (
             "stock + CaptureGraphs + the tree from measured acceptance: at each batch size the "
-            "Sequoia-shaped tree with the most tokens per second, for the drafter's ranks on "
-            "held-out prompts, priced by " + (
+            "Sequoia-shaped tree (or the chain) with the most tokens per second, for the "
+            "drafter's ranks on held-out prompts, priced by " + (
                 "the cost model calibrated at that batch" if pricing == "calibrated" else
                 "probe chains' and trees' rounds timed at that batch")),
             graphs_only=graphs_only)

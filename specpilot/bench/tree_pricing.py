@@ -1,7 +1,8 @@
 """Pricing the Sequoia-shaped trees of a measured rank profile at one batch size, for the
 shaped-tree bench systems (shaped_tree_system.py): every shape from
-`cost/topologies.shaped_topologies` (the dynamic programme) is rated in tokens per second and
-the best is kept (`best_shape`). Two ratings:
+`cost/topologies.shaped_topologies` (the dynamic programme), and the chain of every depth it
+lacks (`shapes_and_chains`: the tree must beat a chain to be run), is rated in tokens per second
+and the best is kept (`best_shape`). Two ratings:
 
   - calibrated: the cost model's predicted tokens/s, the model being the GPU's built-in spec
     calibrated at the batch size as a compile's round zero calibrates it (`calibrated_model`:
@@ -9,7 +10,7 @@ the best is kept (`best_shape`). Two ratings:
   - timed, Sequoia's own hardware-aware way: a few probe chains' and trees' rounds are timed at
     the batch size (`time_probes`) and a shape's rate is its expected tokens a round (accepted
     drafts replayed over the ranks, plus the bonus) over its round's fitted cost, for full rows
-    (`best_timed_topology`, among the shapes and the chains of every depth).
+    (`best_timed_topology`).
 
 The timed rounds are fitted twice, one fit per kind of round, because a chain round and a tree
 round run different runtime code: a chain needs no tree mask, top-k, acceptance walk or cache
@@ -77,9 +78,12 @@ def best_shape(base: Program, acceptance, batch: int, rate: Rating,
 
 def best_shaped_topology(base: Program, acceptance, batch: int,
                          cost_model) -> Tuple[object, float]:
-    """(topology, predicted tokens/s) of the shaped tree `cost_model` ranks first at `batch`."""
+    """(topology, predicted tokens/s) of the shape `cost_model` ranks first at `batch`, among
+    the shaped trees and the chains (`shapes_and_chains`, the candidates the timed pricing
+    rates: the two pricings differ in their prices only)."""
     return best_shape(base, acceptance, batch, lambda program, _:
-                      cost_model.predicted_tokens_per_s(program, acceptance, batch))
+                      cost_model.predicted_tokens_per_s(program, acceptance, batch),
+                      shapes_and_chains(acceptance))
 
 
 def shapes_and_chains(acceptance) -> Tuple[object, ...]:
