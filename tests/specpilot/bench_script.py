@@ -1,5 +1,6 @@
-"""Load a script of bench/ (not a package) as a module, for the tests that run it end to end,
-and write the step costs and acceptance profiles such scripts read."""
+"""Load a script of bench/ (not a package) as a module, for the tests that run it end to end;
+write the step costs and acceptance profiles such scripts read; and fill a decoder as the
+scripts that time rounds do."""
 import importlib.util
 import json
 import os
@@ -56,3 +57,22 @@ def count_fused_forwards(monkeypatch, script) -> list:
 
     monkeypatch.setattr(script, "FusedForward", Counting)
     return calls
+
+
+def fill_all_active(dec, target, drafter, context: int, seed: int):
+    """`dec` (a graphed decoder) with both caches holding a random context of `context` tokens
+    a row and every row active after it, as the scripts that time rounds leave it; returns
+    `dec`."""
+    import torch
+
+    from hf_factory import random_prompts
+    from specpilot.runtime.steps import append_step
+
+    prompts = random_prompts([context] * dec.batch, seed=seed)
+    zeros = torch.zeros(dec.batch, dtype=torch.int64, device=dec.device)
+    append_step(target, dec.tcache, zeros, prompts)
+    append_step(drafter, dec.dcache, zeros, prompts)
+    dec.reset_all_active(context)
+    dec.last.copy_(torch.tensor([p[-1] for p in prompts], device=dec.device))
+    dec.prev.copy_(torch.tensor([p[-2] for p in prompts], device=dec.device))
+    return dec

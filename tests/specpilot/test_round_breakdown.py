@@ -7,16 +7,14 @@ import json
 import pytest
 import torch
 
-from bench_script import count_fused_forwards, load_bench_script
-from hf_factory import fusable_pair, kernel_device, random_prompts
+from bench_script import count_fused_forwards, fill_all_active, load_bench_script
+from hf_factory import fusable_pair, random_prompts
 from torch_threads import single_thread_fixture
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
-from specpilot.runtime.steps import append_step
 
 one_thread = single_thread_fixture()
 
-DEVICE = kernel_device()
 K, CONTEXT, CAPACITY, BATCH = 2, 6, 40, 2
 STATE = ("length", "last", "prev", "count", "active", "out", "accepted", "status",
          "round_index")
@@ -29,15 +27,8 @@ def models(tmp_path_factory):
 
 def _filled(cls, target, drafter, **options):
     """A decoder whose caches hold a random context and whose rows are all active after it."""
-    dec = cls(target, drafter, BATCH, CAPACITY, K, capture=False, **options)
-    prompts = random_prompts([CONTEXT] * BATCH, seed=5)
-    zeros = torch.zeros(BATCH, dtype=torch.int64, device=DEVICE)
-    append_step(target, dec.tcache, zeros, prompts)
-    append_step(drafter, dec.dcache, zeros, prompts)
-    dec.reset_all_active(CONTEXT)
-    dec.last.copy_(torch.tensor([p[-1] for p in prompts], device=DEVICE))
-    dec.prev.copy_(torch.tensor([p[-2] for p in prompts], device=DEVICE))
-    return dec
+    return fill_all_active(cls(target, drafter, BATCH, CAPACITY, K, capture=False, **options),
+                           target, drafter, CONTEXT, seed=5)
 
 
 @pytest.mark.parametrize("cls, options", [(GraphedChainDecoder, {}),

@@ -6,12 +6,11 @@ import json
 
 import torch
 
-from bench_script import load_bench_script
-from hf_factory import fusable_pair, random_prompts
+from bench_script import fill_all_active, load_bench_script
+from hf_factory import fusable_pair
 from torch_threads import single_thread_fixture
 from specpilot.ir import SparseTree
 from specpilot.runtime.graphed_tree import GraphedTreeDecoder
-from specpilot.runtime.steps import append_step
 
 one_thread = single_thread_fixture()
 
@@ -22,16 +21,8 @@ TREE = SparseTree(((0,), (1,), (0, 0), (0, 1), (0, 0, 0), (1, 0)))
 
 def _filled(target, drafter):
     """A tree decoder whose caches hold a random context, every row active after it."""
-    dec = GraphedTreeDecoder(target, drafter, BATCH, CAPACITY, TREE.shape(), capture=False)
-    prompts = random_prompts([CONTEXT] * BATCH, seed=3)
-    device = dec.device
-    zeros = torch.zeros(BATCH, dtype=torch.int64, device=device)
-    append_step(target, dec.tcache, zeros, prompts)
-    append_step(drafter, dec.dcache, zeros, prompts)
-    dec.reset_all_active(CONTEXT)
-    dec.last.copy_(torch.tensor([p[-1] for p in prompts], device=device))
-    dec.prev.copy_(torch.tensor([p[-2] for p in prompts], device=device))
-    return dec
+    return fill_all_active(GraphedTreeDecoder(target, drafter, BATCH, CAPACITY, TREE.shape(),
+                                              capture=False), target, drafter, CONTEXT, seed=3)
 
 
 def test_the_before_variant_runs_the_same_rounds(tmp_path):
