@@ -138,14 +138,17 @@ class GraphedTreeDecoder(GraphedChainDecoder):
 
     # ---- the round ------------------------------------------------------------------------------
 
-    def _tree_mask(self, rows: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
-        """[B, len(rows), S]: committed slots, plus the tree pattern's `rows` placed at base."""
+    def _round_mask(self, base: torch.Tensor) -> torch.Tensor:
+        """[B, n + 1, S]: committed slots, plus the static tree's pattern placed at base. Built
+        once a round: the drafter's levels take its rows and the verification all of it (a
+        mask a level cost the round its kernels each time, for rows of one mask)."""
         b = base.shape[0]
-        pat = self.pattern[rows]
-        return placed_mask(pat[None].expand(b, *pat.shape), base, self.slot_ids[0, 0])
+        return placed_mask(self.pattern[None].expand(b, *self.pattern.shape), base,
+                           self.slot_ids[0, 0])
 
-    def _draft_tree(self, base: torch.Tensor) -> torch.Tensor:
-        """The drafted tokens of every node, [B, num_nodes], level by level."""
+    def _draft_tree(self, base: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The drafted tokens of every node, [B, num_nodes], level by level; `mask` is the
+        round's (`_round_mask`)."""
         pos = base[:, None] + self.catch_up_offsets
         tokens = torch.stack([self.prev, self.last], dim=1)
         logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
@@ -153,34 +156,37 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         top = torch.topk(logits, self.branching[0], dim=-1).indices        # [B, 1, b1]
         levels = [top[:, 0, self.level_ranks[0]]]
         for d in range(1, len(self.levels)):
-            above = self.levels[d - 1]
-            rows = torch.arange(above.start + 1, above.stop + 1, device=self.device)
-            slots = base[:, None] + rows[None, :]
+            above = self.levels[d - 1]          # its nodes are the mask's rows 1 + above
+            slots = base[:, None] + self.slots_after[above.start + 1:above.stop + 1][None, :]
             pos = base[:, None] + d
             logits = self.drafter.forward(levels[-1], pos.expand_as(slots), slots,
-                                          self._tree_mask(rows, base), self.dcache)
+                                          mask[:, above.start + 1:above.stop + 1], self.dcache)
             top = torch.topk(logits, self.branching[d], dim=-1).indices    # [B, |L_d|, b]
             levels.append(top[:, self.parent_place[d], self.level_ranks[d]])
         return torch.cat(levels, dim=1)
 
     def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor,
-                     pattern: Optional[torch.Tensor] = None, positions: Optional[torch.Tensor] = None):
+                     pattern: Optional[torch.Tensor] = None,
+                     positions: Optional[torch.Tensor] = None,
+                     mask: Optional[torch.Tensor] = None):
         """The target's logits [B, n + 1, V] over root + nodes under the tree mask (the static
-        tree's, or a per-row `pattern` [B, n + 1, n + 1] with node `positions` [B, n + 1])."""
-        return self._tree_forward(self.target, self.tcache, base, nodes, pattern, positions)
+        tree's, given as the round's `mask` or built here, or a per-row `pattern`
+        [B, n + 1, n + 1] with node `positions` [B, n + 1])."""
+        return self._tree_forward(self.target, self.tcache, base, nodes, pattern, positions,
+                                  mask)
 
     def _tree_forward(self, model, cache, base: torch.Tensor, nodes: torch.Tensor,
                       pattern: Optional[torch.Tensor] = None,
-                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+                      positions: Optional[torch.Tensor] = None,
+                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
         """`model`'s logits over root + nodes under the tree mask, K/V into `cache`."""
-        b = base.shape[0]
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         pos = base[:, None] + (self.offsets if positions is None else positions)
         slots = base[:, None] + self.slots_after
-        if pattern is None:
-            pattern = self.pattern[None].expand(b, *self.pattern.shape)
-        return model.forward(tokens, pos, slots, placed_mask(pattern, base, self.slot_ids[0, 0]),
-                             cache)
+        if mask is None:
+            mask = (self._round_mask(base) if pattern is None else
+                    placed_mask(pattern, base, self.slot_ids[0, 0]))
+        return model.forward(tokens, pos, slots, mask, cache)
 
     def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
         """Greedy acceptance down the tree (`walk_tree`). `parent_row` is the static tree's
@@ -209,8 +215,9 @@ class GraphedTreeDecoder(GraphedChainDecoder):
 
     def _round(self, k: int) -> None:
         base = self._base()
-        nodes = self._draft_tree(base)
-        logits = self._verify_tree(base, nodes)
+        mask = self._round_mask(base)
+        nodes = self._draft_tree(base, mask)
+        logits = self._verify_tree(base, nodes, mask=mask)
         self._accept(base, nodes, self.parent_row, logits)
 
     def _accept(self, base: torch.Tensor, nodes: torch.Tensor, parent_row: torch.Tensor,

@@ -60,17 +60,19 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
     def _prefill_models(self):
         return super()._prefill_models() + [(self.cheap, self.ccache)]
 
-    def _cheap_path(self, base: torch.Tensor, nodes: torch.Tensor):
-        """The cheap verifier's greedy walk down the tree: (node per depth or -1 [B, D], its
-        length [B]). Its cache holds every committed token but the root: the prefill, then each
-        round's path moved down (`_round`), so one forward of root + tree serves."""
-        logits = self._tree_forward(self.cheap, self.ccache, base, nodes)
+    def _cheap_path(self, base: torch.Tensor, nodes: torch.Tensor, mask: torch.Tensor):
+        """The cheap verifier's greedy walk down the tree (`mask` the round's): (node per
+        depth or -1 [B, D], its length [B]). Its cache holds every committed token but the
+        root: the prefill, then each round's path moved down (`_round`), so one forward of
+        root + tree serves."""
+        logits = self._tree_forward(self.cheap, self.ccache, base, nodes, mask=mask)
         return self._walk(nodes, self.parent_row, torch.argmax(logits, dim=-1))
 
     def _round(self, k: int) -> None:
         base = self._base()
-        nodes = self._draft_tree(base)
-        path, path_len = self._cheap_path(base, nodes)
+        mask = self._round_mask(base)
+        nodes = self._draft_tree(base, mask)
+        path, path_len = self._cheap_path(base, nodes, mask)
         # Past a short path the drafts repeat some node: the cap at the path's length below
         # keeps them from being accepted, and the causal mask from the tokens before them.
         drafts = nodes.gather(1, path.clamp(min=0))

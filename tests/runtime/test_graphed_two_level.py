@@ -74,8 +74,9 @@ def test_a_round_where_the_cheap_path_decides_is_caught():
 
         def _round(self, k):
             base = self._base()
-            nodes = self._draft_tree(base)
-            path, path_len = self._cheap_path(base, nodes)
+            mask = self._round_mask(base)
+            nodes = self._draft_tree(base, mask)
+            path, path_len = self._cheap_path(base, nodes, mask)
             drafts = torch.where(path >= 0, nodes.gather(1, path.clamp(min=0)),
                                  torch.zeros_like(path))
             g = self._verify(drafts)
