@@ -140,8 +140,8 @@ class GraphedTreeDecoder(GraphedChainDecoder):
 
     def _round_mask(self, base: torch.Tensor) -> torch.Tensor:
         """[B, n + 1, S]: committed slots, plus the static tree's pattern placed at base. Built
-        once a round: the drafter's levels take its rows and the verification all of it (a
-        mask a level cost the round its kernels each time, for rows of one mask)."""
+        once a round: each drafter level's mask is some of its rows, and the verification's
+        all of it (one built a level cost that level's kernels again)."""
         b = base.shape[0]
         return placed_mask(self.pattern[None].expand(b, *self.pattern.shape), base,
                            self.slot_ids[0, 0])
