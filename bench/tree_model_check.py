@@ -1,0 +1,102 @@
+"""How well the cost model prices a tree round against a chain's: the rounds a
+`bench/tree_round_cost.py` run measured ("now" rows), each priced by the roofline model
+(`cost/roofline.step_nodes`: roofline and overhead seconds of the Program with that topology,
+captured, at the run's batch and context), with the calibration's two factors (alpha x
+roofline + beta x overhead) fitted by least squares on the chain rows alone, as a compile's
+calibration sees chains only. Each tree row then says measured ÷ predicted: above 1, the model
+prices that tree below what its round costs.
+
+  python3 bench/tree_model_check.py --rounds bench/results/tree-round-cost.json \\
+      --out bench/results/tree-model-check.json
+
+No GPU needed: it reads measurements. The run's shapes must be presets
+(`--shapes` of tree_round_cost.py, random weights), and its GPU one of the cost model's specs.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import replace
+from pathlib import Path
+from typing import List
+
+from specpilot.bench.shapes import get_preset, parse_shapes
+from specpilot.bench.step_costs import topology_from_key
+from specpilot.cost.gpu_specs import gpu_key, gpu_spec
+from specpilot.cost.roofline import step_nodes
+from specpilot.deploy import model_spec_from_config
+from specpilot.ir import CaptureGraphs, Chain, Deployment, SetTopology, apply
+from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.stock import stock_program
+from specpilot.search.run_folder import write_json_atomic
+
+
+def priced_rows(doc: dict) -> List[dict]:
+    """The run's "now" rows, each with the model's roofline and overhead seconds added."""
+    settings, gpu_name = doc["settings"], doc["environment"].get("gpu", "")
+    if settings.get("pair"):
+        raise SpecPilotError("the rounds were measured on a trained pair: give a run on preset "
+                             "shapes (random weights), whose model specs are known")
+    target, drafter = parse_shapes(settings["shapes"])
+    # tree_round_cost.py's random weights: bf16 on a GPU, float32 off one.
+    dtype = "bfloat16" if doc["environment"].get("device") == "cuda" else "float32"
+    specs = [model_spec_from_config(get_preset(p.name).config(settings.get("scale", 1.0)), role,
+                                    dtype, f"/{p.name}")
+             for p, role in ((target, "target"), (drafter, "drafter"))]
+    gpu = gpu_spec(gpu_key(gpu_name))
+    stock = apply(stock_program(Deployment(*specs, gpu_key(gpu_name), "humaneval")),
+                  CaptureGraphs(on=True))
+    out = []
+    for row in doc["rows"]:
+        if row["variant"] != "now":
+            continue
+        topology = topology_from_key(row["topology"])
+        program = stock if stock.draft.topology == topology else apply(stock,
+                                                                       SetTopology(topology))
+        program = replace(program, batch=replace(program.batch, max_batch_size=row["batch"]))
+        # The measured rounds accept nothing of random drafts: price them accepting nothing.
+        nodes = step_nodes(program, gpu, row["batch"], settings["context"], 0.0)
+        out.append({**{k: row[k] for k in ("batch", "topology", "nodes", "depth", "round_ms")},
+                    "chain": isinstance(topology, Chain),
+                    "roofline_ms": 1e3 * sum(n.roofline_s(gpu) for n in nodes),
+                    "overhead_ms": 1e3 * sum(n.overhead_s(gpu) for n in nodes)})
+    return out
+
+
+def fit_on_chains(rows: List[dict]):
+    """(alpha, beta) by least squares on the chain rows: round ms = alpha x roofline ms +
+    beta x overhead ms. A SpecPilotError where the chains cannot tell the two apart."""
+    import numpy as np
+
+    chains = [r for r in rows if r["chain"]]
+    a = np.array([[r["roofline_ms"], r["overhead_ms"]] for r in chains]).reshape(-1, 2)
+    if np.linalg.matrix_rank(a) < 2:
+        raise SpecPilotError("the chain rows cannot separate the roofline from the overhead: "
+                             "measure a chain at two batch sizes at least")
+    alpha, beta = np.linalg.lstsq(a, np.array([r["round_ms"] for r in chains]), rcond=None)[0]
+    return float(alpha), float(beta)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--rounds", required=True, help="a bench/tree_round_cost.py result")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    try:
+        doc = json.loads(Path(args.rounds).read_text())
+        rows = priced_rows(doc)
+        alpha, beta = fit_on_chains(rows)
+    except (OSError, ValueError, KeyError, SpecPilotError) as exc:
+        ap.error(f"{args.rounds}: {exc}")
+    for r in rows:
+        r["predicted_ms"] = alpha * r["roofline_ms"] + beta * r["overhead_ms"]
+        r["measured_over_predicted"] = r["round_ms"] / r["predicted_ms"]
+        print(f"batch {r['batch']:3d} {r['topology']:58s} measured {r['round_ms']:.3f} ms, "
+              f"predicted {r['predicted_ms']:.3f} ({r['measured_over_predicted']:.2f}x)")
+    write_json_atomic(Path(args.out), {"rounds": args.rounds, "environment": doc["environment"],
+                                       "alpha": alpha, "beta": beta, "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,81 @@
+"""bench/tree_model_check.py: its calibration fitted on the chain rows recovers the factors the
+rounds were made with, each tree row's verdict is its measured time over that prediction (both
+recomputed here from `step_nodes` on a Program built by hand), and runs it cannot price are
+refused with a message."""
+import json
+from dataclasses import replace
+
+import pytest
+
+from bench_script import load_bench_script
+from specpilot.bench.shapes import get_preset
+from specpilot.cost.gpu_specs import gpu_spec
+from specpilot.cost.roofline import step_nodes
+from specpilot.deploy import model_spec_from_config
+from specpilot.ir import CaptureGraphs, Chain, Deployment, SetTopology, Tree, apply
+from specpilot.ir.stock import stock_program
+
+SHAPES, CONTEXT = "zoo-gpu-small:zoo-gpu-small-drafter", 192
+ALPHA, BETA = 2.5, 3.5
+
+
+def _seconds(topology, batch):
+    """(roofline, overhead) ms of a captured round of `topology`, from a Program built here."""
+    specs = [model_spec_from_config(get_preset(name).config(), role, "bfloat16", f"/{name}")
+             for name, role in (("zoo-gpu-small", "target"), ("zoo-gpu-small-drafter",
+                                                              "drafter"))]
+    program = apply(stock_program(Deployment(*specs, "h200", "humaneval")),
+                    CaptureGraphs(on=True))
+    if program.draft.topology != topology:          # the stock chain(4) is set already
+        program = apply(program, SetTopology(topology))
+    program = replace(program, batch=replace(program.batch, max_batch_size=batch))
+    gpu = gpu_spec("h200")
+    nodes = step_nodes(program, gpu, batch, CONTEXT, 0.0)
+    return (1e3 * sum(n.roofline_s(gpu) for n in nodes),
+            1e3 * sum(n.overhead_s(gpu) for n in nodes))
+
+
+def _doc(rows, **settings):
+    return {"environment": {"gpu": "NVIDIA H200", "device": "cuda"},
+            "settings": {"shapes": SHAPES, "context": CONTEXT, "scale": 1.0, "pair": None,
+                         **settings},
+            "rows": [{"batch": b, "topology": str(t), "nodes": t.num_nodes, "depth": t.depth,
+                      "variant": variant, "round_ms": ms} for b, t, variant, ms in rows]}
+
+
+def test_the_chains_fit_recovers_the_factors_and_trees_are_judged_against_it(tmp_path):
+    rows = []
+    for b in (1, 64):                         # chains made exactly by ALPHA and BETA
+        for k in (2, 4):
+            roof, over = _seconds(Chain(k), b)
+            rows.append((b, Chain(k), "now", ALPHA * roof + BETA * over))
+    tree = Tree((3, 2))
+    roof, over = _seconds(tree, 4)
+    rows += [(4, tree, "now", 1.4 * (ALPHA * roof + BETA * over)),
+             (4, tree, "before", 99.0)]       # "before" rows are not the runtime priced
+    rounds, out = tmp_path / "rounds.json", tmp_path / "check.json"
+    rounds.write_text(json.dumps(_doc(rows)))
+    assert load_bench_script("tree_model_check").main(
+        ["--rounds", str(rounds), "--out", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["alpha"] == pytest.approx(ALPHA, rel=1e-6)
+    assert result["beta"] == pytest.approx(BETA, rel=1e-6)
+    assert len(result["rows"]) == 5
+    (judged,) = [r for r in result["rows"] if not r["chain"]]
+    assert judged["measured_over_predicted"] == pytest.approx(1.4, rel=1e-6)
+    assert all(r["measured_over_predicted"] == pytest.approx(1.0, rel=1e-6)
+               for r in result["rows"] if r["chain"])
+
+
+@pytest.mark.parametrize("doc, message", [
+    (_doc([(1, Chain(4), "now", 2.0)], pair="/tmp/pair"), "trained pair"),
+    (_doc([(1, Chain(4), "now", 2.0), (1, Tree((2,)), "now", 2.5)]), "two batch sizes"),
+])
+def test_runs_it_cannot_price_are_refused(tmp_path, capsys, doc, message):
+    rounds = tmp_path / "rounds.json"
+    rounds.write_text(json.dumps(doc))
+    with pytest.raises(SystemExit):
+        load_bench_script("tree_model_check").main(
+            ["--rounds", str(rounds), "--out", str(tmp_path / "out.json")])
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "out.json").exists()
