@@ -9,8 +9,9 @@ prices that tree below what its round costs.
   python3 bench/tree_model_check.py --rounds bench/results/tree-round-cost.json \\
       --out bench/results/tree-model-check.json
 
-No GPU needed: it reads measurements. The run's shapes must be presets
-(`--shapes` of tree_round_cost.py, random weights), and its GPU one of the cost model's specs.
+No GPU needed: it reads measurements. The run must have been on a GPU that is one of the cost
+model's specs (captured rounds, bf16), on preset shapes (`--shapes` of tree_round_cost.py,
+random weights). A fit that is not positive (noisy chain rows) is refused.
 """
 from __future__ import annotations
 
@@ -33,15 +34,18 @@ from specpilot.search.run_folder import write_json_atomic
 
 def priced_rows(doc: dict) -> List[dict]:
     """The run's "now" rows, each with the model's roofline and overhead seconds added."""
-    settings, gpu_name = doc["settings"], doc["environment"].get("gpu", "")
+    settings, environment = doc["settings"], doc["environment"]
     if settings.get("pair"):
         raise SpecPilotError("the rounds were measured on a trained pair: give a run on preset "
                              "shapes (random weights), whose model specs are known")
+    if environment.get("device") != "cuda" or gpu_key(environment["gpu"]) == "cpu":
+        raise SpecPilotError("the rounds were not measured on a GPU: off one tree_round_cost.py "
+                             "runs eagerly in float32 (a check of the script), not what the "
+                             "model prices")
+    gpu_name = environment["gpu"]
     target, drafter = parse_shapes(settings["shapes"])
-    # tree_round_cost.py's random weights: bf16 on a GPU, float32 off one.
-    dtype = "bfloat16" if doc["environment"].get("device") == "cuda" else "float32"
-    specs = [model_spec_from_config(get_preset(p.name).config(settings.get("scale", 1.0)), role,
-                                    dtype, f"/{p.name}")
+    specs = [model_spec_from_config(get_preset(p.name).config(settings["scale"]), role,
+                                    "bfloat16", f"/{p.name}")
              for p, role in ((target, "target"), (drafter, "drafter"))]
     gpu = gpu_spec(gpu_key(gpu_name))
     stock = apply(stock_program(Deployment(*specs, gpu_key(gpu_name), "humaneval")),
@@ -74,6 +78,9 @@ def fit_on_chains(rows: List[dict]):
         raise SpecPilotError("the chain rows cannot separate the roofline from the overhead: "
                              "measure a chain at two batch sizes at least")
     alpha, beta = np.linalg.lstsq(a, np.array([r["round_ms"] for r in chains]), rcond=None)[0]
+    if not (alpha > 0 and beta >= 0):
+        raise SpecPilotError(f"the chain rows fit alpha {alpha:.3g}, beta {beta:.3g}: a round "
+                             "cannot cost less for more work; measure the chains again")
     return float(alpha), float(beta)
 
 

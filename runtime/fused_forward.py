@@ -170,7 +170,8 @@ class FusedForward:
         attended = torch.empty_like(q)
         act = torch.empty((m, cfg.intermediate_size), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
-        mask = mask.contiguous()
+        if mask.stride(-1) != 1:     # the kernels take row strides: a tree level's rows of
+            mask = mask.contiguous()  # its round's mask need no copy
         kv_len = self._visible_end(mask)
         eps = cfg.rms_norm_eps
         for i, layer in enumerate(self.fused_layers):

@@ -183,6 +183,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         pos = base[:, None] + (self.offsets if positions is None else positions)
         slots = base[:, None] + self.slots_after
+        assert mask is None or pattern is None, "a round's mask is the static tree's"
         if mask is None:
             mask = (self._round_mask(base) if pattern is None else
                     placed_mask(pattern, base, self.slot_ids[0, 0]))

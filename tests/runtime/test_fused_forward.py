@@ -140,3 +140,36 @@ def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
     expected = model.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], clean)
     actual = fused.forward(prompt, pos, pos, slot_ids <= pos[:, :, None], poisoned)
     torch.testing.assert_close(actual, expected, rtol=1e-4, atol=1e-4)
+
+
+def test_a_mask_given_as_rows_of_a_wider_mask_is_read_as_those_rows(tmp_path):
+    # A tree level's mask is a slice of its round's mask (runtime/graphed_tree.py): rows apart
+    # by more than one row's width, which the kernels read through the mask's strides uncopied.
+    folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    g = torch.Generator().manual_seed(4)
+    batch, capacity, width = 2, 24, 3
+    context = torch.randint(0, model.config.vocab_size, (batch, 8), generator=g).to(DEVICE)
+    tokens = torch.randint(0, model.config.vocab_size, (batch, width), generator=g).to(DEVICE)
+    slot_ids = torch.arange(capacity, device=DEVICE)[None, None, :]
+    pos = torch.arange(8, device=DEVICE)[None, :].expand(batch, 8)
+    new_pos = (8 + torch.arange(width, device=DEVICE))[None, :].expand(batch, width)
+    # Rows 2..4 of a 6-row mask: causal over the context and the new tokens, one row masked
+    # further at random, so that a row read from the wrong place gives other logits.
+    wide = (slot_ids <= (6 + torch.arange(6, device=DEVICE))[None, :, None]).expand(batch, 6,
+                                                                                  capacity).clone()
+    wide[:, 3, 2] = False
+    rows = wide[:, 2:2 + width]
+    assert not rows.is_contiguous()
+    logits = {}
+    for name, mask in (("slice", rows), ("copy", rows.contiguous())):
+        cache = model.new_cache(batch, capacity)
+        model.forward(context, pos, pos, slot_ids <= pos[:, :, None], cache)
+        logits[name] = fused.forward(tokens, new_pos, new_pos, mask, cache)
+    torch.testing.assert_close(logits["slice"], logits["copy"], rtol=0, atol=0)
+    cache = model.new_cache(batch, capacity)
+    model.forward(context, pos, pos, slot_ids <= pos[:, :, None], cache)
+    torch.testing.assert_close(logits["slice"],
+                               model.forward(tokens, new_pos, new_pos, rows.contiguous(), cache),
+                               rtol=1e-4, atol=1e-4)

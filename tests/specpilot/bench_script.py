@@ -60,9 +60,9 @@ def count_fused_forwards(monkeypatch, script) -> list:
 
 
 def fill_all_active(dec, target, drafter, context: int, seed: int):
-    """`dec` (a graphed decoder) with both caches holding a random context of `context` tokens
-    a row and every row active after it, as the scripts that time rounds leave it; returns
-    `dec`."""
+    """`dec` (a graphed decoder) with both caches holding a seeded random context of `context`
+    tokens a row, its last two tokens as `prev` and `last`, and every row active after it;
+    returns `dec`."""
     import torch
 
     from hf_factory import random_prompts

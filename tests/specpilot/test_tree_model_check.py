@@ -15,7 +15,7 @@ from specpilot.deploy import model_spec_from_config
 from specpilot.ir import CaptureGraphs, Chain, Deployment, SetTopology, Tree, apply
 from specpilot.ir.stock import stock_program
 
-SHAPES, CONTEXT = "zoo-gpu-small:zoo-gpu-small-drafter", 192
+SHAPES, CONTEXT = "zoo-gpu-small:zoo-gpu-small-drafter", 100
 ALPHA, BETA = 2.5, 3.5
 
 
@@ -35,8 +35,8 @@ def _seconds(topology, batch):
             1e3 * sum(n.overhead_s(gpu) for n in nodes))
 
 
-def _doc(rows, **settings):
-    return {"environment": {"gpu": "NVIDIA H200", "device": "cuda"},
+def _doc(rows, gpu="NVIDIA H200", device="cuda", **settings):
+    return {"environment": {"gpu": gpu, "device": device},
             "settings": {"shapes": SHAPES, "context": CONTEXT, "scale": 1.0, "pair": None,
                          **settings},
             "rows": [{"batch": b, "topology": str(t), "nodes": t.num_nodes, "depth": t.depth,
@@ -70,6 +70,11 @@ def test_the_chains_fit_recovers_the_factors_and_trees_are_judged_against_it(tmp
 @pytest.mark.parametrize("doc, message", [
     (_doc([(1, Chain(4), "now", 2.0)], pair="/tmp/pair"), "trained pair"),
     (_doc([(1, Chain(4), "now", 2.0), (1, Tree((2,)), "now", 2.5)]), "two batch sizes"),
+    (_doc([(1, Chain(4), "now", 2.0)], gpu="Acme Z9"), "unknown GPU"),
+    (_doc([(1, Chain(4), "now", 2.0)], gpu="cpu", device="cpu"), "not measured on a GPU"),
+    # more batch, less time: no positive factors fit
+    (_doc([(1, Chain(4), "now", 9.0), (64, Chain(4), "now", 1.0), (16, Chain(2), "now", 3.0)]),
+     "cannot cost less"),
 ])
 def test_runs_it_cannot_price_are_refused(tmp_path, capsys, doc, message):
     rounds = tmp_path / "rounds.json"
