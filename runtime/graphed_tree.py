@@ -41,6 +41,17 @@ def placed_mask(pattern: torch.Tensor, base: torch.Tensor, slot_ids: torch.Tenso
     return (rel < 0)[:, None, :] | (seen & inside[:, None, :])
 
 
+def top_tokens(logits: torch.Tensor, k: int) -> torch.Tensor:
+    """The `k` highest-scoring tokens of each row of `logits` [..., V], best first: [..., k].
+    An argmax where k is 1: on the H200 a top-k over the vocabulary cost about 30 us a call at
+    batch 1 (the 5-node tree's rounds in bench/results/tree-round-cost.json), while the chain's
+    argmaxes are not among its costliest kernels; and a sparse tree's deeper levels mostly keep
+    one child."""
+    if k == 1:
+        return logits.argmax(dim=-1, keepdim=True)
+    return torch.topk(logits, k, dim=-1).indices
+
+
 class WalkTables(NamedTuple):
     """A static tree's shape as the walk reads it (n nodes, D levels)."""
     parent_row: torch.Tensor    # [n]: node i's parent as a verification row, 0 = the root
@@ -153,7 +164,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         tokens = torch.stack([self.prev, self.last], dim=1)
         logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
                                       self.catch_up_logit)
-        top = torch.topk(logits, self.branching[0], dim=-1).indices        # [B, 1, b1]
+        top = top_tokens(logits, self.branching[0])                        # [B, 1, b1]
         levels = [top[:, 0, self.level_ranks[0]]]
         for d in range(1, len(self.levels)):
             above = self.levels[d - 1]          # its nodes are the mask's rows 1 + above
@@ -161,7 +172,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
             pos = base[:, None] + d
             logits = self.drafter.forward(levels[-1], pos.expand_as(slots), slots,
                                           mask[:, above.start + 1:above.stop + 1], self.dcache)
-            top = torch.topk(logits, self.branching[d], dim=-1).indices    # [B, |L_d|, b]
+            top = top_tokens(logits, self.branching[d])                    # [B, |L_d|, b]
             levels.append(top[:, self.parent_place[d], self.level_ranks[d]])
         return torch.cat(levels, dim=1)
 
