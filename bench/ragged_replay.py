@@ -117,25 +117,17 @@ def ridge_budgets(doc: dict, path: str, batches: Sequence[int], context: int) ->
     """The target's compute ridge (specpilot/agents/batching.py `ridge_budget`) at each batch
     size, for the shape presets and GPU the step costs were measured with."""
     from specpilot.agents.batching import ridge_budget
-    from specpilot.bench.shapes import parse_shapes
+    from specpilot.bench.shapes import preset_deployment
     from specpilot.cost.gpu_specs import UnknownGpu, gpu_key
-    from specpilot.deploy import model_spec_from_config
-    from specpilot.ir import Deployment
     from specpilot.ir.stock import stock_program
 
     settings = doc.get("settings") or {}
     gpu_name = (doc.get("environment") or {}).get("gpu")
     try:
-        presets = parse_shapes(str(settings.get("shapes")))
         gpu = gpu_key(str(gpu_name))
         scale, dtype = float(settings.get("scale", 1.0)), str(settings.get("dtype", "bfloat16"))
-
-        def spec(preset, role):
-            return model_spec_from_config(preset.config(scale), role, dtype,
-                                          f"shape:{preset.name}")
-
-        program = stock_program(Deployment(spec(presets[0], "target"),
-                                           spec(presets[1], "drafter"), gpu, "replay"))
+        program = stock_program(preset_deployment(str(settings.get("shapes")), gpu, scale,
+                                                  dtype, "replay"))
     except (SpecPilotError, UnknownGpu, ValueError, TypeError) as exc:
         raise SpecPilotError(f"{path}: --token-budget ridge needs the shape presets and GPU the "
                              f"step costs were measured with ({exc}); use --token-budget full or "

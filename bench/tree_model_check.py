@@ -2,9 +2,11 @@
 `bench/tree_round_cost.py` run measured ("now" rows), each priced by the roofline model
 (`cost/roofline.step_nodes`: roofline and overhead seconds of the Program with that topology,
 captured, at the run's batch and context), with the calibration's two factors (alpha x
-roofline + beta x overhead) fitted by least squares on the chain rows alone, as a compile's
-calibration sees chains only. Each tree row then says measured ÷ predicted: above 1, the model
-prices that tree below what its round costs.
+roofline + beta x overhead) fitted on the chain rows alone, as a compile calibrates on chains
+only. The fit is plain least squares on the rounds' milliseconds, not `cost/calibrate.fit`
+(relative errors, pulled towards one factor): the question is the trees' residual against the
+chains' line, not the factors themselves. Each tree row then says measured ÷ predicted:
+above 1, the model prices that tree below what its round costs.
 
   python3 bench/tree_model_check.py --rounds bench/results/tree-round-cost.json \\
       --out bench/results/tree-model-check.json
@@ -21,12 +23,12 @@ from dataclasses import replace
 from pathlib import Path
 from typing import List
 
-from specpilot.bench.shapes import get_preset, parse_shapes
+from specpilot.bench.shapes import preset_deployment
 from specpilot.bench.step_costs import topology_from_key
+from specpilot.bench.tree_pricing import with_topology
 from specpilot.cost.gpu_specs import gpu_key, gpu_spec
-from specpilot.cost.roofline import step_nodes
-from specpilot.deploy import model_spec_from_config
-from specpilot.ir import CaptureGraphs, Chain, Deployment, SetTopology, apply
+from specpilot.cost.roofline import step_nodes, summed_seconds
+from specpilot.ir import CaptureGraphs, Chain, apply
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.stock import stock_program
 from specpilot.search.run_folder import write_json_atomic
@@ -42,28 +44,23 @@ def priced_rows(doc: dict) -> List[dict]:
         raise SpecPilotError("the rounds were not measured on a GPU: off one tree_round_cost.py "
                              "runs eagerly in float32 (a check of the script), not what the "
                              "model prices")
-    gpu_name = environment["gpu"]
-    target, drafter = parse_shapes(settings["shapes"])
-    specs = [model_spec_from_config(get_preset(p.name).config(settings["scale"]), role,
-                                    "bfloat16", f"/{p.name}")
-             for p, role in ((target, "target"), (drafter, "drafter"))]
-    gpu = gpu_spec(gpu_key(gpu_name))
-    stock = apply(stock_program(Deployment(*specs, gpu_key(gpu_name), "humaneval")),
+    key = gpu_key(environment["gpu"])
+    gpu = gpu_spec(key)
+    stock = apply(stock_program(preset_deployment(settings["shapes"], key, settings["scale"])),
                   CaptureGraphs(on=True))
     out = []
     for row in doc["rows"]:
         if row["variant"] != "now":
             continue
         topology = topology_from_key(row["topology"])
-        program = stock if stock.draft.topology == topology else apply(stock,
-                                                                       SetTopology(topology))
+        program = with_topology(stock, topology)
         program = replace(program, batch=replace(program.batch, max_batch_size=row["batch"]))
         # The measured rounds accept nothing of random drafts: price them accepting nothing.
-        nodes = step_nodes(program, gpu, row["batch"], settings["context"], 0.0)
+        roofline, overhead = summed_seconds(
+            step_nodes(program, gpu, row["batch"], settings["context"], 0.0), gpu)
         out.append({**{k: row[k] for k in ("batch", "topology", "nodes", "depth", "round_ms")},
                     "chain": isinstance(topology, Chain),
-                    "roofline_ms": 1e3 * sum(n.roofline_s(gpu) for n in nodes),
-                    "overhead_ms": 1e3 * sum(n.overhead_s(gpu) for n in nodes)})
+                    "roofline_ms": 1e3 * roofline, "overhead_ms": 1e3 * overhead})
     return out
 
 

@@ -54,18 +54,16 @@ def dynamic_span(topology) -> int:
 def walk_per_row(nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor, depth: int):
     """graphed_tree.walk_tree for trees that differ by row (`parent_row` [B, n]), depth by
     depth from the root, `depth` steps: at each the child of the current node whose token is
-    the target's argmax there. (accepted node per depth or -1 [B, depth], count [B])."""
-    b = nodes.shape[0]
-    current = torch.zeros(b, dtype=torch.int64, device=nodes.device)
-    alive = torch.ones(b, dtype=torch.bool, device=nodes.device)
+    the target's argmax there. (accepted node per depth or -1 [B, depth], count [B]).
+    A row that found no child stays at its node, so it finds none at any later depth."""
+    current = torch.zeros(nodes.shape[0], dtype=torch.int64, device=nodes.device)
     path = []
     for _ in range(depth):
         want = g.gather(1, current[:, None])
-        match = (parent_row == current[:, None]) & (nodes == want) & alive[:, None]
+        match = (parent_row == current[:, None]) & (nodes == want)
         found = match.any(dim=1)
         pick = match.to(torch.int64).argmax(dim=1)
         current = torch.where(found, 1 + pick, current)
-        alive = alive & found
         path.append(torch.where(found, pick, torch.full_like(pick, -1)))
     path = torch.stack(path, dim=1)
     return path, (path >= 0).sum(dim=1)

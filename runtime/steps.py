@@ -51,7 +51,6 @@ def append_step(model, cache, lengths: torch.Tensor, new_tokens: List[List[int]]
     return model.forward(tokens, slots, slots, mask, cache)
 
 
-
 @torch.no_grad()
 def teacher_forced_logits(model, tokens: Sequence[int]) -> torch.Tensor:
     """[T, V] float32: `model`'s logits at each of `tokens`, one pass over them from an empty
@@ -59,6 +58,7 @@ def teacher_forced_logits(model, tokens: Sequence[int]) -> torch.Tensor:
     cache = model.new_cache(1, len(tokens) + 1)
     start = torch.zeros(1, dtype=torch.int64, device=model.device)
     return append_step(model, cache, start, [list(tokens)], logits_last_only=False)[0]
+
 
 def top2_margin(logits: torch.Tensor) -> torch.Tensor:
     """top-1 minus top-2 logit along the last dim (the near-tie measure of token forcing)."""

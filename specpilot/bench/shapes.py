@@ -197,3 +197,16 @@ def random_pair(shapes: str, scale: float = 1.0):
     target_preset, drafter_preset = parse_shapes(shapes)
     return (build_preset(target_preset.name, device, dtype, scale, seed=1),
             build_preset(drafter_preset.name, device, dtype, scale, seed=2), graphs)
+
+
+def preset_deployment(shapes: str, gpu: str, scale: float = 1.0, dtype: str = "bfloat16",
+                      workload: str = "humaneval"):
+    """The ir Deployment of the `shapes` pair ("TARGET:DRAFTER" presets) on `gpu` (a cost-model
+    GPU key), for pricing preset shapes without checkpoints."""
+    from specpilot.deploy import model_spec_from_config
+    from specpilot.ir import Deployment
+
+    target, drafter = parse_shapes(shapes)
+    return Deployment(*(model_spec_from_config(p.config(scale), role, dtype, f"shape:{p.name}")
+                        for p, role in ((target, "target"), (drafter, "drafter"))),
+                      gpu, workload)

@@ -52,18 +52,13 @@ def with_topology(program: Program, topology) -> Program:
                                                                      SetTopology(topology))
 
 
-def best_shape(base: Program, acceptance, batch: int, rate: Rating,
-               topologies: Optional[Sequence[object]] = None) -> Tuple[object, float]:
-    """(topology, its rate) of the shape `rate` rates highest for `base` at `batch`, among
-    `topologies` (default the profile's shaped trees) that Program takes; a SpecPilotError where
-    none is rated."""
-    from specpilot.cost.topologies import shaped_topologies
-
-    if topologies is None:
-        topologies = shaped_topologies(acceptance)
+def best_shape(base: Program, acceptance, batch: int, rate: Rating) -> Tuple[object, float]:
+    """(topology, its rate) of the shape `rate` rates highest for `base` at `batch`, among the
+    profile's shaped trees and chains (`shapes_and_chains`) that Program takes; a
+    SpecPilotError where none is rated."""
     sized = replace(base, batch=replace(base.batch, max_batch_size=batch))
     best: Optional[Tuple[float, object]] = None
-    for topology in topologies:
+    for topology in shapes_and_chains(acceptance):
         try:
             tps = rate(with_topology(sized, topology), topology)
         except SpecPilotError:
@@ -78,12 +73,10 @@ def best_shape(base: Program, acceptance, batch: int, rate: Rating,
 
 def best_shaped_topology(base: Program, acceptance, batch: int,
                          cost_model) -> Tuple[object, float]:
-    """(topology, predicted tokens/s) of the shape `cost_model` ranks first at `batch`, among
-    the shaped trees and the chains (`shapes_and_chains`, the candidates the timed pricing
-    rates: the two pricings differ in their prices only)."""
+    """(topology, predicted tokens/s) of the shape `cost_model` ranks first at `batch` (the
+    candidates are the timed pricing's: the two pricings differ in their prices only)."""
     return best_shape(base, acceptance, batch, lambda program, _:
-                      cost_model.predicted_tokens_per_s(program, acceptance, batch),
-                      shapes_and_chains(acceptance))
+                      cost_model.predicted_tokens_per_s(program, acceptance, batch))
 
 
 def shapes_and_chains(acceptance) -> Tuple[object, ...]:
@@ -120,7 +113,7 @@ def best_timed_topology(base: Program, acceptance, batch: int, chain_fit: Tuple[
             return None         # outside what the fit can price
         return batch * (1.0 + acceptance.mean_accepted(topology)) / seconds
 
-    return best_shape(base, acceptance, batch, rate, shapes_and_chains(acceptance))
+    return best_shape(base, acceptance, batch, rate)
 
 
 def fit_chain_cost(probes: Sequence[Tuple[object, float]]) -> Tuple[float, float]:

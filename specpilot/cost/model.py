@@ -21,7 +21,7 @@ from .gpu_specs import GpuSpec
 from .refill_schedule import refill_steps
 from .report import CATEGORIES, GAP_CATEGORIES, CostReport, NodeSummary
 from .roofline import (ACCEPT_OPS, forward_cost, gap_parts, graphed_share, step_nodes,
-                       time_parts)
+                       summed_seconds, time_parts)
 from .topologies import candidate_topologies, shaped_topologies
 
 DEFAULT_CONTEXT = 512
@@ -97,8 +97,7 @@ class CostModel:
     def step_seconds(self, program: Program, batch: int, context: int,
                      mean_accepted: float) -> float:
         nodes = step_nodes(program, self.gpu, batch, context, mean_accepted)
-        return self.calibration.predict(sum(n.roofline_s(self.gpu) for n in nodes),
-                                        sum(n.overhead_s(self.gpu) for n in nodes))
+        return self.calibration.predict(*summed_seconds(nodes, self.gpu))
 
     @property
     def ceiling_alpha(self) -> float:
@@ -159,8 +158,7 @@ class CostModel:
                 notes.append("batching waste unknown: the acceptance model has no per-request "
                              "lengths for this topology")
         nodes = step_nodes(program, gpu, batch, context, accepted)
-        step = cal.predict(sum(n.roofline_s(gpu) for n in nodes),
-                           sum(n.overhead_s(gpu) for n in nodes))
+        step = cal.predict(*summed_seconds(nodes, gpu))
         per_step_tokens = batch * (accepted + 1)
         useful_tokens = per_step_tokens * (1 - idle)
 
@@ -254,8 +252,8 @@ class CostModel:
         if not flat:                                    # no request takes a step: count is 0
             return 0.0, 0.0
         nodes = step_nodes(program, self.gpu, rows, context, sum(flat) / len(flat))
-        return (count * sum(n.roofline_s(self.gpu) for n in nodes),
-                count * sum(n.overhead_s(self.gpu) for n in nodes))
+        roofline, overhead = summed_seconds(nodes, self.gpu)
+        return count * roofline, count * overhead
 
     def _predict_refill_run(self, program: Program, lengths, prompt_lengths: Sequence[int],
                             new_tokens: Sequence[int]) -> WorkloadPrediction:

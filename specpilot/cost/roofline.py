@@ -10,7 +10,7 @@ compaction copy.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Dict, List
+from typing import Dict, List, Tuple
 
 from specpilot.ir import Program
 from specpilot.ir.formats import DTYPE_BYTES, WEIGHT_FORMATS, weight_bytes
@@ -204,6 +204,11 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
         share = graphed_share(gpu)
         out = [replace(n, launches=n.launches * share) for n in out]
     return out
+
+
+def summed_seconds(nodes, gpu: GpuSpec) -> Tuple[float, float]:
+    """(roofline, overhead) seconds of `nodes` together, the two a calibration weighs."""
+    return (sum(n.roofline_s(gpu) for n in nodes), sum(n.overhead_s(gpu) for n in nodes))
 
 
 def gap_parts(node: NodeCost, gpu: GpuSpec, alpha: float, beta: float,

@@ -9,9 +9,9 @@ import torch
 from specpilot.runtime.kv_cache import KVCache
 
 
-def _random_cache(seed):
-    cache = KVCache.allocate(num_layers=2, batch=3, capacity=10, num_kv_heads=2, head_dim=4,
-                             dtype=torch.float32)
+def _random_cache(seed, num_layers=2, batch=3, capacity=10, head_dim=4):
+    cache = KVCache.allocate(num_layers=num_layers, batch=batch, capacity=capacity,
+                             num_kv_heads=2, head_dim=head_dim, dtype=torch.float32)
     g = torch.Generator().manual_seed(seed)
     for t in cache.k + cache.v:
         t.copy_(torch.randn(t.shape, generator=g))
@@ -65,12 +65,7 @@ def _moved_by_hand(before, rows, src, dst):
 
 @pytest.mark.parametrize("stacked", [True, False])
 def test_move_slots_copies_every_layers_k_and_v_and_nothing_else(stacked):
-    cache = KVCache.allocate(num_layers=3, batch=4, capacity=12, num_kv_heads=2, head_dim=3,
-                             dtype=torch.float32)
-    gen = torch.Generator().manual_seed(7)
-    for t in cache.k + cache.v:
-        t.copy_(torch.randn(t.shape, generator=gen))
-    cache.positions.copy_(torch.randint(0, 50, cache.positions.shape, generator=gen))
+    cache = _random_cache(7, num_layers=3, batch=4, capacity=12, head_dim=3)
     if not stacked:                          # layers held as separate tensors
         cache = KVCache(k=[t.clone() for t in cache.k], v=[t.clone() for t in cache.v],
                         positions=cache.positions)

@@ -13,16 +13,16 @@ from hf_factory import make_checkpoint, noisy_checkpoint, random_prompts
 from shaped_tree_check import assert_runs_its_tree
 from specpilot.bench.shaped_tree_system import (HeldOutProfile, ShapedTreeSystem,
                                                 held_out_prompts, shaped_tree_systems)
-from specpilot.bench.shapes import get_preset
+from specpilot.bench.shapes import preset_deployment
 from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
-                                          fit_chain_cost, fit_tree_cost, shapes_and_chains)
+                                          fit_chain_cost, fit_tree_cost, shapes_and_chains,
+                                          with_topology)
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import RankProfile
 from specpilot.cost.gpu_specs import gpu_spec
 from specpilot.cost.topologies import shaped_topologies
-from specpilot.deploy import build_deployment, model_spec_from_config
-from specpilot.ir import (Chain, Deployment, SetMaxBatchSize, SetTopology, Tree, apply, replay,
-                          stock_program)
+from specpilot.deploy import build_deployment
+from specpilot.ir import Chain, SetMaxBatchSize, Tree, replay, stock_program
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.decoder import load_pair
@@ -61,26 +61,19 @@ def test_a_drafter_always_right_gets_a_chain_one_right_half_the_time_a_wider_tre
     assert split.level_widths()[0] >= 2
 
 
-def _preset_spec(name, role):
-    return model_spec_from_config(get_preset(name).config(), role, "bfloat16", f"/{name}")
-
-
 def test_the_shape_shrinks_as_verifying_gets_dearer():
     # A Llama-3.1-8B / 3.2-1B-shaped pair on the H200: at batch 64 every drafted node is
     # verified 64 times over, so the cost model must pick a smaller tree than at batch 1 (a
     # mixed drafter, ranks 0-3), each the best it sees among the shapes at its batch.
-    stock = stock_program(Deployment(_preset_spec("llama-3.1-8b", "target"),
-                                     _preset_spec("llama-3.2-1b", "drafter"), "h200",
-                                     "humaneval"))
+    stock = stock_program(preset_deployment("llama-3.1-8b:llama-3.2-1b", "h200"))
     model = CostModel(gpu_spec("h200"))
     acceptance = _profile(lambda rng: min(int(rng.expovariate(1.2)), 3), seed=3)
     chosen = {b: best_shaped_topology(stock, acceptance, b, model) for b in (1, 64)}
     assert chosen[64][0].num_nodes < chosen[1][0].num_nodes
     for batch, (_, tps) in chosen.items():
         sized = replace(stock, batch=replace(stock.batch, max_batch_size=batch))
-        every = [model.predicted_tokens_per_s(
-            sized if sized.draft.topology == t else apply(sized, SetTopology(t)), acceptance,
-            batch) for t in shaped_topologies(acceptance)]
+        every = [model.predicted_tokens_per_s(with_topology(sized, t), acceptance, batch)
+                 for t in shapes_and_chains(acceptance)]
         assert tps == pytest.approx(max(every))
 
 

@@ -8,11 +8,11 @@ from dataclasses import replace
 import pytest
 
 from bench_script import load_bench_script
-from specpilot.bench.shapes import get_preset
+from specpilot.bench.shapes import preset_deployment
+from specpilot.bench.tree_pricing import with_topology
 from specpilot.cost.gpu_specs import gpu_spec
-from specpilot.cost.roofline import step_nodes
-from specpilot.deploy import model_spec_from_config
-from specpilot.ir import CaptureGraphs, Chain, Deployment, SetTopology, Tree, apply
+from specpilot.cost.roofline import step_nodes, summed_seconds
+from specpilot.ir import CaptureGraphs, Chain, Tree, apply
 from specpilot.ir.stock import stock_program
 
 SHAPES, CONTEXT = "zoo-gpu-small:zoo-gpu-small-drafter", 100
@@ -21,18 +21,12 @@ ALPHA, BETA = 2.5, 3.5
 
 def _seconds(topology, batch):
     """(roofline, overhead) ms of a captured round of `topology`, from a Program built here."""
-    specs = [model_spec_from_config(get_preset(name).config(), role, "bfloat16", f"/{name}")
-             for name, role in (("zoo-gpu-small", "target"), ("zoo-gpu-small-drafter",
-                                                              "drafter"))]
-    program = apply(stock_program(Deployment(*specs, "h200", "humaneval")),
-                    CaptureGraphs(on=True))
-    if program.draft.topology != topology:          # the stock chain(4) is set already
-        program = apply(program, SetTopology(topology))
+    program = with_topology(apply(stock_program(preset_deployment(SHAPES, "h200")),
+                                  CaptureGraphs(on=True)), topology)
     program = replace(program, batch=replace(program.batch, max_batch_size=batch))
     gpu = gpu_spec("h200")
-    nodes = step_nodes(program, gpu, batch, CONTEXT, 0.0)
-    return (1e3 * sum(n.roofline_s(gpu) for n in nodes),
-            1e3 * sum(n.overhead_s(gpu) for n in nodes))
+    return tuple(1e3 * s for s in summed_seconds(step_nodes(program, gpu, batch, CONTEXT, 0.0),
+                                                 gpu))
 
 
 def _doc(rows, gpu="NVIDIA H200", device="cuda", **settings):
