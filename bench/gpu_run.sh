@@ -48,6 +48,8 @@
 #              (TIMELINE_ARGS)
 #   treecost   bench/tree_round_cost.py: static trees' graphed rounds against chain(4)'s, with
 #              the acceptance walk and compaction as they are and as they were (random weights)
+#   masksweep  bench/masked_attention_sweep.py: attention with a tree's mask at verification
+#              widths, the runtime's grouped SDPA against other backends and layouts
 #   predictors bench/round_predictors.py on the trained pair: whether prompt features tell a
 #              request's chain(4) rounds before it runs (PROMPTS, default 64; MAX_NEW)
 #
@@ -157,6 +159,9 @@ phase() {
     treecost)
         step treecost timeout "${TREECOST_TIMEOUT:-200}" python3 bench/tree_round_cost.py \
             --out "$RESULTS/tree-round-cost.json" ;;
+    masksweep)
+        step masksweep timeout 300 python3 bench/masked_attention_sweep.py \
+            --out "$RESULTS/masked-attention-sweep.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;
