@@ -123,6 +123,16 @@ def round_span(topology) -> int:
     return dynamic_span(topology) if isinstance(topology, DynamicTree) else topology.num_nodes
 
 
+def timing_capacity(context: int, topology, rounds: int) -> int:
+    """Cache slots for timing `rounds` rounds of `topology` (`timing_round`) from `context`:
+    a round commits at most its depth and the bonus token, and the last writes its span past
+    them; at least two rounds' spans (what `timing_round` asks). Not a span a round for every
+    round: an attention that walks the whole cache would then time a wide tree over a cache
+    several times a chain's, which no decode of the same prompts allocates."""
+    span = round_span(topology)
+    return context + max(rounds * (topology.depth + 1) + span + 1, 2 * (span + 1))
+
+
 def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
                     capture: bool = True, refill: bool = False,
                     rounds_per_replay: Optional[int] = None, **chain_options):

@@ -236,9 +236,9 @@ def measure_round(target, drafter, batch: int, topology: Topology, context: int,
                   warmup: int, repeats: int) -> float:
     """Median seconds of one graphed round of `topology` (chain, static or dynamic tree) at
     `batch` after `context` positions."""
-    from specpilot.runtime.graphed_program import graphed_decoder, round_span
+    from specpilot.runtime.graphed_program import graphed_decoder, timing_capacity
 
-    capacity = context + (warmup + repeats + 3) * (round_span(topology) + 1)
+    capacity = timing_capacity(context, topology, warmup + repeats + 3)
     decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=graphed)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)
 

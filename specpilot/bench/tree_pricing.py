@@ -179,14 +179,16 @@ def time_probes(pair, batch: int, context: int, graphed: bool,
     positions (captured on a GPU; eager elsewhere, where only a script's check is timed)."""
     import torch
 
+    from specpilot.runtime.graphed_program import timing_capacity
+
     from .step_costs import measure_round
 
     warmup, repeats = (PROBE_WARMUP, PROBE_REPEATS) if graphed else (0, 1)
     out = []
     for probe in probes:
-        # measure_round's cache holds the context and every timed round's span after it: kept
-        # within the target's positions.
-        span = (warmup + repeats + 3) * (probe.num_nodes + 1)
+        # measure_round's cache holds the context and the timed rounds after it: kept within
+        # the target's positions.
+        span = timing_capacity(0, probe, warmup + repeats + 3)
         at = max(1, min(context, pair.target.config.max_position_embeddings - span))
         out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, at,
                                          graphed, warmup, repeats)))

@@ -1,0 +1,38 @@
+"""`timing_capacity`: a cache sized for timing rounds holds as many rounds that each accept their
+whole depth as the decoder itself allows in it, so no timed round runs at clamped positions; and
+it grows with a tree's span once, not once a round (hand-checked cases)."""
+import pytest
+
+from specpilot.ir import Chain, SparseTree, Tree
+from specpilot.runtime.ar import generate_ar
+from specpilot.runtime.errors import CapacityError
+from specpilot.runtime.graphed_program import graphed_decoder, round_span, timing_capacity
+
+from mechanism_setup import SEEDS, one_thread, pair_setup  # noqa: F401
+
+
+def test_sizes_by_hand():
+    # 10 rounds of chain(4): 5 tokens each at most, then 4 slots written past them
+    assert timing_capacity(100, Chain(4), 10) == 100 + 10 * 5 + 4 + 1
+    # tree([4, 3, 2, 1]): depth 4, 64 nodes; one span, not one a round
+    assert timing_capacity(100, Tree((4, 3, 2, 1)), 20) == 100 + 20 * 5 + 64 + 1
+    # tree([64]): two rounds' spans are more than ten one-token rounds and a span
+    assert timing_capacity(0, Tree((64,)), 10) == 2 * 65
+
+
+@pytest.mark.parametrize("topology", [Chain(3), Tree((2, 2, 1)),
+                                      SparseTree(((0,), (1,), (0, 0), (0, 0, 0)))])
+def test_the_decoder_takes_that_cache_for_as_many_whole_rounds(topology):
+    """The decoder's own capacity rule, with rounds that accept everything (the target drafts
+    for itself): `rounds` whole rounds after the longest prompt fit the timing capacity, and
+    output stays greedy AR's. One token more than that is refused."""
+    s = pair_setup(SEEDS[0])
+    target, prompts, rounds = s["target"], s["prompts"][:2], 4
+    context = max(len(p) for p in prompts)
+    capacity = timing_capacity(context, topology, rounds)
+    new = rounds * (topology.depth + 1)
+    dec = graphed_decoder(target, target, 2, capacity, topology, capture=False)
+    assert dec.generate(prompts, new).tokens == generate_ar(target, prompts, new).tokens
+    assert capacity - context == new + round_span(topology) + 1     # no slack past the rounds
+    with pytest.raises(CapacityError):
+        dec.generate(prompts, new + 1)
