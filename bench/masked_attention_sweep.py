@@ -10,6 +10,8 @@ tree([4, 3, 2, 1]) round against 9 µs in chain(4)'s. This script times, per sha
 
   grouped          grouped_sdpa as the runtime calls it (PyTorch picks the backend)
   grouped_<name>   the same with one SDPA backend forced (cudnn, efficient, math)
+  grouped_padded_mask  grouped with the mask's rows padded to 8 slots (an odd cache's mask
+                   rows are otherwise an odd number of bytes apart)
   expanded_<name>  kv heads repeated to the query heads, the mask broadcast over heads
   generated        the generated Triton attention kernel (the fused drafter's), bounded by
                    each request's last visible slot
@@ -95,6 +97,22 @@ def expanded_sdpa(q, k_cache, v_cache, mask, scale):
     return out.transpose(1, 2)
 
 
+def padded_grouped_sdpa(q, k_cache, v_cache, mask, scale):
+    """grouped_sdpa with the expanded mask's rows padded to a multiple of 8 slots (the view
+    keeps S columns): whether the mask's row stride, odd with an odd cache, is what makes
+    cuDNN's kernel slower there."""
+    b, t, h, d = q.shape
+    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    g = h // hkv
+    rows = q.reshape(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
+    padded = F.pad(mask, (0, -s % 8))
+    visible = padded[:, None, None].expand(b, 1, g, t, padded.shape[-1]).reshape(
+        b, 1, g * t, padded.shape[-1])[..., :s]
+    out = F.scaled_dot_product_attention(rows, k_cache.transpose(1, 2), v_cache.transpose(1, 2),
+                                         attn_mask=visible, scale=scale)
+    return out.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h, d)
+
+
 def variants(q, k, v, mask, kv_len, scale, dtype):
     """name → a thunk computing [B, T, H, D] (or a reason it cannot run at this shape)."""
     from torch.nn.attention import sdpa_kernel
@@ -115,7 +133,8 @@ def variants(q, k, v, mask, kv_len, scale, dtype):
                 return expanded_sdpa(q, k, v, mask, scale)
         return run
 
-    out = {"grouped": grouped()}
+    out = {"grouped": grouped(),
+           "grouped_padded_mask": lambda: padded_grouped_sdpa(q, k, v, mask, scale)}
     for name in BACKENDS:
         out[f"grouped_{name}"] = grouped(name)
         out[f"expanded_{name}"] = expanded(name)

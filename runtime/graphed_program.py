@@ -49,7 +49,7 @@ from .speculative import SpecResult
 # attention reads all `capacity` slots of every row, so the rounding is paid at each step, most
 # at large batches: for the H200 pair (161M target) at batch 64 a slot costs 0.79 MB a step,
 # and 256 new tokens' slots 200 MB against 323 MB of weights. So 8, which wastes at most 7
-# slots (strong AR's capacity is exact). Rounded up to 64, batches of 64 started off (no
+# slots (strong AR's too: specpilot/bench/systems.py). Rounded up to 64, batches of 64 started off (no
 # drafter run) ran 0.98-0.99x strong AR; rounded up to 8, 1.00x, on another trained pair
 # (runs 13 and 14, BENCHMARKS.md): not an A/B of the step alone.
 CAPACITY_STEP = 8
@@ -118,6 +118,11 @@ def length_cap(program: Program) -> Optional[int]:
     return max(0, min(k, b.token_budget // b.max_batch_size - 1))
 
 
+def rounded_capacity(needed: int) -> int:
+    """`needed` cache slots rounded up to a multiple of CAPACITY_STEP."""
+    return -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+
+
 def round_span(topology) -> int:
     """Cache slots one graphed round of `topology` writes past the last committed token."""
     return dynamic_span(topology) if isinstance(topology, DynamicTree) else topology.num_nodes
@@ -126,11 +131,16 @@ def round_span(topology) -> int:
 def timing_capacity(context: int, topology, rounds: int) -> int:
     """Cache slots for timing `rounds` rounds of `topology` (`timing_round`) from `context`:
     a round commits at most its depth and the bonus token, and the last writes its span past
-    them; at least two rounds' spans (what `timing_round` asks). Not a span a round for every
-    round: an attention that walks the whole cache would then time a wide tree over a cache
-    several times a chain's, which no decode of the same prompts allocates."""
+    them; at least two rounds' spans (what `timing_round` asks); rounded up to CAPACITY_STEP,
+    as a decode's capacity is (`decoder_for`). Not a span a round for every round: an
+    attention that walks the whole cache would then time a wide tree over a cache several
+    times a chain's, which no decode of the same prompts allocates."""
     span = round_span(topology)
-    return context + max(rounds * (topology.depth + 1) + span + 1, 2 * (span + 1))
+    needed = context + max(rounds * (topology.depth + 1) + span + 1, 2 * (span + 1))
+    # Rounded as decodes are: on the H200, cuDNN's masked attention in chain(4)'s round took
+    # 438 µs over 337 slots against 253 µs over 332 (two calls, not an A/B of the slot count
+    # alone; BENCHMARKS.md, eighteenth set).
+    return rounded_capacity(needed)
 
 
 def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_ids=(),
@@ -184,7 +194,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     k = round_span(topology) if program.draft.speculates else 0
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
     needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
-    capacity = -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+    capacity = rounded_capacity(needed)
     capacity = min(capacity, pair.target.config.max_position_embeddings)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
     refill = refills(program)

@@ -1,6 +1,7 @@
 """`timing_capacity`: a cache sized for timing rounds holds as many rounds that each accept their
-whole depth as the decoder itself allows in it, so no timed round runs at clamped positions; and
-it grows with a tree's span once, not once a round (hand-checked cases)."""
+whole depth as the decoder itself allows in it, so no timed round runs at clamped positions; it
+grows with a tree's span once, not once a round, and is rounded up as a decode's capacity is
+(hand-checked cases)."""
 import pytest
 
 from specpilot.ir import Chain, SparseTree, Tree
@@ -12,12 +13,14 @@ from mechanism_setup import SEEDS, one_thread, pair_setup  # noqa: F401
 
 
 def test_sizes_by_hand():
-    # 10 rounds of chain(4): 5 tokens each at most, then 4 slots written past them
-    assert timing_capacity(100, Chain(4), 10) == 100 + 10 * 5 + 4 + 1
-    # tree([4, 3, 2, 1]): depth 4, 64 nodes; one span, not one a round
-    assert timing_capacity(100, Tree((4, 3, 2, 1)), 20) == 100 + 20 * 5 + 64 + 1
-    # tree([64]): two rounds' spans are more than ten one-token rounds and a span
-    assert timing_capacity(0, Tree((64,)), 10) == 2 * 65
+    # 10 rounds of chain(4): 5 tokens each at most, then 4 slots written past them (155),
+    # rounded up to a multiple of 8 as a decode's cache is
+    assert timing_capacity(100, Chain(4), 10) == 160
+    assert timing_capacity(99, Chain(4), 10) == 160 and timing_capacity(106, Chain(4), 10) == 168
+    # tree([4, 3, 2, 1]): depth 4, 64 nodes; one span, not one a round (265)
+    assert timing_capacity(100, Tree((4, 3, 2, 1)), 20) == 272
+    # tree([64]): two rounds' spans are more than ten one-token rounds and a span (130)
+    assert timing_capacity(0, Tree((64,)), 10) == 136
 
 
 @pytest.mark.parametrize("topology", [Chain(3), Tree((2, 2, 1)),
@@ -33,6 +36,7 @@ def test_the_decoder_takes_that_cache_for_as_many_whole_rounds(topology):
     new = rounds * (topology.depth + 1)
     dec = graphed_decoder(target, target, 2, capacity, topology, capture=False)
     assert dec.generate(prompts, new).tokens == generate_ar(target, prompts, new).tokens
-    assert capacity - context == new + round_span(topology) + 1     # no slack past the rounds
+    needed = context + new + round_span(topology) + 1
+    assert needed <= capacity < needed + 8          # nothing more than the rounding
     with pytest.raises(CapacityError):
-        dec.generate(prompts, new + 1)
+        dec.generate(prompts, new + capacity - needed + 1)

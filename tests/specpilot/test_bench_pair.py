@@ -341,3 +341,30 @@ def test_strong_ar_refill_decodes_and_forces_every_prompt_as_eager_ar(bench, mon
     forcing = system.check(prompts, 2, reference, out)["forcing"]
     assert forcing["passed"] and forcing["violation_count"] == 0
     assert forcing["positions_compared"] == sum(len(t) for t in reference.tokens)
+
+
+def test_strong_ar_caches_are_rounded_as_the_speculative_decoders_are(bench, monkeypatch):
+    """strong_ar's cache: the longest prompt, the new tokens and one slot, rounded up to the
+    graphed decoders' step (as `decoder_for` rounds every speculative decoder's), so that the
+    baseline never reads a cache of an odd slot count that no system reads."""
+    import functools
+
+    from specpilot.bench.systems import StrongAR
+    from specpilot.runtime.ar import generate_ar
+    from specpilot.runtime.decoder import load_pair
+    from specpilot.runtime.graphed_chain import GraphedChainDecoder
+    from specpilot.runtime.graphed_program import CAPACITY_STEP
+
+    root, _ = bench
+    pair = load_pair(str(root / "pair" / "target"), None, "float32", "cpu")
+    monkeypatch.setattr(StrongAR, "decoder_class",
+                        functools.partial(GraphedChainDecoder, capture=False))
+    system = StrongAR(pair)
+    for longest in (3, 4, 11):
+        prompts = [[5] * longest, [2, 9]]
+        system.setup(2, prompts, NEW)
+        exact = longest + NEW + 1
+        assert system.decoder.capacity == -(-exact // CAPACITY_STEP) * CAPACITY_STEP
+        assert system.decoder.capacity % CAPACITY_STEP == 0
+        assert system.run(prompts, 2, NEW).tokens == generate_ar(
+            pair.target, prompts, NEW, pair.eos_ids).tokens
