@@ -4,21 +4,23 @@ trees of 20 and 64 nodes).
 
 A tree round's attention runs with a mask (the tree's ancestors), through
 `runtime/fast_ops.grouped_sdpa`, which folds each kv head's query heads into the query rows:
-65 tokens of a target with four query heads a kv head are 260 query rows. Measured on the
-H200 (bench/tree_round_cost.py's kernel lists), cuDNN's SDPA took 35 µs a call in a
-tree([4, 3, 2, 1]) round against 9 µs in chain(4)'s. This script times, per shape:
+65 tokens of a target with four query heads a kv head are 260 query rows. This script times,
+per shape:
 
   grouped          grouped_sdpa as the runtime calls it (PyTorch picks the backend)
   grouped_<name>   the same with one SDPA backend forced (cudnn, efficient, math)
-  grouped_padded_mask  grouped with the mask's rows padded to 8 slots (an odd cache's mask
-                   rows are otherwise an odd number of bytes apart)
-  expanded_<name>  kv heads repeated to the query heads, the mask broadcast over heads
+  expanded_<name>  kv heads repeated to the query heads in the call, the mask broadcast
+  gqa              SDPA's own grouped-query attention (enable_gqa)
+  grouped_additive, grouped_additive_padded   cuDNN with the grouped layout's mask made
+                   beforehand as 0 / -inf, its rows S slots apart or padded to a multiple of 8:
+                   whether an odd row stride (an odd slot count) is what slows cuDNN. Time an
+                   odd cache (--slack 201: 457 slots) against an even one (--slack 200).
   generated        the generated Triton attention kernel (the fused drafter's), bounded by
                    each request's last visible slot
 
 Each: device microseconds per call (bench/kernel_bench's `time_thunks`: a CUDA graph of
 REPLAYED_LAUNCHES calls, median of CUDA-event times), and its largest difference from
-runtime/reference_ops.py's `attention_ref` in float64. A backend that refuses a shape is
+runtime/reference_ops.py's `attention_ref` in float64. A variant that cannot run a shape is
 recorded with its error.
 
   python3 bench/masked_attention_sweep.py --out bench/results/masked-attention-sweep.json
@@ -87,8 +89,9 @@ def tree_inputs(batch: int, t: int, capacity: int, context: int, heads: int, kv_
 
 
 def expanded_sdpa(q, k_cache, v_cache, mask, scale):
-    """q [B, T, H, D] with every kv head repeated to its query heads; the mask [B, 1, T, S]
-    broadcast over the heads (no copy of it per head)."""
+    """q [B, T, H, D] with every kv head repeated to its query heads (the repeat inside the
+    call, as a runtime without grouped attention pays it); the mask [B, T, S] broadcast over
+    the heads (no copy of it per head)."""
     group = q.shape[2] // k_cache.shape[2]
     k = k_cache.transpose(1, 2).repeat_interleave(group, dim=1)
     v = v_cache.transpose(1, 2).repeat_interleave(group, dim=1)
@@ -97,54 +100,74 @@ def expanded_sdpa(q, k_cache, v_cache, mask, scale):
     return out.transpose(1, 2)
 
 
-def padded_grouped_sdpa(q, k_cache, v_cache, mask, scale):
-    """grouped_sdpa with the expanded mask's rows padded to a multiple of 8 slots (the view
-    keeps S columns): whether the mask's row stride, odd with an odd cache, is what makes
-    cuDNN's kernel slower there."""
+def gqa_sdpa(q, k_cache, v_cache, mask, scale):
+    """SDPA's own grouped-query attention (`enable_gqa`): no repeat, no folded rows."""
+    out = F.scaled_dot_product_attention(q.transpose(1, 2), k_cache.transpose(1, 2),
+                                         v_cache.transpose(1, 2), attn_mask=mask[:, None],
+                                         scale=scale, enable_gqa=True)
+    return out.transpose(1, 2)
+
+
+def additive_rows(mask, group: int, dtype, pad_to: int = 1):
+    """The grouped layout's mask [B, 1, G*T, S] as 0 / -inf in `dtype`, made once (outside
+    the timed call), in a buffer whose rows are padded to a multiple of `pad_to` slots: a
+    view of S columns, `pad_to` apart. (A bool mask is turned into a new dense additive one
+    inside SDPA, so only an additive mask lets the row stride reach the kernel.)"""
+    b, t, s = mask.shape
+    width = -(-s // pad_to) * pad_to
+    out = torch.full((b, 1, group * t, width), float("-inf"), dtype=dtype, device=mask.device)
+    rows = mask[:, None, None].expand(b, 1, group, t, s).reshape(b, 1, group * t, s)
+    out[..., :s].masked_fill_(rows, 0.0)
+    return out[..., :s]
+
+
+def grouped_additive_sdpa(q, k_cache, v_cache, rows_mask, scale):
+    """grouped_sdpa's layout with a ready additive mask (`additive_rows`)."""
     b, t, h, d = q.shape
-    s, hkv = k_cache.shape[1], k_cache.shape[2]
+    hkv = k_cache.shape[2]
     g = h // hkv
     rows = q.reshape(b, t, hkv, g, d).permute(0, 2, 3, 1, 4).reshape(b, hkv, g * t, d)
-    padded = F.pad(mask, (0, -s % 8))
-    visible = padded[:, None, None].expand(b, 1, g, t, padded.shape[-1]).reshape(
-        b, 1, g * t, padded.shape[-1])[..., :s]
     out = F.scaled_dot_product_attention(rows, k_cache.transpose(1, 2), v_cache.transpose(1, 2),
-                                         attn_mask=visible, scale=scale)
+                                         attn_mask=rows_mask, scale=scale)
     return out.reshape(b, hkv, g, t, d).permute(0, 3, 1, 2, 4).reshape(b, t, h, d)
 
 
 def variants(q, k, v, mask, kv_len, scale, dtype):
-    """name → a thunk computing [B, T, H, D] (or a reason it cannot run at this shape)."""
+    """name → a thunk computing [B, T, H, D]."""
     from torch.nn.attention import sdpa_kernel
 
     b, t, h, d = q.shape
+    group = h // k.shape[2]
 
-    def grouped(backend=None):
+    def forced(backend, fn, *args):
         def run():
             if backend is None:
-                return grouped_sdpa(q, k, v, mask, scale).reshape(b, t, h, d)
+                return fn(*args)
             with sdpa_kernel(_backend(backend)):
-                return grouped_sdpa(q, k, v, mask, scale).reshape(b, t, h, d)
+                return fn(*args)
         return run
 
-    def expanded(backend):
-        def run():
-            with sdpa_kernel(_backend(backend)):
-                return expanded_sdpa(q, k, v, mask, scale)
-        return run
+    def grouped(q, k, v, mask, scale):
+        return grouped_sdpa(q, k, v, mask, scale).reshape(b, t, h, d)
 
-    out = {"grouped": grouped(),
-           "grouped_padded_mask": lambda: padded_grouped_sdpa(q, k, v, mask, scale)}
+    out = {"grouped": forced(None, grouped, q, k, v, mask, scale)}
     for name in BACKENDS:
-        out[f"grouped_{name}"] = grouped(name)
-        out[f"expanded_{name}"] = expanded(name)
+        out[f"grouped_{name}"] = forced(name, grouped, q, k, v, mask, scale)
+        out[f"expanded_{name}"] = forced(name, expanded_sdpa, q, k, v, mask, scale)
+    out["gqa"] = forced(None, gqa_sdpa, q, k, v, mask, scale)
+    # The row stride alone: the same additive mask, rows S apart or padded to 8 slots, both
+    # through cuDNN (off a GPU, through what runs there: a check of the masks).
+    for label, pad_to in (("grouped_additive", 1), ("grouped_additive_padded", 8)):
+        rows_mask = additive_rows(mask, group, dtype, pad_to)
+        out[label] = forced("cudnn" if q.is_cuda else None, grouped_additive_sdpa, q, k, v,
+                            rows_mask, scale)
     spec = kernel_spec("attention", DTYPE=DTYPE_NAMES[dtype], HEAD_DIM=d, BLOCK_S=64,
                        num_warps=4)
     kernel = build_triton_module(spec)
     result = torch.empty_like(q)
 
     def generated():
-        kernel.launch(q, k, v, mask, result, kv_len=kv_len)
+        kernel.launch(q, k, v, mask, result, scale, kv_len=kv_len)
         return result
     out["generated"] = generated
     return out
@@ -165,8 +188,11 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
             us = (time_thunks([thunk], TimingSettings(device.type, args.repeats,
                                                       REPLAYED_LAUNCHES))["us"]
                   if graphs else None)
-        except RuntimeError as exc:      # a backend that does not take this shape or mask
-            rows.append({"variant": name, "refused": str(exc).splitlines()[0][:300]})
+        except Exception as exc:    # noqa: BLE001 - a backend that does not take this shape
+            # or mask (SDPA raises RuntimeError, a kernel build other kinds): recorded, and the
+            # sweep goes on to the next variant.
+            first = (str(exc).splitlines() or [""])[0]
+            rows.append({"variant": name, "refused": f"{type(exc).__name__}: {first}"[:300]})
             continue
         rows.append({"variant": name, "us_per_call": us, "max_abs_error": error})
     return rows

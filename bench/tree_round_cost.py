@@ -25,11 +25,11 @@ import torch
 from specpilot.bench.decode_models import add_model_arguments, decode_models
 from specpilot.bench.environment import environment
 from specpilot.bench.kernel_profile import kernel_profile
-from specpilot.bench.step_costs import time_median, topology_from_key
+from specpilot.bench.step_costs import round_timing_capacity, time_median, topology_from_key
 from specpilot.ir import Chain
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.graphed_dynamic import walk_per_row
-from specpilot.runtime.graphed_program import graphed_decoder, timing_capacity
+from specpilot.runtime.graphed_program import graphed_decoder
 from specpilot.search.run_folder import write_json_atomic
 
 TOPOLOGIES = ("chain(4);sparse_tree([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]]);"
@@ -49,7 +49,7 @@ def as_before(decoder) -> None:
 
 def round_cost(target, drafter, batch: int, topology, context: int, graphs: bool,
                before: bool) -> dict:
-    capacity = timing_capacity(context, topology, WARMUP + REPEATS + 3)
+    capacity = round_timing_capacity(context, topology, WARMUP, REPEATS)
     out = {}
     for captured in ((True, False) if graphs else (False,)):
         decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=captured)

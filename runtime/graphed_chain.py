@@ -394,7 +394,8 @@ class GraphedChainDecoder:
     def timing_round(self, context: int):
         """A callable running one unforced round with every row active after `context`
         positions of (stale) cache, for measuring a round's cost; each call moves every row on
-        by the tokens it commits. Call it at most (capacity - context) // (k + 1) - 1 times."""
+        by the tokens it commits, at most the round's depth and one. A cache of
+        `graphed_program.timing_capacity(context, topology, n)` slots holds n calls."""
         # Checked here too, before `_runner` captures a graph that a bad context would waste.
         check_timing_context(context, self.span, self.capacity)
         replay = self._runner(False, rounds=1)

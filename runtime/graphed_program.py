@@ -44,14 +44,16 @@ from .graphed_tree import GraphedTreeDecoder
 from .graphed_tree_refill import GraphedDynamicTreeRefillDecoder, GraphedTreeRefillDecoder
 from .graphed_two_level import GraphedTwoLevelDecoder
 from .speculative import SpecResult
+from .steps import check_capacity
 
 # Capacities are rounded up so that prompts of similar length share graphs. Every step's masked
 # attention reads all `capacity` slots of every row, so the rounding is paid at each step, most
 # at large batches: for the H200 pair (161M target) at batch 64 a slot costs 0.79 MB a step,
 # and 256 new tokens' slots 200 MB against 323 MB of weights. So 8, which wastes at most 7
-# slots (strong AR's too: specpilot/bench/systems.py). Rounded up to 64, batches of 64 started off (no
-# drafter run) ran 0.98-0.99x strong AR; rounded up to 8, 1.00x, on another trained pair
-# (runs 13 and 14, BENCHMARKS.md): not an A/B of the step alone.
+# slots. Rounded up to 64, batches of 64 started off (no drafter run) ran 0.98-0.99x strong AR;
+# rounded up to 8, 1.00x, on another trained pair (runs 13 and 14, BENCHMARKS.md, when strong
+# AR's cache was exact): not an A/B of the step alone. Strong AR's cache is rounded too since
+# the eighteenth set (`plain_capacity`).
 CAPACITY_STEP = 8
 KEPT_DECODERS = 4        # decoders (each with its own KV caches) kept alive at once
 
@@ -121,6 +123,15 @@ def length_cap(program: Program) -> Optional[int]:
 def rounded_capacity(needed: int) -> int:
     """`needed` cache slots rounded up to a multiple of CAPACITY_STEP."""
     return -(-needed // CAPACITY_STEP) * CAPACITY_STEP
+
+
+def plain_capacity(model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """The cache of a graphed plain-AR decoder (chains of 0) for these prompts: the longest
+    prompt, the new tokens and one slot, rounded up as every speculative decoder's is
+    (`decoder_for`), so that a baseline never reads a cache of another shape class than the
+    systems it is compared with. Within the model's positions."""
+    needed = check_capacity(model, prompts, max_new_tokens, slack=1)
+    return min(rounded_capacity(needed), model.config.max_position_embeddings)
 
 
 def round_span(topology) -> int:

@@ -29,6 +29,7 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, SparseTree, Topology, Tree
 from specpilot.runtime.acceptance import greedy_accept
 from specpilot.runtime.cuda_graphs import GraphedStep
+from specpilot.runtime.graphed_program import graphed_decoder, rounded_capacity, timing_capacity
 from specpilot.runtime.tree_plan import TreePlan, tree_mask
 from specpilot.runtime.verify_tree import compact_path
 
@@ -189,7 +190,7 @@ def measure_forwards(model, batch: int, widths: Iterable[int], context: int, gra
                      warmup: int, repeats: int, progress=None) -> Dict[int, float]:
     """{width: median seconds} of causal forwards of `width` tokens after `context`."""
     widths = sorted(set(widths))
-    cache = model.new_cache(batch, context + max(widths))
+    cache = model.new_cache(batch, rounded_capacity(context + max(widths)))
     out = {}
     for w in widths:
         step = _step(model, cache, context, w, None, graphed)
@@ -203,7 +204,7 @@ def measure_forwards(model, batch: int, widths: Iterable[int], context: int, gra
 def measure_tree_verify(model, batch: int, topology: Topology, context: int, graphed: bool,
                         warmup: int, repeats: int) -> float:
     plan = TreePlan.build(topology)
-    cache = model.new_cache(batch, context + plan.num_nodes + 1)
+    cache = model.new_cache(batch, rounded_capacity(context + plan.num_nodes + 1))
     step = _step(model, cache, context, plan.num_nodes + 1, plan, graphed)
     return time_median(step.replay, model.device, warmup, repeats)
 
@@ -232,13 +233,17 @@ def measure_accept(model, batch: int, topology: Topology, context: int, warmup: 
     return time_median(accept_and_commit, dev, warmup, repeats, host_bound=True)
 
 
+def round_timing_capacity(context: int, topology: Topology, warmup: int, repeats: int) -> int:
+    """The cache `measure_round` times `topology` in from `context`: its warm-up and timed
+    rounds and three more (`timing_capacity`)."""
+    return timing_capacity(context, topology, warmup + repeats + 3)
+
+
 def measure_round(target, drafter, batch: int, topology: Topology, context: int, graphed: bool,
                   warmup: int, repeats: int) -> float:
     """Median seconds of one graphed round of `topology` (chain, static or dynamic tree) at
     `batch` after `context` positions."""
-    from specpilot.runtime.graphed_program import graphed_decoder, timing_capacity
-
-    capacity = timing_capacity(context, topology, warmup + repeats + 3)
+    capacity = round_timing_capacity(context, topology, warmup, repeats)
     decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=graphed)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)
 

@@ -22,8 +22,7 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 from specpilot.runtime.mechanisms import force_ar_proposals, run_program_decode
 from specpilot.runtime.graphed_program import (decoder_for, graph_refusal, release_decoders,
-                                               rounded_capacity, run_graphed)
-from specpilot.runtime.steps import check_capacity
+                                               plain_capacity, run_graphed)
 
 from .correctness import forcing_json, forcing_report
 from .workload import batches
@@ -135,12 +134,9 @@ class StrongAR(_ARSystem):
 
     def setup(self, batch_size, prompts, max_new_tokens):
         # Capture once per batch size, outside the timed runs (a server captures at start-up).
-        # Rounded up as every speculative decoder's cache is (`decoder_for`), so that no system
-        # reads a cache of another shape class than the baseline's: cuDNN's masked attention
-        # looked slower over an odd number of slots (BENCHMARKS.md, eighteenth set).
-        capacity = min(rounded_capacity(check_capacity(self.pair.target, prompts,
-                                                       max_new_tokens, slack=1)),
-                       self.pair.target.config.max_position_embeddings)
+        # Rounded as the systems' caches are: cuDNN's masked attention looked slower over an
+        # odd number of slots (BENCHMARKS.md, eighteenth set).
+        capacity = plain_capacity(self.pair.target, prompts, max_new_tokens)
         self.decoder = self.decoder_class(self.pair.target, None, batch_size, capacity, 0,
                                           self.pair.eos_ids)
         self.decoder.prepare_prefill(prompts)

@@ -179,17 +179,18 @@ def time_probes(pair, batch: int, context: int, graphed: bool,
     positions (captured on a GPU; eager elsewhere, where only a script's check is timed)."""
     import torch
 
-    from specpilot.runtime.graphed_program import timing_capacity
+    from specpilot.runtime.graphed_program import CAPACITY_STEP
 
-    from .step_costs import measure_round
+    from .step_costs import measure_round, round_timing_capacity
 
     warmup, repeats = (PROBE_WARMUP, PROBE_REPEATS) if graphed else (0, 1)
+    # measure_round's cache holds the context and the timed rounds after it, rounded up to
+    # CAPACITY_STEP: kept within the target's positions, rounding included.
+    limit = pair.target.config.max_position_embeddings // CAPACITY_STEP * CAPACITY_STEP
     out = []
     for probe in probes:
-        # measure_round's cache holds the context and the timed rounds after it: kept within
-        # the target's positions.
-        span = timing_capacity(0, probe, warmup + repeats + 3)
-        at = max(1, min(context, pair.target.config.max_position_embeddings - span))
+        after = round_timing_capacity(0, probe, warmup, repeats)
+        at = max(1, min(context, limit - after))
         out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, at,
                                          graphed, warmup, repeats)))
         if graphed:
@@ -204,15 +205,14 @@ def calibrated_model(model, stock: Program, pair, prompts: Sequence[Sequence[int
     the graphed runtime (captured on a GPU, eager elsewhere). `acceptance` must be the rank
     profile of these prompts (first): it gives the stock run's predicted accepted lengths."""
     from specpilot.runtime.graphed_chain import GraphedChainDecoder
-    from specpilot.runtime.graphed_program import release_decoders, run_graphed
-    from specpilot.runtime.steps import check_capacity
+    from specpilot.runtime.graphed_program import plain_capacity, release_decoders, run_graphed
 
     from .step_costs import time_median
     from .workload import batches
 
     cuda = pair.target.device.type == "cuda"
     batch = stock.batch.max_batch_size
-    capacity = check_capacity(pair.target, prompts, max_new_tokens, slack=1)
+    capacity = plain_capacity(pair.target, prompts, max_new_tokens)   # as strong AR's
     ar = GraphedChainDecoder(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=cuda)
     ar.prepare_prefill(prompts)
     runs: Dict[str, Callable[[], List[List[int]]]] = {

@@ -4,7 +4,7 @@ grows with a tree's span once, not once a round, and is rounded up as a decode's
 (hand-checked cases)."""
 import pytest
 
-from specpilot.ir import Chain, SparseTree, Tree
+from specpilot.ir import Chain, DynamicTree, SparseTree, Tree
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.errors import CapacityError
 from specpilot.runtime.graphed_program import graphed_decoder, round_span, timing_capacity
@@ -13,18 +13,21 @@ from mechanism_setup import SEEDS, one_thread, pair_setup  # noqa: F401
 
 
 def test_sizes_by_hand():
-    # 10 rounds of chain(4): 5 tokens each at most, then 4 slots written past them (155),
-    # rounded up to a multiple of 8 as a decode's cache is
+    # 10 rounds of chain(4): 5 tokens each at most, then its span and one slot (155), rounded
+    # up to a multiple of 8 as a decode's cache is
     assert timing_capacity(100, Chain(4), 10) == 160
     assert timing_capacity(99, Chain(4), 10) == 160 and timing_capacity(106, Chain(4), 10) == 168
     # tree([4, 3, 2, 1]): depth 4, 64 nodes; one span, not one a round (265)
     assert timing_capacity(100, Tree((4, 3, 2, 1)), 20) == 272
-    # tree([64]): two rounds' spans are more than ten one-token rounds and a span (130)
+    # tree([64]): two rounds' spans (130) are more than ten two-token rounds and a span (85)
     assert timing_capacity(0, Tree((64,)), 10) == 136
 
 
-@pytest.mark.parametrize("topology", [Chain(3), Tree((2, 2, 1)),
-                                      SparseTree(((0,), (1,), (0, 0), (0, 0, 0)))])
+TOPOLOGIES = [Chain(3), Tree((2, 2, 1)), SparseTree(((0,), (1,), (0, 0), (0, 0, 0))),
+              DynamicTree(budget=4, depth=3, width=2)]
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 def test_the_decoder_takes_that_cache_for_as_many_whole_rounds(topology):
     """The decoder's own capacity rule, with rounds that accept everything (the target drafts
     for itself): `rounds` whole rounds after the longest prompt fit the timing capacity, and
@@ -40,3 +43,21 @@ def test_the_decoder_takes_that_cache_for_as_many_whole_rounds(topology):
     assert needed <= capacity < needed + 8          # nothing more than the rounding
     with pytest.raises(CapacityError):
         dec.generate(prompts, new + capacity - needed + 1)
+
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+def test_timed_rounds_stay_inside_the_cache(topology):
+    """`rounds` calls of `timing_round` (what measure_round makes) on that cache: each moves the
+    rows by at most depth + 1, and the last still has its span of free slots."""
+    s = pair_setup(SEEDS[1])
+    target, context, rounds = s["target"], 9, 5
+    capacity = timing_capacity(context, topology, rounds)
+    dec = graphed_decoder(target, s["drafter"], 2, capacity, topology, capture=False)
+    replay = dec.timing_round(context)
+    before = dec.length.clone()
+    for _ in range(rounds):
+        replay()
+        moved = dec.length - before
+        assert ((moved >= 1) & (moved <= topology.depth + 1)).all()
+        before = dec.length.clone()
+    assert int(dec.length.max()) + round_span(topology) + 1 <= capacity

@@ -365,6 +365,5 @@ def test_strong_ar_caches_are_rounded_as_the_speculative_decoders_are(bench, mon
         system.setup(2, prompts, NEW)
         exact = longest + NEW + 1
         assert system.decoder.capacity == -(-exact // CAPACITY_STEP) * CAPACITY_STEP
-        assert system.decoder.capacity % CAPACITY_STEP == 0
         assert system.run(prompts, 2, NEW).tokens == generate_ar(
             pair.target, prompts, NEW, pair.eos_ids).tokens
