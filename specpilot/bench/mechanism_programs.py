@@ -16,9 +16,10 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_tree_refill, graphed_dynamic_refill   the two trees with continuous refill, graphed
   graphed_fused_drafter   CaptureGraphs + the drafter in fused layer kernels
                       (runtime/fused_forward.py): stock chain(4), its drafter steps cheaper
-  graphed_refill_fused, graphed_adaptive_fused, graphed_adaptive_refill_fused
-                      graphed_refill, graphed_adaptive and graphed_adaptive_refill with the
-                      fused drafter (the length rule measures the cheaper rounds)
+  graphed_refill_fused, graphed_adaptive_fused, graphed_adaptive_refill_fused,
+  graphed_tree_fused  graphed_refill, graphed_adaptive, graphed_adaptive_refill and
+                      graphed_tree with the fused drafter (the length rule measures the cheaper
+                      rounds; a tree's levels run several nodes a request through it)
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -34,6 +35,7 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       shaped on held-out prompts (shaped_tree_system.py, tree_pricing.py)
   graphed_sequoia_timed   the same, each shape priced by probe rounds timed at that batch,
                       chains by chains', trees by trees' (Sequoia's hardware-aware pricing)
+  graphed_sequoia_timed_fused   the same with the fused drafter, its probes timed with it
 
 The eager mechanisms run their host loops in Python; they are measured as they are, next to the
 graphed ones, so that what graph capture would bring them is visible.
@@ -94,6 +96,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_tree_refill": [graphs, tree, refill],
         "graphed_dynamic_refill": [graphs, dynamic, refill],
         "graphed_fused_drafter": [graphs, fused],
+        "graphed_tree_fused": [graphs, tree, fused],
         "graphed_refill_fused": [graphs, refill, fused],
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
@@ -140,5 +143,6 @@ def mechanism_systems(stock: Program, pair,
             system.refusal = refusal
         out.append(system)
     if profile is not None:
-        out += shaped_tree_systems(stock, pair, profile)
+        fused = fused_drafter_pair(pair) if fused is None else fused
+        out += shaped_tree_systems(stock, pair, profile, fused)
     return out

@@ -170,11 +170,24 @@ class ShapedTreeSystem(ProgramSystem):
         return checks
 
 
-def shaped_tree_systems(stock: Program, pair, profile: HeldOutProfile) -> List[ShapedTreeSystem]:
-    """Both pricings of the graphed stock Program's shaped tree, sharing `profile`."""
-    from specpilot.ir import CaptureGraphs, apply
+def shaped_tree_systems(stock: Program, pair, profile: HeldOutProfile,
+                        fused_pair=None) -> List[ShapedTreeSystem]:
+    """Both pricings of the graphed stock Program's shaped tree, sharing `profile`, and the
+    timed one with the drafter in fused kernels: `fused_pair` is the pair with its drafter
+    fused, or why it cannot be (a str; the system is then refused with it), or None (left
+    out). The profile's acceptance serves both drafters: the fused one drafts the same tokens
+    up to rounding (tests/runtime/test_fused_forward.py)."""
+    from specpilot.ir import CaptureGraphs, SetDrafterKernels, apply
 
     graphed = apply(stock, CaptureGraphs(True))
-    return [ShapedTreeSystem("mech:graphed_sequoia", graphed, pair, profile),
-            ShapedTreeSystem("mech:graphed_sequoia_timed", graphed, pair, profile,
-                             pricing="timed")]
+    out = [ShapedTreeSystem("mech:graphed_sequoia", graphed, pair, profile),
+           ShapedTreeSystem("mech:graphed_sequoia_timed", graphed, pair, profile,
+                            pricing="timed")]
+    if fused_pair is not None:
+        fused = ShapedTreeSystem(
+            "mech:graphed_sequoia_timed_fused", apply(graphed, SetDrafterKernels("fused")),
+            fused_pair if not isinstance(fused_pair, str) else pair, profile, pricing="timed")
+        if isinstance(fused_pair, str):
+            fused.refusal = f"the drafter has no fused kernels: {fused_pair}"
+        out.append(fused)
+    return out

@@ -4,11 +4,13 @@ interpreter; with a GPU, natively on CUDA tensors."""
 import pytest
 import torch
 
+from specpilot.ir import DynamicTree, SparseTree, Tree
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.fused_forward import FusedForward, fused_forward_refusal
 from specpilot.runtime.ar import generate_ar
 from specpilot.runtime.checkpoint import load_checkpoint
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_program import graphed_decoder
 from specpilot.runtime.model import Transformer
 
 from hf_factory import FUSABLE, kernel_device, make_checkpoint, with_noise
@@ -173,3 +175,28 @@ def test_a_mask_given_as_rows_of_a_wider_mask_is_read_as_those_rows(tmp_path):
     torch.testing.assert_close(logits["slice"],
                                model.forward(tokens, new_pos, new_pos, rows.contiguous(), cache),
                                rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("topology", [Tree((3, 2, 1)), SparseTree(((0,), (1,), (0, 0), (0, 0, 0))),
+                                      DynamicTree(budget=6, depth=3, width=2)])
+def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology):
+    """Tree rounds' drafter levels (several nodes a request, each level's mask rows of the
+    round's tree mask) in the fused kernels: the same trees drafted and accepted as with the
+    per-op drafter, and greedy AR's output."""
+    batch = 4
+    s = pair_setup(11)
+    target, drafter, reference = s["target"], s["drafter"], s["reference"]
+    if DEVICE == "cuda":
+        ckpt = load_checkpoint(s["target_dir"])
+        target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
+        drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 11 + 7), torch.float32,
+                              DEVICE)
+        reference = generate_ar(target, s["prompts"], MAX_NEW, eos_ids=s["eos"])
+    plain = graphed_decoder(target, drafter, batch, 64, topology, s["eos"], capture=False)
+    fast = graphed_decoder(target, FusedForward(drafter), batch, 64, topology, s["eos"],
+                           capture=False)
+    prompts = s["prompts"][:batch]      # mixed lengths; one batch (the interpreter is slow)
+    a, b = plain.generate(prompts, MAX_NEW), fast.generate(prompts, MAX_NEW)
+    assert b.tokens == a.tokens == reference.tokens[:batch]
+    assert b.accepted_lengths == a.accepted_lengths
+    assert sum(map(sum, b.accepted_lengths)) > 0

@@ -1,7 +1,7 @@
-"""specpilot/bench/mechanism_programs.py's fused-drafter systems: the five Programs with
-kernels.drafter_kernels "fused" get one FusedForward around the pair's own drafter model (the
-other systems keep the pair as it is), and a drafter the fused kernels cannot run refuses those
-five systems with the reason."""
+"""specpilot/bench/mechanism_programs.py's fused-drafter systems: the Programs with
+kernels.drafter_kernels "fused" (the shaped tree's timed system with the fused drafter among
+them) get one FusedForward around the pair's own drafter model (the other systems keep the pair
+as it is), and a drafter the fused kernels cannot run refuses those systems with the reason."""
 from dataclasses import replace
 
 import pytest
@@ -13,10 +13,11 @@ from specpilot.ir import stock_program
 from specpilot.runtime.decoder import ModelPair, load_pair
 from specpilot.runtime.fused_forward import FusedForward
 
-from hf_factory import FUSABLE, make_checkpoint, make_pair
+from hf_factory import FUSABLE, make_checkpoint, make_pair, random_prompts
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
-         "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8"}
+         "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
+         "graphed_tree_fused"}
 
 
 def _stock_and_pair(target_dir, drafter_dir):
@@ -64,7 +65,8 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     # The fused systems are what their non-fused twins are but for the drafter kernels.
     for name, twin in [("graphed_fused_drafter", None), ("graphed_refill_fused", "graphed_refill"),
                        ("graphed_adaptive_fused", "graphed_adaptive"),
-                       ("graphed_adaptive_refill_fused", "graphed_adaptive_refill")]:
+                       ("graphed_adaptive_refill_fused", "graphed_adaptive_refill"),
+                       ("graphed_tree_fused", "graphed_tree")]:
         mine = systems[name].program
         if twin:        # adaptive ones set their token budget per batch size like their twins
             assert type(systems[name]) is type(systems[twin])
@@ -131,3 +133,38 @@ def test_a_pair_without_a_drafter_has_no_fused_pair(fusable):
         assert systems[name].unavailable(4) == \
             "the drafter has no fused kernels: the pair has no drafter"
         assert systems[name].pair is bare
+
+
+def _with_profile(stock, pair):
+    from specpilot.bench.shaped_tree_system import HeldOutProfile
+
+    profile = HeldOutProfile(pair, random_prompts((5, 3), seed=9), 6, benched=True)
+    return _by_name(mechanism_systems(stock, pair, profile)), profile
+
+
+def test_the_shaped_tree_runs_timed_with_the_fused_drafter_too(fusable):
+    stock, pair = fusable
+    systems, profile = _with_profile(stock, pair)
+    fused, plain = systems["graphed_sequoia_timed_fused"], systems["graphed_sequoia_timed"]
+    assert fused.pricing == plain.pricing == "timed" and fused.profile is profile
+    assert fused.program.kernels.drafter_kernels == "fused"
+    assert plain.program.kernels.drafter_kernels == "model"
+    # the same Program but for the drafter kernels; the one fused drafter of the other systems
+    assert replace(fused.program, kernels=plain.program.kernels,
+                   history=plain.program.history) == plain.program
+    assert isinstance(fused.pair.drafter, FusedForward) and fused.pair.drafter.model is pair.drafter
+    assert fused.pair.drafter is systems["graphed_fused_drafter"].pair.drafter
+    assert plain.pair is pair
+    # off a GPU it is refused as the other graphed systems are, not for its drafter
+    why = fused.unavailable(4)
+    assert why.startswith("its rounds cannot be graphed here") and "fused" not in why
+
+
+def test_a_drafter_without_fused_kernels_refuses_the_fused_shaped_tree(tmp_path):
+    target_dir, drafter_dir = make_pair(tmp_path, "llama3", seed=1)   # drafter head_dim 8
+    stock, pair = _stock_and_pair(target_dir, drafter_dir)
+    systems, _ = _with_profile(stock, pair)
+    refusal = systems["graphed_sequoia_timed_fused"].unavailable(4)
+    assert refusal.startswith("the drafter has no fused kernels: ") and "head_dim 8" in refusal
+    assert systems["graphed_sequoia_timed_fused"].pair is pair
+    assert "fused" not in systems["graphed_sequoia_timed"].unavailable(4)
