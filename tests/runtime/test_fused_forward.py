@@ -76,16 +76,23 @@ def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(tmp_pa
     assert (mine.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75
 
 
-def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
-    k, batch = 3, 4
-    s = pair_setup(11)
+def _pair_on_device(seed=11):
+    """The mechanism tests' pair of `seed` (its drafter fusable) on DEVICE, and greedy AR's
+    output there: (setup, target, drafter, reference)."""
+    s = pair_setup(seed)
     target, drafter, reference = s["target"], s["drafter"], s["reference"]
     if DEVICE == "cuda":    # the same models on the GPU, and greedy AR there as the reference
         ckpt = load_checkpoint(s["target_dir"])
         target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
-        drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 11 + 7), torch.float32,
-                              DEVICE)
+        drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, seed + 7),
+                              torch.float32, DEVICE)
         reference = generate_ar(target, s["prompts"], MAX_NEW, eos_ids=s["eos"])
+    return s, target, drafter, reference
+
+
+def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
+    k, batch = 3, 4
+    s, target, drafter, reference = _pair_on_device()
     plain = GraphedChainDecoder(target, drafter, batch, 48, k, s["eos"], capture=False)
     fast = GraphedChainDecoder(target, FusedForward(drafter), batch, 48, k, s["eos"],
                                capture=False)
@@ -184,14 +191,7 @@ def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology):
     round's tree mask) in the fused kernels: the same trees drafted and accepted as with the
     per-op drafter, and greedy AR's output."""
     batch = 4
-    s = pair_setup(11)
-    target, drafter, reference = s["target"], s["drafter"], s["reference"]
-    if DEVICE == "cuda":
-        ckpt = load_checkpoint(s["target_dir"])
-        target = Transformer(ckpt.config, ckpt.tensors, torch.float32, DEVICE)
-        drafter = Transformer(ckpt.config, with_noise(ckpt.tensors, 0.1, 11 + 7), torch.float32,
-                              DEVICE)
-        reference = generate_ar(target, s["prompts"], MAX_NEW, eos_ids=s["eos"])
+    s, target, drafter, reference = _pair_on_device()
     plain = graphed_decoder(target, drafter, batch, 64, topology, s["eos"], capture=False)
     fast = graphed_decoder(target, FusedForward(drafter), batch, 64, topology, s["eos"],
                            capture=False)
