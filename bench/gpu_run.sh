@@ -49,7 +49,8 @@
 #   treecost   bench/tree_round_cost.py: static trees' graphed rounds against chain(4)'s, with
 #              the acceptance walk and compaction as they are and as they were (random weights)
 #   masksweep  bench/masked_attention_sweep.py: attention with a tree's mask at verification
-#              widths, the runtime's grouped SDPA against other backends and layouts
+#              widths, the runtime's grouped SDPA against other backends and layouts, over an
+#              even cache and an odd one
 #   predictors bench/round_predictors.py on the trained pair: whether prompt features tell a
 #              request's chain(4) rounds before it runs (PROMPTS, default 64; MAX_NEW)
 #
@@ -160,8 +161,11 @@ phase() {
         step treecost timeout "${TREECOST_TIMEOUT:-200}" python3 bench/tree_round_cost.py \
             --out "$RESULTS/tree-round-cost.json" ;;
     masksweep)
-        step masksweep timeout 300 python3 bench/masked_attention_sweep.py \
-            --out "$RESULTS/masked-attention-sweep.json" ;;
+        # An even cache (456 slots) and an odd one (457): whether an odd count slows cuDNN.
+        step masksweep timeout 150 python3 bench/masked_attention_sweep.py --slack 200 \
+            --out "$RESULTS/masked-attention-sweep.json"
+        step masksweepodd timeout 150 python3 bench/masked_attention_sweep.py --slack 201 \
+            --out "$RESULTS/masked-attention-sweep-odd.json" ;;
     startoffpair)
         step startoffpair timeout 300 python3 bench/startoff_gap.py --pair "$PAIR" --calls 20 \
             --out "$RESULTS/startoff-gap-pair.json" ;;
