@@ -59,6 +59,9 @@ def priced_rows(doc: dict) -> List[dict]:
         roofline, overhead = summed_seconds(
             step_nodes(program, gpu, row["batch"], settings["context"], 0.0), gpu)
         out.append({**{k: row[k] for k in ("batch", "topology", "nodes", "depth", "round_ms")},
+                    # the cache the round ran on (runs since the eighteenth set say it): the
+                    # model prices the context alone, the masked attention walks every slot
+                    "cache_slots": row.get("cache_slots"),
                     "chain": isinstance(topology, Chain),
                     "roofline_ms": 1e3 * roofline, "overhead_ms": 1e3 * overhead})
     return out

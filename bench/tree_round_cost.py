@@ -50,7 +50,9 @@ def as_before(decoder) -> None:
 def round_cost(target, drafter, batch: int, topology, context: int, graphs: bool,
                before: bool) -> dict:
     capacity = round_timing_capacity(context, topology, WARMUP, REPEATS)
-    out = {}
+    # Kept with the row: the masked attention walks every slot, so the slot count is part of
+    # what a round costs (and an odd count looked dearer: BENCHMARKS.md, eighteenth set).
+    out = {"cache_slots": capacity}
     for captured in ((True, False) if graphs else (False,)):
         decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=captured)
         if before:

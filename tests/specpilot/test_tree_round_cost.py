@@ -52,3 +52,9 @@ def test_the_script_runs_end_to_end(tmp_path):
         (1, "chain(2)", "now"), (1, "tree([2, 1])", "now"), (1, "tree([2, 1])", "before"),
         (2, "chain(2)", "now"), (2, "tree([2, 1])", "now"), (2, "tree([2, 1])", "before")]
     assert all(r["round_ms"] > 0 for r in rows)
+    # each row says its cache: context 16, 28 rounds of at most depth + 1 tokens, one span and
+    # a slot (chain(2): 16 + 84 + 3 = 103; tree([2, 1]), 4 nodes: 16 + 84 + 5 = 105), rounded
+    # up to 8 slots
+    slots = {(r["topology"], r["variant"]): r["cache_slots"] for r in rows}
+    assert slots == {("chain(2)", "now"): 104, ("tree([2, 1])", "now"): 112,
+                     ("tree([2, 1])", "before"): 112}
