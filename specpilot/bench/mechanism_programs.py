@@ -17,9 +17,11 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_fused_drafter   CaptureGraphs + the drafter in fused layer kernels
                       (runtime/fused_forward.py): stock chain(4), its drafter steps cheaper
   graphed_refill_fused, graphed_adaptive_fused, graphed_adaptive_refill_fused,
-  graphed_tree_fused  graphed_refill, graphed_adaptive, graphed_adaptive_refill and
-                      graphed_tree with the fused drafter (the length rule measures the cheaper
-                      rounds; a tree's levels run several nodes a request through it)
+  graphed_tree_fused, graphed_tree_refill_fused
+                      graphed_refill, graphed_adaptive, graphed_adaptive_refill, graphed_tree
+                      and graphed_tree_refill with the fused drafter (the length rule measures
+                      the cheaper rounds; a tree's levels run several nodes a request through
+                      it)
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -97,6 +99,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_dynamic_refill": [graphs, dynamic, refill],
         "graphed_fused_drafter": [graphs, fused],
         "graphed_tree_fused": [graphs, tree, fused],
+        "graphed_tree_refill_fused": [graphs, tree, refill, fused],
         "graphed_refill_fused": [graphs, refill, fused],
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],

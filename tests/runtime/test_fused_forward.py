@@ -184,19 +184,24 @@ def test_a_mask_given_as_rows_of_a_wider_mask_is_read_as_those_rows(tmp_path):
                                rtol=1e-4, atol=1e-4)
 
 
-# A sparse tree runs the static tree's decoder: the interpreter's time goes to these two.
-@pytest.mark.parametrize("topology", [Tree((3, 2, 1)), DynamicTree(budget=6, depth=3, width=2)])
-def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology):
+# A sparse tree runs the static tree's decoder: the interpreter's time goes to these three.
+@pytest.mark.parametrize("topology, slots", [(Tree((3, 2, 1)), 4),
+                                             (DynamicTree(budget=6, depth=3, width=2), 4),
+                                             (Tree((3, 2, 1)), 2)])
+def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology, slots):
     """Tree rounds' drafter levels (several nodes a request, each level's mask rows of the
     round's tree mask) in the fused kernels: the same trees drafted and accepted as with the
-    per-op drafter, and greedy AR's output."""
-    batch = 4
+    per-op drafter, and greedy AR's output. With 2 slots for the 4 prompts, the tree refill
+    decoder: two newcomers prefilled into finished rows' slots."""
     s, target, drafter, reference = _pair_on_device()
-    plain = graphed_decoder(target, drafter, batch, 64, topology, s["eos"], capture=False)
-    fast = graphed_decoder(target, FusedForward(drafter), batch, 64, topology, s["eos"],
-                           capture=False)
-    prompts = s["prompts"][:batch]      # mixed lengths; one batch (the interpreter is slow)
+    prompts = s["prompts"]          # mixed lengths (the interpreter is slow: 4 of them)
+    assert len(prompts) == 4
+    refill = slots < len(prompts)
+    plain = graphed_decoder(target, drafter, slots, 64, topology, s["eos"], capture=False,
+                            refill=refill)
+    fast = graphed_decoder(target, FusedForward(drafter), slots, 64, topology, s["eos"],
+                           capture=False, refill=refill)
     a, b = plain.generate(prompts, MAX_NEW), fast.generate(prompts, MAX_NEW)
-    assert b.tokens == a.tokens == reference.tokens[:batch]
+    assert b.tokens == a.tokens == reference.tokens
     assert b.accepted_lengths == a.accepted_lengths
     assert sum(map(sum, b.accepted_lengths)) > 0

@@ -17,7 +17,7 @@ from hf_factory import FUSABLE, make_checkpoint, make_pair, random_prompts
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
-         "graphed_tree_fused"}
+         "graphed_tree_fused", "graphed_tree_refill_fused"}
 
 
 def _stock_and_pair(target_dir, drafter_dir):
@@ -66,7 +66,8 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     for name, twin in [("graphed_fused_drafter", None), ("graphed_refill_fused", "graphed_refill"),
                        ("graphed_adaptive_fused", "graphed_adaptive"),
                        ("graphed_adaptive_refill_fused", "graphed_adaptive_refill"),
-                       ("graphed_tree_fused", "graphed_tree")]:
+                       ("graphed_tree_fused", "graphed_tree"),
+                       ("graphed_tree_refill_fused", "graphed_tree_refill")]:
         mine = systems[name].program
         if twin:        # adaptive ones set their token budget per batch size like their twins
             assert type(systems[name]) is type(systems[twin])
