@@ -189,8 +189,11 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
                                                       REPLAYED_LAUNCHES))["us"]
                   if graphs else None)
         except Exception as exc:    # noqa: BLE001 - a backend that does not take this shape
-            # or mask (SDPA raises RuntimeError, a kernel build other kinds): recorded, and the
-            # sweep goes on to the next variant.
+            # or mask (SDPA raises RuntimeError, a kernel's launch other kinds): recorded, and
+            # the sweep goes on to the next variant, unless the GPU itself failed (a sticky
+            # error would fail every later variant and leave a misleading file).
+            if graphs:
+                torch.cuda.synchronize()
             first = (str(exc).splitlines() or [""])[0]
             rows.append({"variant": name, "refused": f"{type(exc).__name__}: {first}"[:300]})
             continue

@@ -130,7 +130,8 @@ def plain_capacity(model, prompts: Sequence[Sequence[int]], max_new_tokens: int)
     prompt, the new tokens and one slot, rounded up as every speculative decoder's is
     (`decoder_for`), so that a baseline never reads a cache of another shape class than the
     systems it is compared with. Within the model's positions."""
-    needed = check_capacity(model, prompts, max_new_tokens, slack=1)
+    # The new tokens and the slot together within the model's positions, as the decoder asks.
+    needed = check_capacity(model, prompts, max_new_tokens + 1, slack=0)
     return min(rounded_capacity(needed), model.config.max_position_embeddings)
 
 

@@ -1,5 +1,6 @@
 """The tree from measured acceptance as bench systems of its own (`mech:graphed_sequoia`,
-`mech:graphed_sequoia_timed`).
+`mech:graphed_sequoia_timed`, and `mech:graphed_sequoia_timed_fused` with the drafter in fused
+kernels).
 
 The topology agent proposes Sequoia-shaped trees inside a compile (runtime/sequoia.py), where
 they compete with every other transformation; these systems measure the mechanism alone. At
@@ -8,7 +9,7 @@ the most tokens per second at that batch:
 
   1. the drafter's rank profile is measured on held-out prompts of the same workload (prompts
      the bench does not time, decoded by greedy AR of the target), so the shape is not fitted
-     to the prompts it is timed on (`HeldOutProfile`, measured once for both systems); with no
+     to the prompts it is timed on (`HeldOutProfile`, measured once for all of them); with no
      held-out prompt it falls back to the benched ones and the systems say so in their notes;
   2. every shape the dynamic programme gives for that profile, and the chain of every depth, is
      priced at the batch size and the best is the row's Program (tree_pricing.py):
@@ -97,7 +98,9 @@ class ShapedTreeSystem(ProgramSystem):
             "Sequoia-shaped tree (or the chain) with the most tokens per second, for the "
             "drafter's ranks on held-out prompts, priced by " + (
                 "the cost model calibrated at that batch" if pricing == "calibrated" else
-                "probe chains' and trees' rounds timed at that batch")),
+                "probe chains' and trees' rounds timed at that batch") + (
+                "; the drafter in fused kernels" if base.kernels.drafter_kernels == "fused"
+                else "")),
             graphs_only=graphs_only)
         if profile.benched:
             self.notes.append("the workload has no prompt beyond the benched ones: the tree is "

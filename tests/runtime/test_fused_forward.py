@@ -192,15 +192,16 @@ def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology, slots):
     """Tree rounds' drafter levels (several nodes a request, each level's mask rows of the
     round's tree mask) in the fused kernels: the same trees drafted and accepted as with the
     per-op drafter, and greedy AR's output. With 2 slots for the 4 prompts, the tree refill
-    decoder: two newcomers prefilled into finished rows' slots."""
+    decoder: two newcomers prefilled into finished rows' slots. Captured on a GPU."""
     s, target, drafter, reference = _pair_on_device()
     prompts = s["prompts"]          # mixed lengths (the interpreter is slow: 4 of them)
     assert len(prompts) == 4
     refill = slots < len(prompts)
-    plain = graphed_decoder(target, drafter, slots, 64, topology, s["eos"], capture=False,
+    captured = DEVICE == "cuda"     # on the GPU, the rounds as CUDA graphs: the fused kernels
+    plain = graphed_decoder(target, drafter, slots, 64, topology, s["eos"], capture=captured,
                             refill=refill)
     fast = graphed_decoder(target, FusedForward(drafter), slots, 64, topology, s["eos"],
-                           capture=False, refill=refill)
+                           capture=captured, refill=refill)
     a, b = plain.generate(prompts, MAX_NEW), fast.generate(prompts, MAX_NEW)
     assert b.tokens == a.tokens == reference.tokens
     assert b.accepted_lengths == a.accepted_lengths

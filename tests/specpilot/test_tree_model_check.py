@@ -34,7 +34,8 @@ def _doc(rows, gpu="NVIDIA H200", device="cuda", **settings):
             "settings": {"shapes": SHAPES, "context": CONTEXT, "scale": 1.0, "pair": None,
                          **settings},
             "rows": [{"batch": b, "topology": str(t), "nodes": t.num_nodes, "depth": t.depth,
-                      "variant": variant, "round_ms": ms} for b, t, variant, ms in rows]}
+                      "variant": variant, "round_ms": ms, "cache_slots": 200 + b + t.num_nodes}
+                     for b, t, variant, ms in rows]}
 
 
 def test_the_chains_fit_recovers_the_factors_and_trees_are_judged_against_it(tmp_path):
@@ -59,6 +60,9 @@ def test_the_chains_fit_recovers_the_factors_and_trees_are_judged_against_it(tmp
     assert judged["measured_over_predicted"] == pytest.approx(1.4, rel=1e-6)
     assert all(r["measured_over_predicted"] == pytest.approx(1.0, rel=1e-6)
                for r in result["rows"] if r["chain"])
+    # each row keeps the cache it was measured on
+    assert sorted(r["cache_slots"] for r in result["rows"]) == sorted(
+        200 + b + t.num_nodes for b, t, variant, _ in rows if variant == "now")
 
 
 @pytest.mark.parametrize("doc, message", [
