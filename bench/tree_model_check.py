@@ -67,6 +67,23 @@ def priced_rows(doc: dict) -> List[dict]:
     return out
 
 
+def cache_caveats(rows: List[dict]) -> List[str]:
+    """What the rows' caches say about their verdicts: the masked attention walks every slot
+    and looked dearer over an odd count (BENCHMARKS.md, eighteenth set), so rows of unknown
+    caches (runs before the cache count was kept) or of odd ones are not clean against the
+    chains' fit."""
+    out = []
+    unknown = sorted({r["topology"] for r in rows if r.get("cache_slots") is None})
+    if unknown:
+        out.append(f"no cache slot count for {len(unknown)} topologies: a run before the count "
+                   "was kept (until commit 257fa8f its caches grew with the span)")
+    odd = sorted({f"{r['topology']} ({r['cache_slots']})" for r in rows
+                  if r.get("cache_slots") is not None and r["cache_slots"] % 2})
+    if odd:
+        out.append("odd slot counts: " + ", ".join(odd))
+    return out
+
+
 def fit_on_chains(rows: List[dict]):
     """(alpha, beta) by least squares on the chain rows: round ms = alpha x roofline ms +
     beta x overhead ms. A SpecPilotError where the chains cannot tell the two apart."""
@@ -95,13 +112,17 @@ def main(argv=None) -> int:
         alpha, beta = fit_on_chains(rows)
     except (OSError, ValueError, KeyError, SpecPilotError) as exc:
         ap.error(f"{args.rounds}: {exc}")
+    caveats = cache_caveats(rows)
+    for line in caveats:
+        print(f"caveat: {line}")
     for r in rows:
         r["predicted_ms"] = alpha * r["roofline_ms"] + beta * r["overhead_ms"]
         r["measured_over_predicted"] = r["round_ms"] / r["predicted_ms"]
         print(f"batch {r['batch']:3d} {r['topology']:58s} measured {r['round_ms']:.3f} ms, "
               f"predicted {r['predicted_ms']:.3f} ({r['measured_over_predicted']:.2f}x)")
     write_json_atomic(Path(args.out), {"rounds": args.rounds, "environment": doc["environment"],
-                                       "alpha": alpha, "beta": beta, "rows": rows})
+                                       "alpha": alpha, "beta": beta, "caveats": caveats,
+                                       "rows": rows})
     return 0
 
 

@@ -63,6 +63,20 @@ def test_the_chains_fit_recovers_the_factors_and_trees_are_judged_against_it(tmp
     # each row keeps the cache it was measured on
     assert sorted(r["cache_slots"] for r in result["rows"]) == sorted(
         200 + b + t.num_nodes for b, t, variant, _ in rows if variant == "now")
+    # the odd counts are named: chain(2) and chain(4) at batch 1 (203, 205 slots) and the
+    # tree at batch 4 (213); at batch 64 the chains' are even (266, 268)
+    assert result["caveats"] == ["odd slot counts: chain(2) (203), chain(4) (205), "
+                                 "tree([3, 2]) (213)"]
+
+
+def test_rows_without_a_cache_count_are_flagged():
+    script = load_bench_script("tree_model_check")
+    rows = [{"topology": "chain(4)", "cache_slots": 336}, {"topology": "tree([2])"},
+            {"topology": "tree([4])", "cache_slots": None}]
+    assert script.cache_caveats(rows) == [
+        "no cache slot count for 2 topologies: a run before the count was kept (until commit "
+        "257fa8f its caches grew with the span)"]
+    assert script.cache_caveats(rows[:1]) == []
 
 
 @pytest.mark.parametrize("doc, message", [
