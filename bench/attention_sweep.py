@@ -90,20 +90,26 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
     return rows
 
 
+def add_cache_and_run_arguments(ap, context: int, slack: int) -> None:
+    """The options an attention sweep shares: the cache (--context, --slack), --repeats,
+    --scale and --out."""
+    ap.add_argument("--context", type=positive_int, default=context)
+    ap.add_argument("--slack", type=positive_int, default=slack,
+                    help="cache slots past the context (a decoder's capacity holds its run)")
+    ap.add_argument("--repeats", type=positive_int, default=30)
+    ap.add_argument("--scale", type=float, default=1.0)
+    ap.add_argument("--out", required=True)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--shape", default="zoo-gpu-small-drafter", help="a shape preset")
     ap.add_argument("--batch-sizes", type=positive_counts, default=[4, 16, 64])
     ap.add_argument("--tokens", type=positive_counts, default=[1, 2],
                     help="new tokens per request (a step, a catch-up)")
-    ap.add_argument("--context", type=positive_int, default=320)
-    ap.add_argument("--slack", type=positive_int, default=136,
-                    help="cache slots past the context (a decoder's capacity holds its run)")
     ap.add_argument("--blocks", type=positive_counts, default=[32, 64, 128, 256])
     ap.add_argument("--warps", type=positive_counts, default=[2, 4, 8])
-    ap.add_argument("--repeats", type=positive_int, default=30)
-    ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--out", required=True)
+    add_cache_and_run_arguments(ap, context=320, slack=136)
     args = ap.parse_args(argv)
     graphs = torch.cuda.is_available()
     device = torch.device("cuda" if graphs else "cpu")

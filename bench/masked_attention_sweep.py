@@ -40,15 +40,17 @@ import torch.nn.functional as F
 
 if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))      # bench/kernel_bench
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))      # bench/: its modules
 
+from attention_sweep import add_cache_and_run_arguments, inputs  # noqa: E402
 from kernel_bench.measure import TimingSettings, time_thunks  # noqa: E402
 
 from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.shapes import get_preset  # noqa: E402
-from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
+from specpilot.cli_common import positive_counts  # noqa: E402
 from specpilot.codegen.cache import build_triton_module  # noqa: E402
 from specpilot.codegen.kernel_spec import kernel_spec  # noqa: E402
+from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fast_ops import grouped_sdpa  # noqa: E402
 from specpilot.runtime.fused_forward import DTYPE_NAMES  # noqa: E402
 from specpilot.runtime.reference_ops import attention_ref  # noqa: E402
@@ -66,26 +68,19 @@ def _backend(name: str):
 
 def tree_inputs(batch: int, t: int, capacity: int, context: int, heads: int, kv_heads: int,
                 head_dim: int, dtype, device, seed: int):
-    """q [B, T, H, D], the caches [B, S, Hkv, D], kv_len [B], and a tree's mask [B, T, S]: each
-    request sees its committed prefix (contexts differ by up to a quarter) and, among its T new
-    slots, a random tree's ancestors (node i's parent drawn below i) and itself."""
+    """attention_sweep.py's inputs (q, the caches, kv_len; contexts differ by up to a quarter)
+    with a tree's mask [B, T, S] for the T new slots: each request sees its committed prefix,
+    a random tree's ancestors (node i's parent drawn below i) and itself."""
+    q, k, v, mask, kv_len = inputs(batch, t, capacity, context, heads, kv_heads, head_dim,
+                                   dtype, device, seed)
     gen = torch.Generator().manual_seed(seed)
-    q = torch.randn((batch, t, heads, head_dim), generator=gen)
-    k = torch.randn((batch, capacity, kv_heads, head_dim), generator=gen)
-    v = torch.randn((batch, capacity, kv_heads, head_dim), generator=gen)
-    lengths = context - torch.randint(0, max(1, context // 4), (batch,), generator=gen)
     ancestors = torch.eye(t, dtype=torch.bool)
     for i in range(1, t):
         parent = int(torch.randint(0, i, (1,), generator=gen))
         ancestors[i] |= ancestors[parent]
-    slots = torch.arange(capacity)
-    mask = slots[None, None, :] < lengths[:, None, None]
-    mask = mask.expand(batch, t, capacity).clone()
-    for b in range(batch):
-        mask[b, :, lengths[b]:lengths[b] + t] = ancestors
-    kv_len = lengths + t
-    to = lambda x: x.to(device=device, dtype=dtype)     # noqa: E731
-    return to(q), to(k), to(v), mask.to(device), kv_len.to(device)
+    for b, start in enumerate((kv_len - t).tolist()):
+        mask[b, :, start:start + t] = ancestors.to(mask.device)
+    return q, k, v, mask, kv_len
 
 
 def expanded_sdpa(q, k_cache, v_cache, mask, scale):
@@ -208,12 +203,7 @@ def main(argv=None) -> int:
     ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 4, 16, 64])
     ap.add_argument("--tokens", type=positive_counts, default=[1, 5, 21, 65],
                     help="tokens a request verifies (a step, chain(4), trees of 20, 64 nodes)")
-    ap.add_argument("--context", type=positive_int, default=256)
-    ap.add_argument("--slack", type=positive_int, default=200,
-                    help="cache slots past the context (a decoder's capacity holds its run)")
-    ap.add_argument("--repeats", type=positive_int, default=30)
-    ap.add_argument("--scale", type=float, default=1.0)
-    ap.add_argument("--out", required=True)
+    add_cache_and_run_arguments(ap, context=256, slack=200)
     args = ap.parse_args(argv)
     graphs = torch.cuda.is_available()
     device = torch.device("cuda" if graphs else "cpu")
@@ -221,7 +211,7 @@ def main(argv=None) -> int:
     for name in args.shapes.split(","):
         try:
             presets.append((name, get_preset(name)))
-        except Exception as exc:        # SpecPilotError: an unknown name, with the known ones
+        except SpecPilotError as exc:   # an unknown name, with the known ones
             ap.error(str(exc))
     if max(args.tokens) > args.slack:
         ap.error(f"--slack {args.slack} must hold the largest --tokens {max(args.tokens)}")
