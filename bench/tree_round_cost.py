@@ -41,7 +41,8 @@ def as_before(decoder) -> None:
     """`decoder`'s round as it ran before the one-pass walk and the stacked compaction: the
     walk depth by depth, and compaction layer by layer (caches without their stacked
     buffers). Set before the round is captured."""
-    decoder._walk = lambda nodes, parent_row, g: walk_per_row(
+    parent_row = decoder.walk_tables.parent_row
+    decoder._walk = lambda nodes, g, _=None: walk_per_row(
         nodes, parent_row.expand_as(nodes), g, decoder.k)
     for cache in (decoder.tcache, decoder.dcache):
         cache.stacked_k = cache.stacked_v = None

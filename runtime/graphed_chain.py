@@ -50,9 +50,15 @@ from .ar import ARResult
 from .steps import append_step, check_capacity, top2_margin
 
 
+def timing_room(span: int) -> int:
+    """The slots past its context that timing rounds of `span` draft slots needs at least: two
+    rounds' worth."""
+    return 2 * (span + 1)
+
+
 def last_timing_context(span: int, capacity: int) -> int:
     """The last context from which two rounds of `span` draft slots fit in `capacity` slots."""
-    return capacity - 2 * (span + 1)
+    return capacity - timing_room(span)
 
 
 def check_timing_context(context: int, span: int, capacity: int) -> None:

@@ -24,7 +24,7 @@ the drafter would grow on the reference.
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Optional, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -94,9 +94,15 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
     def _span(self) -> int:
         return dynamic_span(self.topology)
 
-    def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
+    def _walk(self, nodes: torch.Tensor, g: torch.Tensor,
+              parent_row: Optional[torch.Tensor] = None):
         """Greedy acceptance down each row's own tree (`walk_per_row`)."""
         return walk_per_row(nodes, parent_row, g, self.k)
+
+    def _tree_mask(self, pattern: torch.Tensor, base: torch.Tensor) -> torch.Tensor:
+        """The verification's mask from each row's `pattern` [B, n + 1, n + 1], placed at
+        `base`."""
+        return placed_mask(pattern, base, self.slot_ids[0, 0])
 
     def _draft_dynamic(self, base: torch.Tensor):
         """Scratch tokens, scores, parents (-1: root) [B, D*W] and ancestors [B, D*W, D*W]."""
@@ -120,7 +126,7 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
             # Root and scratch slots as one pattern: column 0 the root, 1 + j scratch node j.
             pattern = torch.cat([torch.ones((b, w, 1), dtype=torch.bool, device=dev),
                                  anc[:, above]], dim=2)
-            mask = placed_mask(pattern, base, self.slot_ids[0, 0])
+            mask = self._tree_mask(pattern, base)
             logits = self.drafter.forward(toks[-1], pos, slots, mask, self.dcache)
             cand = torch.topk(F.log_softmax(logits.double(), dim=-1), w, dim=-1)  # [B, W, W]
             total = (scores[-1][:, :, None] + cand.values).flatten(1)
@@ -164,8 +170,8 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
     def _round(self, k: int) -> None:
         base = self._base()
         nodes, parent_row, chosen, pattern, positions, _ = self._choose_tree(base)
-        logits = self._verify_tree(base, nodes, pattern, positions)
-        self._accept(base, nodes, parent_row, logits, drafter_nodes=chosen)
+        logits = self._verify_tree(base, nodes, self._tree_mask(pattern, base), positions)
+        self._accept(base, nodes, logits, parent_row, drafter_nodes=chosen)
 
     def _forced_round(self, k: int) -> None:
         base = self._base()
@@ -177,7 +183,7 @@ class GraphedDynamicTreeDecoder(GraphedTreeDecoder):
         # The reference on the path; the path's siblings may draft the same token, which only
         # the walk (not run here) would mind.
         nodes = torch.where(on_path, ref.gather(1, depths - 1), nodes)
-        logits = self._verify_tree(base, nodes, pattern, positions)
+        logits = self._verify_tree(base, nodes, self._tree_mask(pattern, base), positions)
         at = on_path[:, None, :] & (depths[:, None, :] == self.depth_slots[None, :, None])
         path = torch.where(at.any(dim=2), at.to(torch.int64).argmax(dim=2),
                            torch.full_like(ref, -1))                       # [B, D] node or -1

@@ -36,7 +36,7 @@ from specpilot.ir.topology import Chain, DynamicTree, SparseTree, Tree
 
 from .ar import ARResult
 from .forcing import ForcingReport, compare_to_reference, resolve_tolerance
-from .graphed_chain import GraphedChainDecoder
+from .graphed_chain import GraphedChainDecoder, timing_room
 from .graphed_dynamic import GraphedDynamicTreeDecoder, dynamic_span
 from .graphed_loop import ar_stats, mean_committed
 from .graphed_refill import GraphedRefillDecoder, refill_rounds_per_replay
@@ -125,14 +125,21 @@ def rounded_capacity(needed: int) -> int:
     return -(-needed // CAPACITY_STEP) * CAPACITY_STEP
 
 
-def plain_capacity(model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
-    """The cache of a graphed plain-AR decoder (chains of 0) for these prompts: the longest
-    prompt, the new tokens and one slot, rounded up as every speculative decoder's is
-    (`decoder_for`), so that a baseline never reads a cache of another shape class than the
-    systems it is compared with. Within the model's positions."""
-    # The new tokens and the slot together within the model's positions, as the decoder asks.
-    needed = check_capacity(model, prompts, max_new_tokens + 1, slack=0)
+def decode_capacity(model, prompts: Sequence[Sequence[int]], max_new_tokens: int,
+                    span: int) -> int:
+    """The cache of a graphed decoder whose rounds write `span` slots past the last committed
+    token, for these prompts: the longest prompt, the new tokens, the span and one slot,
+    rounded up to CAPACITY_STEP, within the model's positions. A CapacityError naming the fix
+    where the prompts and new tokens do not fit the model."""
+    needed = check_capacity(model, prompts, max_new_tokens, slack=span + 1)
     return min(rounded_capacity(needed), model.config.max_position_embeddings)
+
+
+def plain_capacity(model, prompts: Sequence[Sequence[int]], max_new_tokens: int) -> int:
+    """The cache of a graphed plain-AR decoder (chains of 0): `decode_capacity` with no span,
+    so that a baseline never reads a cache of another shape class than the speculative
+    decoders it is compared with (`decoder_for`)."""
+    return decode_capacity(model, prompts, max_new_tokens, 0)
 
 
 def round_span(topology) -> int:
@@ -148,7 +155,7 @@ def timing_capacity(context: int, topology, rounds: int) -> int:
     attention that walks the whole cache would then time a wide tree over a cache several
     times a chain's, which no decode of the same prompts allocates."""
     span = round_span(topology)
-    needed = context + max(rounds * (topology.depth + 1) + span + 1, 2 * (span + 1))
+    needed = context + max(rounds * (topology.depth + 1) + span + 1, timing_room(span))
     # Rounded as decodes are: on the H200, cuDNN's masked attention in chain(4)'s round took
     # 438 µs over 337 slots against 253 µs over 332 (two calls, not an A/B of the slot count
     # alone; BENCHMARKS.md, eighteenth set).
@@ -205,9 +212,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     cap = length_cap(program)
     k = round_span(topology) if program.draft.speculates else 0
     adaptive = program.batch.draft_length_policy == "per_request_adaptive"
-    needed = max(len(p) for p in prompts) + max_new_tokens + k + 1
-    capacity = rounded_capacity(needed)
-    capacity = min(capacity, pair.target.config.max_position_embeddings)
+    capacity = decode_capacity(pair.target, prompts, max_new_tokens, k)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
     refill = refills(program)
     key = DecoderKey(id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,

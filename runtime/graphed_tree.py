@@ -117,8 +117,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
                 raise SpecPilotError(f"tree nodes must be in breadth-first order: {shape}")
             self.levels.append(range(members[0], members[-1] + 1))
         self.walk_tables = tree_walk_tables(shape, dev)
-        self.parent_row = self.walk_tables.parent_row
-        self.depth_slots = self.walk_tables.depth_slots
+        self.depth_slots = self.walk_tables.depth_slots    # the compaction's destinations
         pattern = torch.zeros((n + 1, n + 1), dtype=torch.bool, device=dev)
         pattern[:, 0] = True                       # everyone sees the root
         pattern[1:, 1:] = self.walk_tables.ancestors
@@ -176,34 +175,26 @@ class GraphedTreeDecoder(GraphedChainDecoder):
             levels.append(top[:, self.parent_place[d], self.level_ranks[d]])
         return torch.cat(levels, dim=1)
 
-    def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor,
-                     pattern: Optional[torch.Tensor] = None,
-                     positions: Optional[torch.Tensor] = None,
-                     mask: Optional[torch.Tensor] = None):
-        """The target's logits [B, n + 1, V] over root + nodes under the tree mask (the static
-        tree's, given as the round's `mask` or built here, or a per-row `pattern`
-        [B, n + 1, n + 1] with node `positions` [B, n + 1])."""
-        return self._tree_forward(self.target, self.tcache, base, nodes, pattern, positions,
-                                  mask)
+    def _verify_tree(self, base: torch.Tensor, nodes: torch.Tensor, mask: torch.Tensor,
+                     positions: Optional[torch.Tensor] = None):
+        """The target's logits [B, n + 1, V] over root + nodes under the tree's `mask` (the
+        static tree's `_round_mask`, or a dynamic tree's, with node `positions` [B, n + 1])."""
+        return self._tree_forward(self.target, self.tcache, base, nodes, mask, positions)
 
     def _tree_forward(self, model, cache, base: torch.Tensor, nodes: torch.Tensor,
-                      pattern: Optional[torch.Tensor] = None,
-                      positions: Optional[torch.Tensor] = None,
-                      mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """`model`'s logits over root + nodes under the tree mask, K/V into `cache`."""
+                      mask: torch.Tensor,
+                      positions: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """`model`'s logits over root + nodes under the tree `mask`, K/V into `cache`."""
         tokens = torch.cat([self.last[:, None], nodes], dim=1)
         pos = base[:, None] + (self.offsets if positions is None else positions)
         slots = base[:, None] + self.slots_after
-        assert mask is None or pattern is None, "a round's mask is the static tree's"
-        if mask is None:
-            mask = (self._round_mask(base) if pattern is None else
-                    placed_mask(pattern, base, self.slot_ids[0, 0]))
         return model.forward(tokens, pos, slots, mask, cache)
 
-    def _walk(self, nodes: torch.Tensor, parent_row: torch.Tensor, g: torch.Tensor):
-        """Greedy acceptance down the tree (`walk_tree`). `parent_row` is the static tree's
-        own (`self.parent_row`), which the walk's tables hold; the dynamic tree, whose rows
-        have their own parents, walks otherwise (graphed_dynamic.walk_per_row)."""
+    def _walk(self, nodes: torch.Tensor, g: torch.Tensor,
+              parent_row: Optional[torch.Tensor] = None):
+        """Greedy acceptance down the tree (`walk_tree`, from the static tree's tables). The
+        dynamic tree, whose rows have their own `parent_row`, walks otherwise
+        (graphed_dynamic.walk_per_row)."""
         return walk_tree(self.walk_tables, nodes, g)
 
     def _compact(self, base: torch.Tensor, path: torch.Tensor,
@@ -229,16 +220,18 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         base = self._base()
         mask = self._round_mask(base)
         nodes = self._draft_tree(base, mask)
-        logits = self._verify_tree(base, nodes, mask=mask)
-        self._accept(base, nodes, self.parent_row, logits)
+        logits = self._verify_tree(base, nodes, mask)
+        self._accept(base, nodes, logits)
 
-    def _accept(self, base: torch.Tensor, nodes: torch.Tensor, parent_row: torch.Tensor,
-                logits: torch.Tensor, drafter_nodes: Optional[torch.Tensor] = None) -> None:
+    def _accept(self, base: torch.Tensor, nodes: torch.Tensor, logits: torch.Tensor,
+                parent_row: Optional[torch.Tensor] = None,
+                drafter_nodes: Optional[torch.Tensor] = None) -> None:
         """Walk, compact and commit: the committed tokens are the target's argmaxes along the
-        accepted path, the last one its bonus token. `drafter_nodes` [B, n]: where the drafter
-        holds each node, when its slots differ from the target's."""
+        accepted path, the last one its bonus token. `parent_row` [B, n]: each row's own
+        parents (a dynamic tree's; the static tree's are its walk tables'). `drafter_nodes`
+        [B, n]: where the drafter holds each node, when its slots differ from the target's."""
         g = torch.argmax(logits, dim=-1)
-        path, n = self._walk(nodes, parent_row, g)
+        path, n = self._walk(nodes, g, parent_row)
         rows = torch.cat([torch.zeros_like(n)[:, None], 1 + path.clamp(min=0)], dim=1)
         if self.record_margins:
             self._round_margins = top2_margin(logits).gather(1, rows)
@@ -258,7 +251,7 @@ class GraphedTreeDecoder(GraphedChainDecoder):
         # The reference on the forced path; its siblings get other, distinct tokens.
         nodes = torch.where(self.on_forced_path[None, :], at_depth,
                             (at_depth + 1 + self.ranks[None, :]) % vocab)
-        logits = self._verify_tree(base, nodes)
+        logits = self._verify_tree(base, nodes, self._round_mask(base))
         path = self.forced_path[None, :].expand(ref.shape[0], -1)
         self._compact(base, path)
         self._commit_forced_path(logits, path, torch.full_like(self.count, depth))

@@ -65,8 +65,8 @@ class GraphedTwoLevelDecoder(GraphedTreeDecoder):
         depth or -1 [B, D], its length [B]). Its cache holds every committed token but the
         root: the prefill, then each round's path moved down (`_round`), so one forward of
         root + tree serves."""
-        logits = self._tree_forward(self.cheap, self.ccache, base, nodes, mask=mask)
-        return self._walk(nodes, self.parent_row, torch.argmax(logits, dim=-1))
+        logits = self._tree_forward(self.cheap, self.ccache, base, nodes, mask)
+        return self._walk(nodes, torch.argmax(logits, dim=-1))
 
     def _round(self, k: int) -> None:
         base = self._base()

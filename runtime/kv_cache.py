@@ -65,9 +65,10 @@ class KVCache:
                        positions=self.positions[rows, slots],
                        stacked_k=stacked[0], stacked_v=stacked[1])
 
-    def move_slots(self, rows: torch.Tensor, src: torch.Tensor, dst: torch.Tensor) -> None:
+    def move_slots(self, rows, src: torch.Tensor, dst: torch.Tensor) -> None:
         """Every layer's K/V at slots `src` [B, N] of rows `rows` [B, 1] copied to slots `dst`
-        [B, N] (gathered before scattering: overlapping ranges are safe); positions untouched."""
+        [B, N], or, for one row `rows` (an int), at slots `src` [N] to `dst` [N] (gathered
+        before scattering: overlapping ranges are safe); positions untouched."""
         if self.stacked_k is not None:
             for buffer in (self.stacked_k, self.stacked_v):
                 buffer[:, rows, dst] = buffer[:, rows, src]
@@ -81,8 +82,7 @@ class KVCache:
         positions included: `move_slots` for one row.
 
         Gathered before scattering, so overlapping source and destination ranges are safe."""
-        rows = torch.tensor([[row]], device=self.positions.device)
-        self.move_slots(rows, src[None], dst[None])
+        self.move_slots(row, src, dst)
         self.positions[row, dst] = self.positions[row, src].clone()
 
 

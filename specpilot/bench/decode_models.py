@@ -8,6 +8,7 @@ import argparse
 import torch
 
 from specpilot.bench.shapes import random_pair
+from specpilot.runtime.graphed_program import rounded_capacity
 
 
 def add_model_arguments(ap: argparse.ArgumentParser) -> None:
@@ -27,8 +28,6 @@ def decoder_capacity(prompts, new_tokens: int, k: int) -> int:
     """Cache slots for `prompts` and `new_tokens` with chains of up to `k` drafts: the longest
     prompt, the new tokens and two rounds' span, every decoder of a comparison the same;
     rounded up as a decode's cache is (`rounded_capacity`)."""
-    from specpilot.runtime.graphed_program import rounded_capacity
-
     return rounded_capacity(max(len(p) for p in prompts) + new_tokens + 2 * k + 2)
 
 
