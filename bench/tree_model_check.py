@@ -40,11 +40,11 @@ def priced_rows(doc: dict) -> List[dict]:
     if settings.get("pair"):
         raise SpecPilotError("the rounds were measured on a trained pair: give a run on preset "
                              "shapes (random weights), whose model specs are known")
-    if environment.get("device") != "cuda" or gpu_key(environment["gpu"]) == "cpu":
+    key = gpu_key(environment["gpu"])
+    if environment.get("device") != "cuda" or key == "cpu":
         raise SpecPilotError("the rounds were not measured on a GPU: off one tree_round_cost.py "
                              "runs eagerly in float32 (a check of the script), not what the "
                              "model prices")
-    key = gpu_key(environment["gpu"])
     gpu = gpu_spec(key)
     stock = apply(stock_program(preset_deployment(settings["shapes"], key, settings["scale"])),
                   CaptureGraphs(on=True))

@@ -25,7 +25,8 @@ import torch
 from specpilot.bench.decode_models import add_model_arguments, decode_models
 from specpilot.bench.environment import environment
 from specpilot.bench.kernel_profile import kernel_profile
-from specpilot.bench.step_costs import round_timing_capacity, time_median, topology_from_key
+from specpilot.bench.step_costs import measure_round, round_timing_capacity, topology_from_key
+from specpilot.cli_common import positive_counts, positive_int
 from specpilot.ir import Chain
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.graphed_dynamic import walk_per_row
@@ -50,36 +51,35 @@ def as_before(decoder) -> None:
 
 def round_cost(target, drafter, batch: int, topology, context: int, graphs: bool,
                before: bool) -> dict:
+    prepare = as_before if before else None
     capacity = round_timing_capacity(context, topology, WARMUP, REPEATS)
     # Kept with the row: the masked attention walks every slot, so the slot count is part of
     # what a round costs (and an odd count looked dearer: BENCHMARKS.md, eighteenth set).
-    out = {"cache_slots": capacity}
-    for captured in ((True, False) if graphs else (False,)):
-        decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=captured)
-        if before:
-            as_before(decoder)
+    out = {"cache_slots": capacity,
+           "round_ms": 1e3 * measure_round(target, drafter, batch, topology, context, graphs,
+                                           WARMUP, REPEATS, prepare)}
+    if graphs:      # the same round eager: the kernels it launches
+        torch.cuda.empty_cache()
+        decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=False)
+        if prepare is not None:
+            prepare(decoder)
         replay = decoder.timing_round(context)
-        if captured or not graphs:
-            out["round_ms"] = 1e3 * time_median(replay, target.device, WARMUP, REPEATS)
-        else:       # eager on the GPU: the kernels one round launches
-            replay()
-            out["kernel_profile"] = kernel_profile(replay, target.device)
+        replay()
+        out["kernel_profile"] = kernel_profile(replay, target.device)
         del decoder, replay
-        if graphs:
-            torch.cuda.empty_cache()
+        torch.cuda.empty_cache()
     return out
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
-    ap.add_argument("--batch-sizes", default="1,4,16,64")
+    ap.add_argument("--batch-sizes", type=positive_counts, default=[1, 4, 16, 64])
     ap.add_argument("--topologies", default=TOPOLOGIES, help="';'-separated, as keys print them")
-    ap.add_argument("--context", type=int, default=192,
+    ap.add_argument("--context", type=positive_int, default=192,
                     help="cache positions before the timed rounds (a call's halfway point)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    batches = [int(b) for b in args.batch_sizes.split(",")]
     topologies = [topology_from_key(t.strip()) for t in args.topologies.split(";")]
     if any(t is None for t in topologies):
         ap.error(f"--topologies: not a static chain or tree in {args.topologies!r}")
@@ -88,7 +88,7 @@ def main(argv=None) -> int:
     except SpecPilotError as exc:
         ap.error(str(exc))
     rows, started = [], time.perf_counter()
-    for b in batches:
+    for b in args.batch_sizes:
         for topology in topologies:
             # A chain's round has no walk or compaction: it is the reference, timed once.
             for before in ((False,) if isinstance(topology, Chain) else (False, True)):

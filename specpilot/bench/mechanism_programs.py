@@ -45,7 +45,7 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Union
+from typing import Dict, List, Optional, Tuple, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetBatchLayout, SetDrafterKernels, SetDraftLengthPolicy, SetRefill,
@@ -122,30 +122,36 @@ def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
         return str(exc)
 
 
+def program_pair(program: Program, pair: ModelPair,
+                 fused: Union[ModelPair, str]) -> Tuple[ModelPair, Optional[str]]:
+    """(the pair `program` runs on, why it cannot run or None): `fused` (`fused_drafter_pair`'s
+    answer) where the Program's drafter kernels are fused, else `pair`. The reason alone: the
+    unfused pair's own refusals (a pair built for other drafter kernels) would only mislead."""
+    if program.kernels.drafter_kernels != "fused":
+        return pair, None
+    if isinstance(fused, ModelPair):
+        return fused, None
+    return pair, f"the drafter has no fused kernels: {fused}"
+
+
 def mechanism_systems(stock: Program, pair,
                       profile: Optional[HeldOutProfile] = None) -> List[ProgramSystem]:
     """Every mechanism Program as a system; with a held-out rank `profile` (None: they are left
     out) also the tree from measured acceptance, shaped on it (shaped_tree_system.py)."""
     out: List[ProgramSystem] = []
-    fused: Optional[Union[ModelPair, str]] = None       # built once, for the systems that ask
+    fused = fused_drafter_pair(pair)        # one fused drafter for every system that asks
+
+    def pair_for(program: Program):
+        return program_pair(program, pair, fused)
+
     for name, program in mechanism_programs(stock).items():
         steps = ", ".join(str(t) for t in program.history)
         cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem
-        own, refusal = pair, None
-        if program.kernels.drafter_kernels == "fused":
-            fused = fused_drafter_pair(pair) if fused is None else fused
-            if isinstance(fused, ModelPair):
-                own = fused
-            else:
-                refusal = f"the drafter has no fused kernels: {fused}"
+        own, refusal = pair_for(program)
         system = cls(f"mech:{name}", program, own, f"stock + {steps}",
                      graphs_only=program.kernels.capture_graphs)
-        if refusal is not None:
-            # The reason, alone: the unfused pair's own refusals (a pair built for other
-            # drafter kernels) would only mislead.
-            system.refusal = refusal
+        system.refusal = refusal or system.refusal
         out.append(system)
     if profile is not None:
-        fused = fused_drafter_pair(pair) if fused is None else fused
-        out += shaped_tree_systems(stock, pair, profile, fused)
+        out += shaped_tree_systems(stock, pair, profile, pair_for)
     return out

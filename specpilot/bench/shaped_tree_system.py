@@ -174,23 +174,23 @@ class ShapedTreeSystem(ProgramSystem):
 
 
 def shaped_tree_systems(stock: Program, pair, profile: HeldOutProfile,
-                        fused_pair=None) -> List[ShapedTreeSystem]:
-    """Both pricings of the graphed stock Program's shaped tree, sharing `profile`, and the
-    timed one with the drafter in fused kernels: `fused_pair` is the pair with its drafter
-    fused, or why it cannot be (a str; the system is then refused with it), or None (left
-    out). The profile's acceptance serves both drafters: the fused one drafts the same tokens
-    up to rounding (tests/runtime/test_fused_forward.py)."""
+                        pair_for=None) -> List[ShapedTreeSystem]:
+    """Both pricings of the graphed stock Program's shaped tree, sharing `profile`, and, given
+    `pair_for` (a Program -> (its pair, why it cannot run or None), as
+    mechanism_programs.program_pair answers), the timed one with the drafter in fused kernels.
+    The profile's acceptance serves both drafters: the fused one drafts the same tokens up to
+    rounding (tests/runtime/test_fused_forward.py)."""
     from specpilot.ir import CaptureGraphs, SetDrafterKernels, apply
 
     graphed = apply(stock, CaptureGraphs(True))
     out = [ShapedTreeSystem("mech:graphed_sequoia", graphed, pair, profile),
            ShapedTreeSystem("mech:graphed_sequoia_timed", graphed, pair, profile,
                             pricing="timed")]
-    if fused_pair is not None:
-        fused = ShapedTreeSystem(
-            "mech:graphed_sequoia_timed_fused", apply(graphed, SetDrafterKernels("fused")),
-            fused_pair if not isinstance(fused_pair, str) else pair, profile, pricing="timed")
-        if isinstance(fused_pair, str):
-            fused.refusal = f"the drafter has no fused kernels: {fused_pair}"
+    if pair_for is not None:
+        program = apply(graphed, SetDrafterKernels("fused"))
+        own, refusal = pair_for(program)
+        fused = ShapedTreeSystem("mech:graphed_sequoia_timed_fused", program, own, profile,
+                                 pricing="timed")
+        fused.refusal = refusal or fused.refusal
         out.append(fused)
     return out

@@ -240,11 +240,13 @@ def round_timing_capacity(context: int, topology: Topology, warmup: int, repeats
 
 
 def measure_round(target, drafter, batch: int, topology: Topology, context: int, graphed: bool,
-                  warmup: int, repeats: int) -> float:
+                  warmup: int, repeats: int, prepare: Optional[Callable] = None) -> float:
     """Median seconds of one graphed round of `topology` (chain, static or dynamic tree) at
-    `batch` after `context` positions."""
+    `batch` after `context` positions (`prepare`, if given, called on the decoder first)."""
     capacity = round_timing_capacity(context, topology, warmup, repeats)
     decoder = graphed_decoder(target, drafter, batch, capacity, topology, capture=graphed)
+    if prepare is not None:
+        prepare(decoder)
     return time_median(decoder.timing_round(context), target.device, warmup, repeats)
 
 
