@@ -29,7 +29,8 @@ from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.topology import Chain, SparseTree, Topology, Tree
 from specpilot.runtime.acceptance import greedy_accept
 from specpilot.runtime.cuda_graphs import GraphedStep
-from specpilot.runtime.graphed_program import graphed_decoder, rounded_capacity, timing_capacity
+from specpilot.runtime.graphed_program import (CAPACITY_STEP, graphed_decoder, rounded_capacity,
+                                               timing_capacity)
 from specpilot.runtime.tree_plan import TreePlan, tree_mask
 from specpilot.runtime.verify_tree import compact_path
 
@@ -237,6 +238,14 @@ def round_timing_capacity(context: int, topology: Topology, warmup: int, repeats
     """The cache `measure_round` times `topology` in from `context`: its warm-up and timed
     rounds and three more (`timing_capacity`)."""
     return timing_capacity(context, topology, warmup + repeats + 3)
+
+
+def round_timing_context(model, context: int, topology: Topology, warmup: int,
+                         repeats: int) -> int:
+    """`context`, or less where `measure_round`'s cache after it (rounding included) would
+    pass `model`'s positions; at least 1."""
+    limit = model.config.max_position_embeddings // CAPACITY_STEP * CAPACITY_STEP
+    return max(1, min(context, limit - round_timing_capacity(0, topology, warmup, repeats)))
 
 
 def measure_round(target, drafter, batch: int, topology: Topology, context: int, graphed: bool,

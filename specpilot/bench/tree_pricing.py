@@ -179,18 +179,12 @@ def time_probes(pair, batch: int, context: int, graphed: bool,
     positions (captured on a GPU; eager elsewhere, where only a script's check is timed)."""
     import torch
 
-    from specpilot.runtime.graphed_program import CAPACITY_STEP
-
-    from .step_costs import measure_round, round_timing_capacity
+    from .step_costs import measure_round, round_timing_context
 
     warmup, repeats = (PROBE_WARMUP, PROBE_REPEATS) if graphed else (0, 1)
-    # measure_round's cache holds the context and the timed rounds after it, rounded up to
-    # CAPACITY_STEP: kept within the target's positions, rounding included.
-    limit = pair.target.config.max_position_embeddings // CAPACITY_STEP * CAPACITY_STEP
     out = []
     for probe in probes:
-        after = round_timing_capacity(0, probe, warmup, repeats)
-        at = max(1, min(context, limit - after))
+        at = round_timing_context(pair.target, context, probe, warmup, repeats)
         out.append((probe, measure_round(pair.target, pair.drafter, batch, probe, at,
                                          graphed, warmup, repeats)))
         if graphed:

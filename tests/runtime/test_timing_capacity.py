@@ -61,3 +61,20 @@ def test_timed_rounds_stay_inside_the_cache(topology):
         assert ((moved >= 1) & (moved <= topology.depth + 1)).all()
         before = dec.length.clone()
     assert int(dec.length.max()) + round_span(topology) + 1 <= capacity
+
+
+def test_a_timing_context_keeps_the_cache_within_the_models_positions():
+    from types import SimpleNamespace
+
+    from specpilot.bench.step_costs import round_timing_capacity, round_timing_context
+
+    for limit in (300, 301, 307):
+        model = SimpleNamespace(config=SimpleNamespace(max_position_embeddings=limit))
+        for topology in (Chain(1), Tree((4, 4)), DynamicTree(budget=4, depth=3, width=2)):
+            assert round_timing_context(model, 100, topology, 2, 5) == 100     # it fits
+            at = round_timing_context(model, 10 ** 4, topology, 2, 5)
+            assert round_timing_capacity(at, topology, 2, 5) <= limit
+            assert round_timing_capacity(at + 8, topology, 2, 5) > limit     # no more held back
+        # 2 warm-up, 5 timed and 3 more rounds of chain(1): 2 tokens each, its slot and one
+        # (22, rounded to 24) after the context, within the limit rounded down to 8 slots
+        assert round_timing_context(model, 10 ** 4, Chain(1), 2, 5) == limit // 8 * 8 - 24
