@@ -15,14 +15,14 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import (BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS,
-                      DRAFTERS, FAST_PATHS, REFILL_POLICIES, Program)
+from .program import (ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES,
+                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, REFILL_POLICIES, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
-from .transforms import (CaptureGraphs, SetBackend, SetBatchLayout, SetDrafter,
-                         SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy, SetFastPath,
-                         SetMaxBatchSize, SetRefill, SetTopology, SetVerifyPrune, SetWeightFormat,
-                         Transformation, TuneKernel)
+from .transforms import (CaptureGraphs, SetAttentionKernels, SetBackend, SetBatchLayout,
+                         SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
+                         SetFastPath, SetMaxBatchSize, SetRefill, SetTopology, SetVerifyPrune,
+                         SetWeightFormat, Transformation, TuneKernel)
 from .wellformed import verify
 
 # Largest batch a Program may be specialised for; bigger batches leave the memory-bound regime
@@ -217,6 +217,9 @@ def _set_backend(p: Program, t: SetBackend) -> Program:
     _check(t.backend == "torch" or p.kernels.drafter_kernels == "model",
            f"the {t.backend} backend runs its own kernels, not the fused drafter kernels, which "
            f"read the torch backend's dense weights (SetDrafterKernels('model') first)")
+    _check(t.backend == "torch" or p.kernels.attention_kernels == "model",
+           f"the {t.backend} backend runs its own kernels, not the torch backend's generated "
+           f"attention (SetAttentionKernels('model') first)")
     return replace(p, kernels=replace(p.kernels, backend=t.backend))
 
 
@@ -227,6 +230,9 @@ def _set_fast_path(p: Program, t: SetFastPath) -> Program:
     _check(p.kernels.backend == "torch" or t.fast_path == "ops",
            f"the fast path is the torch backend's; this Program runs the {p.kernels.backend} "
            f"backend's own kernels (SetBackend('torch') first)")
+    _check(t.fast_path != "layers" or p.kernels.attention_kernels == "model",
+           "the layers fast path compiles whole blocks, their attention traced with them, not "
+           "the generated attention kernel (SetAttentionKernels('model') first)")
     return replace(p, kernels=replace(p.kernels, fast_path=t.fast_path))
 
 
@@ -240,6 +246,20 @@ def _set_drafter_kernels(p: Program, t: SetDrafterKernels) -> Program:
                f"the fused drafter kernels read the torch backend's dense weights; this Program "
                f"runs the {p.kernels.backend} backend's own kernels (SetBackend('torch') first)")
     return replace(p, kernels=replace(p.kernels, drafter_kernels=t.kernels))
+
+
+def _set_attention_kernels(p: Program, t: SetAttentionKernels) -> Program:
+    _check(t.kernels in ATTENTION_KERNELS,
+           f"unknown attention kernels {t.kernels!r} (known: {', '.join(ATTENTION_KERNELS)})")
+    _check(t.kernels != p.kernels.attention_kernels, f"already attention kernels {t.kernels}")
+    if t.kernels != "model":
+        _check(p.kernels.backend == "torch",
+               f"the generated attention replaces the torch backend's; this Program runs the "
+               f"{p.kernels.backend} backend's own kernels (SetBackend('torch') first)")
+        _check(p.kernels.fast_path != "layers",
+               "the layers fast path compiles whole blocks, their attention traced with them "
+               "(SetFastPath('ops') first)")
+    return replace(p, kernels=replace(p.kernels, attention_kernels=t.kernels))
 
 
 def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
@@ -286,6 +306,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     CaptureGraphs: _capture_graphs,
     SetFastPath: _set_fast_path,
     SetDrafterKernels: _set_drafter_kernels,
+    SetAttentionKernels: _set_attention_kernels,
     TuneKernel: _tune_kernel,
 }
 

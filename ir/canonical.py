@@ -108,6 +108,8 @@ def _kernels_to_obj(p: Program) -> Dict[str, Any]:
         obj["fast_path"] = k.fast_path
     if k.drafter_kernels != KernelsSpec.drafter_kernels:
         obj["drafter_kernels"] = k.drafter_kernels
+    if k.attention_kernels != KernelsSpec.attention_kernels:
+        obj["attention_kernels"] = k.attention_kernels
     return obj
 
 
@@ -181,7 +183,7 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                           ("layout", "max_batch_size", "draft_length_policy"),
                           optional=("token_budget", "refill"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
-                            optional=("fast_path", "drafter_kernels"))
+                            optional=("fast_path", "drafter_kernels", "attention_kernels"))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
     history = expect_list(obj["history"], "history")
     program = Program(
@@ -215,7 +217,10 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                                  "kernels.fast_path"),
             drafter_kernels=expect_str(kernels.get("drafter_kernels",
                                                    KernelsSpec.drafter_kernels),
-                                       "kernels.drafter_kernels")),
+                                       "kernels.drafter_kernels"),
+            attention_kernels=expect_str(kernels.get("attention_kernels",
+                                                     KernelsSpec.attention_kernels),
+                                         "kernels.attention_kernels")),
         history=tuple(transformation_from_obj(t, f"history[{i}]") for i, t in enumerate(history)),
     )
     if check:

@@ -34,6 +34,12 @@ FAST_PATHS = ("ops", "layers")
 # in the fused layer kernels of runtime/fused_forward.py (five launches a layer), which pays where
 # a small drafter's step is bound by its kernel count.
 DRAFTER_KERNELS = ("model", "fused")
+# How the torch backend's attention runs (both models; a fused drafter has its own): "model" as
+# the backend runs it (one grouped SDPA call on the CUDA fast path, the reference op otherwise);
+# "generated" the codegen attention kernel, which walks each request's cache only up to its last
+# visible slot and reads a tree's mask as given (runtime/generated_attention.py). Not with the
+# "layers" fast path: its compiled blocks trace their attention.
+ATTENTION_KERNELS = ("model", "generated")
 
 OverrideValue = Union[int, str, bool]
 
@@ -120,12 +126,14 @@ class KernelsSpec:
     """Kernel backend, CUDA-graph capture, per-node kernel parameter overrides
     (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted),
     the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS), and how the
-    drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS)."""
+    drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS), and how the torch backend's
+    attention runs (`attention_kernels`, one of ATTENTION_KERNELS)."""
     backend: str
     capture_graphs: bool
     overrides: Tuple[Tuple[str, Tuple[Tuple[str, OverrideValue], ...]], ...] = field(default=())
     fast_path: str = "ops"
     drafter_kernels: str = "model"
+    attention_kernels: str = "model"
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", _canonical_overrides(self.overrides))

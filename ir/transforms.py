@@ -215,6 +215,19 @@ class SetDrafterKernels(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetAttentionKernels(Transformation):
+    """How the torch backend's attention runs, in both models: `model` (as the backend runs it:
+    grouped SDPA on the CUDA fast path) or `generated` (the codegen attention kernel, bounded by
+    each request's last visible slot: runtime/generated_attention.py). The target's numerics
+    change by rounding order only (float32 softmax either way), which token forcing tolerates as
+    near-ties and reports."""
+    kernels: str
+    name: ClassVar[str] = "SetAttentionKernels"
+    PARAMS: ClassVar[Dict[str, str]] = {"kernels": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class CaptureGraphs(Transformation):
     """Capture the fixed-shape decode steps as CUDA graphs (on) or launch kernels eagerly (off)."""
     on: bool

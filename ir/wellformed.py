@@ -12,7 +12,8 @@ import re
 from .errors import IllFormed
 from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
-from .program import (ACCEPTANCE_RULES, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES,
+from .program import (ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
+                      DRAFT_LENGTH_POLICIES,
                       DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS, MASKS, REFILL_POLICIES,
                       SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec, KernelsSpec, Models,
                       Program, VerifySpec)
@@ -214,6 +215,14 @@ def _verify_batch_and_kernels(p: Program) -> None:
              f"the fused drafter kernels read the torch backend's dense weights; the {k.backend} "
              f"backend runs its own kernels (expected {KernelsSpec.drafter_kernels!r}, got "
              f"{k.drafter_kernels!r})")
+    _require_choice(k.attention_kernels, "kernels.attention_kernels", ATTENTION_KERNELS)
+    # The generated attention replaces the torch backend's op, which the compiled blocks of
+    # the "layers" fast path trace instead of calling (runtime/generated_attention.py).
+    _require(k.attention_kernels == KernelsSpec.attention_kernels
+             or (k.backend == "torch" and k.fast_path == "ops"), "kernels.attention_kernels",
+             f"the generated attention runs in the torch backend's per-op path; this Program "
+             f"runs backend {k.backend!r}, fast path {k.fast_path!r} (expected "
+             f"{KernelsSpec.attention_kernels!r}, got {k.attention_kernels!r})")
     nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
                            "a tuple of (param, value) pairs")
     for node, params in nodes.items():

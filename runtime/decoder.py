@@ -2,6 +2,7 @@
 against the stock decoder (plain greedy AR of the target)."""
 from __future__ import annotations
 
+import copy
 import time
 from dataclasses import dataclass, replace
 from typing import List, Optional, Sequence
@@ -69,7 +70,9 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
 
     Where the Program's kernels.drafter_kernels is "fused", the drafter runs in the fused layer
     kernels (a FusedForward around the loaded model, its kernels built into `kernel_cache`); a
-    drafter they cannot run is refused with the reason (SpecPilotError).
+    drafter they cannot run is refused with the reason (SpecPilotError). Where its
+    kernels.attention_kernels is "generated", both models' torch backends run attention by the
+    generated kernel (runtime/generated_attention.py), built into `kernel_cache` too.
     """
     device = device or default_device()
     fast = cuda_fast_path(device, program) if fast_path is None else fast_path
@@ -82,7 +85,9 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
     def model(folder: str, role: str) -> Transformer:
         if program is None or program.kernels.backend == "torch":
             wanted = program.kernels.fast_path if program is not None else OPS
-            backend = TorchBackend(fast_ops=fast_ops_mode(wanted) if fast else OFF)
+            attention = program.kernels.attention_kernels if program is not None else "model"
+            backend = TorchBackend(fast_ops=fast_ops_mode(wanted) if fast else OFF,
+                                   attention_kernels=attention, kernel_cache=kernel_cache)
             if program is None:
                 return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
                                                    fuse_projections=fast)
@@ -119,16 +124,40 @@ def with_fused_drafter(pair: "ModelPair", kernel_cache=None) -> "ModelPair":
     return replace(pair, drafter=FusedForward(pair.drafter, kernel_cache))
 
 
+def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair":
+    """`pair` (sharing its weights) with both models' attention run by the generated kernel, as
+    a Program whose kernels.attention_kernels is "generated" runs it; a fused drafter keeps its
+    own kernels (its unfused model, for long prefills, gets the generated attention too). A
+    SpecPilotError says why a model cannot be."""
+    from .fused_forward import FusedForward
+
+    def swapped(model):
+        if model is None:
+            return None
+        if isinstance(model, FusedForward):
+            return FusedForward(swapped(model.model), kernel_cache)
+        backend = getattr(model, "backend", None)
+        if not isinstance(backend, TorchBackend):
+            raise SpecPilotError(f"the generated attention replaces the torch backend's; this "
+                                 f"model runs the {getattr(backend, 'name', backend)} backend")
+        out = copy.copy(model)
+        out.backend = backend.with_generated_attention(kernel_cache)
+        return out
+
+    return replace(pair, target=swapped(pair.target), drafter=swapped(pair.drafter))
+
+
 def needs_own_pair(program: Program) -> bool:
     """Whether `program`'s models must be built for it: another backend, non-dense weight
-    formats, kernel overrides, another fast path or other drafter kernels than a pair loaded
-    without a Program has."""
+    formats, kernel overrides, another fast path, other drafter or attention kernels than a pair
+    loaded without a Program has."""
     dense = all(fmt in DENSE_FORMATS for role in ("target", "drafter")
                 for _, fmt in getattr(program.models, role).weight_formats)
     k = program.kernels
     return (k.backend != "torch" or not dense or bool(k.overrides)
             or k.fast_path != KernelsSpec.fast_path
-            or k.drafter_kernels != KernelsSpec.drafter_kernels)
+            or k.drafter_kernels != KernelsSpec.drafter_kernels
+            or k.attention_kernels != KernelsSpec.attention_kernels)
 
 
 def cuda_fast_path(device, program: Optional[Program] = None) -> bool:
@@ -176,8 +205,8 @@ def check_runnable(program: Program) -> None:
 
 
 def check_pair_runs(program: Program, pair: ModelPair) -> None:
-    """Refuse a pair whose models were built for another backend, another fast path or other
-    drafter kernels than the Program's."""
+    """Refuse a pair whose models were built for another backend, another fast path, other
+    drafter or attention kernels than the Program's."""
     from .fused_forward import FusedForward
 
     fused = isinstance(pair.drafter, FusedForward)
@@ -207,6 +236,13 @@ def check_pair_runs(program: Program, pair: ModelPair) -> None:
                 f"the {role} was loaded with the {mode!r} fast path but the Program runs "
                 f"kernels.fast_path {program.kernels.fast_path!r}: load the pair with "
                 "load_pair(..., program=program)")
+        # Attention by another kernel would time (and force) another decoder than the Program's.
+        attention = getattr(backend, "attention_kernels", None)
+        if built == "torch" and attention != program.kernels.attention_kernels:
+            raise UnsupportedProgram(
+                f"the {role} was loaded with {attention!r} attention kernels but the Program "
+                f"runs kernels.attention_kernels {program.kernels.attention_kernels!r}: load the "
+                "pair with load_pair(..., program=program)")
 
 
 def acceptance_rule(program: Program, pair: ModelPair):

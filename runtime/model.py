@@ -154,6 +154,8 @@ class Transformer:
                                       self.inv_freq, windows, self.dtype)
         delta, dims = None, self._head_dims()
         layer_masks = self._layer_masks(masks, windows)
+        if hasattr(be, "attention_masks"):     # what the backend's attention reads
+            layer_masks = be.attention_masks(layer_masks)
         for i, (layer, layer_mask) in enumerate(zip(self.layers, layer_masks)):
             x, delta = decoder_layer(be, layer, x, delta, cos, sin, layer_mask, slots, cache.k[i],
                                      cache.v[i], dims, cfg.rms_norm_eps, self.scale)

@@ -118,6 +118,12 @@ class VarlenAttention:
     def __getattr__(self, name):
         return getattr(self.inner, name)
 
+    def attention_masks(self, masks: list) -> list:
+        """The masks as given: this attention slices each request's rows and slots out of them
+        (the inner backend's own preparation, such as the generated attention's bounds, would
+        be of the packed mask, not of a request's)."""
+        return masks
+
     def attention(self, q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
                   mask: torch.Tensor, scale: float) -> torch.Tensor:
         """q [1, sum T, H, D] over the flattened cache [1, B*S, Hkv, D] → [1, sum T, H*D]; the

@@ -5,6 +5,7 @@ the same interface, so the model and the decode loops never know which one runs.
 """
 from __future__ import annotations
 
+import copy
 import warnings
 from typing import Optional, Union
 
@@ -16,6 +17,10 @@ from specpilot.ir.errors import SpecPilotError
 from . import fast_ops as _fast_ops
 from .fast_ops import LAYERS, OFF, OPS, compiled, grouped_sdpa
 from .reference_ops import attention_ref, rmsnorm_ref, rope_ref
+
+
+LAYERS_REFUSAL = ("the generated attention runs op by op; the 'layers' fast path compiles "
+                  "whole blocks, their attention traced with them")
 
 
 def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -50,15 +55,26 @@ class TorchBackend:
       references with the grouped SDPA attention, so Inductor fuses across ops. Its per-op
       methods are the True path's, for wrappers that replace an op (they run op by op).
     Where whole-block compilation cannot run, "layers" warns with the reason and runs as True.
+
+    `attention_kernels` "generated" (a Program's kernels.attention_kernels) runs attention by
+    the codegen kernel instead (runtime/generated_attention.py), on or off the fast path (off
+    it, on the CPU, in Triton's interpreter), built into `kernel_cache`; not with "layers",
+    whose compiled blocks trace their attention.
     """
 
     name = "torch"
 
-    def __init__(self, fast_ops: Union[bool, str] = False):
+    def __init__(self, fast_ops: Union[bool, str] = False, attention_kernels: str = "model",
+                 kernel_cache=None):
         mode = {False: OFF, True: OPS}.get(fast_ops, fast_ops)
         if mode not in (OFF, OPS, LAYERS):
             raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
                                  f"got {fast_ops!r}")
+        if attention_kernels not in ("model", "generated"):
+            raise SpecPilotError(f"attention_kernels must be 'model' or 'generated', got "
+                                 f"{attention_kernels!r}")
+        if attention_kernels == "generated" and mode == LAYERS:
+            raise SpecPilotError(LAYERS_REFUSAL)
         if mode == LAYERS:
             refusal = _fast_ops.compile_refusal()
             if refusal is not None:
@@ -72,6 +88,9 @@ class TorchBackend:
             self._rmsnorm, self._rope, self._silu_mul = (compiled(_rmsnorm), compiled(_rope),
                                                          compiled(_silu_mul))
             self._attention = grouped_sdpa
+        self.attention_kernels = "model"
+        if attention_kernels == "generated":
+            self._use_generated_attention(kernel_cache)
         # What a compiled block calls: plain references (torch.compile traces them) with the
         # grouped SDPA attention. Never the per-op compiled functions: blocks compile whole.
         self.graph_ops = _graph_ops() if self.compiles_layers else None
@@ -105,6 +124,28 @@ class TorchBackend:
                   mask: torch.Tensor, scale: float) -> torch.Tensor:
         """q [B, T, H, D] over cache [B, S, Hkv, D] with visibility mask [B, T, S] → [B, T, H*D]."""
         return self._attention(q, k_cache, v_cache, mask, scale)
+
+    def with_generated_attention(self, kernel_cache=None) -> "TorchBackend":
+        """A copy of this backend (sharing its compiled ops) whose attention is the generated
+        kernel, as TorchBackend(..., attention_kernels="generated") builds it."""
+        if self.compiles_layers:
+            raise SpecPilotError(LAYERS_REFUSAL)
+        out = copy.copy(self)
+        out._use_generated_attention(kernel_cache)
+        return out
+
+    def _use_generated_attention(self, kernel_cache) -> None:
+        from .generated_attention import GeneratedAttention
+
+        self.attention_kernels = "generated"
+        self._attention = GeneratedAttention(kernel_cache)
+
+    def attention_masks(self, masks: list) -> list:
+        """A forward's layer masks as `attention` reads them: the generated attention pairs each
+        with its bound, found once a forward (runtime/generated_attention.py); else as given."""
+        if self.attention_kernels == "generated":
+            return self._attention.bounded_masks(masks)
+        return masks
 
     def silu_mul(self, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
         return self._silu_mul(gate, up)

@@ -17,8 +17,8 @@ from __future__ import annotations
 from itertools import zip_longest
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from specpilot.ir import (CaptureGraphs, Program, SetBackend, SetDrafterKernels, SetFastPath,
-                          Transformation, TuneKernel, apply)
+from specpilot.ir import (CaptureGraphs, Program, SetAttentionKernels, SetBackend,
+                          SetDrafterKernels, SetFastPath, Transformation, TuneKernel, apply)
 from specpilot.ir.errors import SpecPilotError
 
 from .base import Agent, Budget, Refusal
@@ -185,6 +185,13 @@ class KernelAgent(Agent):
             # round runs one drafter step per drafted token. Whether the drafter's shape has
             # fused kernels is load_pair's to say (a refusal is a failed candidate).
             proposals.append(SetDrafterKernels("fused"))
+        if (program.kernels.backend == "torch" and program.kernels.fast_path == "ops"
+                and program.kernels.attention_kernels == "model"):
+            # The codegen attention kernel in place of grouped SDPA (runtime/
+            # generated_attention.py): on an H200 at verification widths, 7-12 us a call
+            # against SDPA's 17-39 for the zoo target's heads (BENCHMARKS.md): it stops at each
+            # request's last visible slot and reads a tree's mask as given.
+            proposals.append(SetAttentionKernels("generated"))
         if program.kernels.backend != "generated":
             proposals.append(SetBackend("generated"))
         out = self._legal(program, proposals, memory)[:budget.max_proposals]

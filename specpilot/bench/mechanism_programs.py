@@ -22,6 +22,16 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       and graphed_tree_refill with the fused drafter (the length rule measures
                       the cheaper rounds; a tree's levels run several nodes a request through
                       it)
+  graphed_attention, graphed_fused_attention, graphed_refill_fused_attention,
+  graphed_adaptive_refill_fused_attention, graphed_tree_fused_attention,
+  graphed_tree_refill_fused_attention
+                      stock_graphed, graphed_fused_drafter, graphed_refill_fused,
+                      graphed_adaptive_refill_fused, graphed_tree_fused and
+                      graphed_tree_refill_fused with the torch backend's attention by the
+                      generated kernel (runtime/generated_attention.py): a kernel choice, not a
+                      mechanism, so the stock Program is measured with it too
+  graphed_ar_attention   greedy AR of the target (no drafter), graphed, with the generated
+                      attention: what strong_ar would run with it
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -48,10 +58,11 @@ from dataclasses import replace
 from typing import Dict, List, Optional, Tuple, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
-                          SetBatchLayout, SetDrafterKernels, SetDraftLengthPolicy, SetRefill,
-                          SetTopology, SetVerifyPrune, Tree, replay)
+                          SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
+                          SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
+                          replay)
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.decoder import ModelPair, with_fused_drafter
+from specpilot.runtime.decoder import ModelPair, with_fused_drafter, with_generated_attention
 
 from .shaped_tree_system import HeldOutProfile, shaped_tree_systems
 from .systems import ProgramSystem
@@ -88,7 +99,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     adaptive = adaptive_up_to(k)
     long_chain = [SetTopology(Chain(8)), adaptive_up_to(8)]         # chains of up to 8 drafts
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
-    fused = SetDrafterKernels("fused")
+    fused, attention = SetDrafterKernels("fused"), SetAttentionKernels("generated")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
         "graphed_refill": [graphs, refill],
@@ -104,6 +115,13 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
         "graphed_adaptive_refill_fused_chain8": [graphs, *long_chain, refill, fused],
+        "graphed_attention": [graphs, attention],
+        "graphed_fused_attention": [graphs, fused, attention],
+        "graphed_refill_fused_attention": [graphs, refill, fused, attention],
+        "graphed_adaptive_refill_fused_attention": [graphs, adaptive, refill, fused, attention],
+        "graphed_tree_fused_attention": [graphs, tree, fused, attention],
+        "graphed_tree_refill_fused_attention": [graphs, tree, refill, fused, attention],
+        "graphed_ar_attention": [SetDrafter("none"), graphs, attention],
         "dynamic_tree": [dynamic],
         "two_level": [pruned_tree, prune],
         "graphed_two_level": [graphs, pruned_tree, prune],
@@ -122,16 +140,61 @@ def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
         return str(exc)
 
 
-def program_pair(program: Program, pair: ModelPair,
-                 fused: Union[ModelPair, str]) -> Tuple[ModelPair, Optional[str]]:
-    """(the pair `program` runs on, why it cannot run or None): `fused` (`fused_drafter_pair`'s
-    answer) where the Program's drafter kernels are fused, else `pair`. The reason alone: the
-    unfused pair's own refusals (a pair built for other drafter kernels) would only mislead."""
-    if program.kernels.drafter_kernels != "fused":
-        return pair, None
-    if isinstance(fused, ModelPair):
-        return fused, None
-    return pair, f"the drafter has no fused kernels: {fused}"
+class SystemPairs:
+    """The pair each mechanism Program runs on, each kind built once and shared by the systems
+    that ask for it: the pair itself, with its drafter in fused kernels
+    (kernels.drafter_kernels "fused"), with the generated attention
+    (kernels.attention_kernels "generated"), or both. Greedy AR with the generated attention
+    gets the target alone: a drafter it never runs cannot refuse it."""
+
+    def __init__(self, pair: ModelPair):
+        self.pair = pair
+        self._built: Dict[Tuple[bool, bool, bool], Union[ModelPair, str]] = {
+            (False, False, True): pair}
+
+    def _build(self, fused: bool, attention: bool,
+               drafter: bool = True) -> Union[ModelPair, str]:
+        key = (fused, attention, drafter)
+        if key not in self._built:
+            if not drafter:
+                self._built[key] = generated_attention_pair(replace(self.pair, drafter=None))
+            elif attention:
+                base = self._build(fused, False)
+                self._built[key] = (base if isinstance(base, str)
+                                    else generated_attention_pair(base))
+            else:
+                self._built[key] = fused_drafter_pair(self.pair)
+        return self._built[key]
+
+    def for_program(self, program: Program) -> Tuple[ModelPair, Optional[str]]:
+        """(the pair `program` runs on, why it cannot run or None). Where it cannot, the
+        original pair with the reason alone: the unfused pair's own refusals (a pair built
+        for other kernels) would only mislead."""
+        k = program.kernels
+        fused, attention = k.drafter_kernels == "fused", k.attention_kernels == "generated"
+        built = self._build(fused, attention, program.draft.speculates or not attention)
+        if isinstance(built, ModelPair):
+            return built, None
+        if fused and isinstance(self._build(True, False), str):
+            return self.pair, f"the drafter has no fused kernels: {built}"
+        return self.pair, f"the generated attention cannot run: {built}"
+
+
+def generated_attention_pair(pair: ModelPair) -> Union[ModelPair, str]:
+    """`pair` with both models' attention by the generated kernel (runtime/decoder.py's
+    `with_generated_attention`), or why it cannot be."""
+    from specpilot.runtime.generated_attention import generated_attention_refusal
+
+    for model in (pair.target, pair.drafter):
+        if model is None:
+            continue
+        why = generated_attention_refusal(model.device, model.dtype, model.config.head_dim)
+        if why is not None:
+            return why
+    try:
+        return with_generated_attention(pair)
+    except SpecPilotError as exc:
+        return str(exc)
 
 
 def mechanism_systems(stock: Program, pair,
@@ -139,11 +202,7 @@ def mechanism_systems(stock: Program, pair,
     """Every mechanism Program as a system; with a held-out rank `profile` (None: they are left
     out) also the tree from measured acceptance, shaped on it (shaped_tree_system.py)."""
     out: List[ProgramSystem] = []
-    fused = fused_drafter_pair(pair)        # one fused drafter for every system that asks
-
-    def pair_for(program: Program):
-        return program_pair(program, pair, fused)
-
+    pair_for = SystemPairs(pair).for_program    # one pair of each kind for the systems that ask
     for name, program in mechanism_programs(stock).items():
         steps = ", ".join(str(t) for t in program.history)
         cls = BudgetedProgramSystem if program.batch.draft_length_policy != "fixed" else ProgramSystem

@@ -31,6 +31,13 @@ HEAD_OPS = 2          # final norm + lm_head
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
 FUSED_BOUND_OPS = 2
+# The torch backend's attention by the generated kernel (kernels.attention_kernels "generated",
+# runtime/generated_attention.py): two launches a forward for its bound. Its attention launch
+# is counted as SDPA's is (one in ATTENTION_OPS), its bytes as the context's either way: what it
+# saves (cuDNN's walk past the last visible slot, the copies around grouped SDPA's call) is
+# not in this model, which prices attention by the bytes a request must read; the search's
+# measurements see it.
+GENERATED_BOUND_OPS = 2
 # Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
 ACCEPT_OPS = 2
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
@@ -117,9 +124,10 @@ def attention_flops(model: ModelSpec, rows: int, keys: int) -> float:
 
 
 def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: float, context: float,
-                 gpu: GpuSpec, fused: bool = False) -> NodeCost:
+                 gpu: GpuSpec, fused: bool = False, generated_attention: bool = False) -> NodeCost:
     """A whole-model forward of `tokens` new tokens per request after `context` positions;
-    `fused`: in the fused layer kernels (FUSED_LAYER_OPS a layer), not op by op."""
+    `fused`: in the fused layer kernels (FUSED_LAYER_OPS a layer), not op by op;
+    `generated_attention`: op by op with the generated attention kernel."""
     rows = batch * tokens
     keys = context + tokens
     dtype_bytes = DTYPE_BYTES[model.dtype]
@@ -134,6 +142,8 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
         launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
                                         + (QK_NORM_OPS if model.qk_norm else 0))
                     + HEAD_OPS + 1)
+        if generated_attention:
+            launches += GENERATED_BOUND_OPS
     return NodeCost(name, kind, model.role, weights, kv, rows * model.hidden_size * dtype_bytes,
                     flops, launches, ideal, kv, flops, gpu.flops_for(model.dtype))
 
@@ -158,6 +168,7 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
     useful = (mean_accepted + 1.0) / graph.graph["verify_tokens"]
     t_rate = gpu.flops_for(target.dtype)
     fused_drafter = program.kernels.drafter_kernels == "fused"
+    generated_attention = program.kernels.attention_kernels == "generated"
     if fused_drafter:
         # Imported here (it imports torch): a fused forward hands wider calls to the model's.
         from specpilot.runtime.fused_forward import MAX_FUSED_TOKENS
@@ -169,7 +180,8 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             # The first forward re-feeds what the previous step committed (accepted + bonus).
             width = mean_accepted + 1.0 if a["depth"] == 1 else tokens
             node = forward_cost(name, kind, drafter, batch, width, context, gpu,
-                                fused=fused_drafter and batch * width <= MAX_FUSED_TOKENS)
+                                fused=fused_drafter and batch * width <= MAX_FUSED_TOKENS,
+                                generated_attention=generated_attention)
         elif kind in ("attention", "mlp", "lm_head", "embed"):
             linears = a["linears"]
             ideal_w = sum(smallest_lossless_bytes(target, n) for n in linears)
@@ -184,7 +196,9 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             elif kind == "lm_head":
                 launches = HEAD_OPS
             else:
-                ideal_w, launches = a["weight_bytes"], 1
+                # The embedding opens the forward: the generated attention's bound goes with it.
+                ideal_w = a["weight_bytes"]
+                launches = 1 + (GENERATED_BOUND_OPS if generated_attention else 0)
             node = NodeCost(name, kind, "target", a["weight_bytes"], kv, 0, flops, launches,
                             ideal_w, kv, flops * useful, t_rate)
         elif kind == "accept":

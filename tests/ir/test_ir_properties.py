@@ -5,9 +5,9 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from specpilot.ir import (CaptureGraphs, Chain, SetBackend, SetBatchLayout, SetDrafterKernels,
-                          SetDraftLength, SetMaxBatchSize, SetTopology, SetWeightFormat,
-                          TransformRefused, Tree, apply, check, diff, program_from_json,
+from specpilot.ir import (CaptureGraphs, Chain, SetAttentionKernels, SetBackend, SetBatchLayout,
+                          SetDrafterKernels, SetDraftLength, SetMaxBatchSize, SetTopology,
+                          SetWeightFormat, TransformRefused, Tree, apply, check, diff, program_from_json,
                           program_id, program_to_json, record_escape_rates, replay,
                           stock_program, verify)
 from specpilot.ir.program import Deployment
@@ -27,6 +27,7 @@ records = st.one_of(
     st.builds(SetBackend, st.sampled_from(["torch", "generated", "cuda"])),
     st.builds(CaptureGraphs, st.booleans()),
     st.builds(SetDrafterKernels, st.sampled_from(["model", "fused", "triton"])),
+    st.builds(SetAttentionKernels, st.sampled_from(["model", "generated", "flash"])),
 )
 
 

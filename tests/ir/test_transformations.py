@@ -32,7 +32,7 @@ def test_registry_names_every_record():
                                     "SetBatchLayout", "SetMaxBatchSize", "SetBackend",
                                     "CaptureGraphs", "SetDraftLengthPolicy", "SetRefill",
                                     "SetVerifyPrune", "TuneKernel", "SetDrafter",
-                                    "SetFastPath", "SetDrafterKernels"}
+                                    "SetFastPath", "SetDrafterKernels", "SetAttentionKernels"}
     for name, cls in TRANSFORMATIONS.items():
         assert cls.name == name
 

@@ -18,6 +18,10 @@ from hf_factory import FUSABLE, make_checkpoint, make_pair, random_prompts
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
          "graphed_tree_fused", "graphed_tree_refill_fused"}
+ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fused_attention",
+             "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
+             "graphed_tree_refill_fused_attention", "graphed_ar_attention"}
+FUSED_ATTENTION = {name for name in ATTENTION if "fused" in name}
 
 
 def _stock_and_pair(target_dir, drafter_dir):
@@ -49,6 +53,8 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     assert FUSED <= set(systems)
     fused_drafters = set()
     for name, system in systems.items():
+        if name in ATTENTION:
+            continue        # test_the_attention_systems_share_one_pair_of_each_kind
         if name in FUSED:
             assert system.program.kernels.drafter_kernels == "fused", name
             assert system.program.kernels.capture_graphs, name
@@ -102,6 +108,39 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
         systems["graphed_refill"].unavailable(4)
 
 
+def test_the_attention_systems_share_one_pair_of_each_kind(fusable):
+    """The generated-attention systems run on copies of the pair's models (sharing their
+    weights) whose attention is the generated kernel: one pair for those with the model's
+    drafter, one for those with the fused drafter, whose FusedForward wraps a copy too."""
+    stock, pair = fusable
+    systems = _by_name(mechanism_systems(stock, pair))
+    assert ATTENTION <= set(systems)
+    pairs = {}
+    for name in ATTENTION - {"graphed_ar_attention"}:
+        system = systems[name]
+        assert system.program.kernels.attention_kernels == "generated", name
+        assert system.unavailable(4) is None or "generated attention" not in \
+            system.unavailable(4), name
+        target = system.pair.target
+        assert target is not pair.target and target.lm_head[0] is pair.target.lm_head[0]
+        assert target.backend.attention_kernels == "generated"
+        fused = system.program.kernels.drafter_kernels == "fused"
+        assert fused == ("fused" in name), name
+        drafter = system.pair.drafter
+        assert isinstance(drafter, FusedForward) == fused, name
+        model = drafter.model if fused else drafter
+        assert model.backend.attention_kernels == "generated" and model is not pair.drafter
+        pairs.setdefault(fused, set()).add(id(system.pair))
+    assert {k: len(v) for k, v in pairs.items()} == {True: 1, False: 1}
+    # the stock Program's twin with the attention alone, and greedy AR's (the target alone)
+    assert systems["graphed_attention"].program.draft == stock.draft
+    ar = systems["graphed_ar_attention"]
+    assert not ar.program.draft.speculates and ar.pair.drafter is None
+    # the systems without it keep the pair's own models
+    assert pair.target.backend.attention_kernels == "model"
+    assert systems["graphed_refill"].pair is pair
+
+
 def test_a_drafter_without_fused_kernels_refuses_the_fused_systems_with_why(tmp_path):
     target_dir, drafter_dir = make_pair(tmp_path, "llama3", seed=1)   # drafter head_dim 8
     stock, pair = _stock_and_pair(target_dir, drafter_dir)
@@ -112,13 +151,21 @@ def test_a_drafter_without_fused_kernels_refuses_the_fused_systems_with_why(tmp_
     assert FUSED <= set(systems)
     for name, system in systems.items():
         refusal = system.unavailable(4)
-        if name in FUSED:
+        if name in FUSED | FUSED_ATTENTION:
             assert refusal.startswith("the drafter has no fused kernels: "), (name, refusal)
             assert "head_dim 8" in refusal, (name, refusal)
             assert system.pair is pair                  # the original pair, unused
-        else:
+        elif name != "graphed_ar_attention":            # greedy AR's: the target alone
             assert system.pair is pair
             assert refusal is None or "fused" not in refusal, (name, refusal)
+    # The generated attention takes heads of 16 to 256 as well: the systems with it alone
+    # name that.
+    assert systems["graphed_attention"].unavailable(4) == (
+        "the generated attention cannot run: head_dim 8 is outside the attention kernel's "
+        "16..256")
+    # greedy AR runs no drafter: its head_dim does not refuse it (off a GPU, its steps cannot
+    # be graphed)
+    assert "head_dim" not in systems["graphed_ar_attention"].unavailable(4)
     # The other systems are refused only where their rounds cannot be graphed (off a GPU),
     # or run: the drafter's head_dim does not concern them.
     assert systems["graphed_refill"].unavailable(4).startswith("its rounds cannot be graphed")
