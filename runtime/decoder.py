@@ -97,14 +97,20 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
                                                fuse_projections=fast)
         spec = getattr(program.models, role)
         return Transformer.from_checkpoint(folder, spec.dtype, device,
-                                           backend=make_backend(program, role, kernel_cache),
+                                           backend=generated_backend(program, role,
+                                                                     kernel_cache),
                                            weight_formats=spec.formats())
 
+    generated = program is not None and program.kernels.attention_kernels == "generated"
     target = model(target_dir, "target")
+    if generated:
+        check_generated_attention(target, "target")
     tokenizer = load_tokenizer(target_dir)
     drafter = None
     if drafter_dir is not None:
         drafter = model(drafter_dir, "drafter")
+        if generated and program.draft.speculates:     # a drafter never run needs no kernel
+            check_generated_attention(drafter, "drafter")
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
     pair = ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))
@@ -131,20 +137,33 @@ def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair
     SpecPilotError says why a model cannot be."""
     from .fused_forward import FusedForward
 
-    def swapped(model):
+    def swapped(model, role: str):
         if model is None:
             return None
+        out = copy.copy(model)
         if isinstance(model, FusedForward):
-            return FusedForward(swapped(model.model), kernel_cache)
+            # Its fused kernels and weights stay; only the unfused model (long prefills) changes.
+            out.model = swapped(model.model, role)
+            return out
         backend = getattr(model, "backend", None)
         if not isinstance(backend, TorchBackend):
             raise SpecPilotError(f"the generated attention replaces the torch backend's; this "
                                  f"model runs the {getattr(backend, 'name', backend)} backend")
-        out = copy.copy(model)
+        check_generated_attention(model, role)
         out.backend = backend.with_generated_attention(kernel_cache)
         return out
 
-    return replace(pair, target=swapped(pair.target), drafter=swapped(pair.drafter))
+    return replace(pair, target=swapped(pair.target, "target"),
+                   drafter=swapped(pair.drafter, "drafter"))
+
+
+def check_generated_attention(model, role: str) -> None:
+    """Refuse, when it is loaded rather than at its first forward, a model the generated
+    attention cannot run (runtime/generated_attention.py says why)."""
+    from .generated_attention import generated_attention_refusal
+    why = generated_attention_refusal(model.device, model.dtype, model.config.head_dim)
+    if why is not None:
+        raise SpecPilotError(f"the generated attention cannot run the {role}: {why}")
 
 
 def needs_own_pair(program: Program) -> bool:
@@ -168,10 +187,13 @@ def cuda_fast_path(device, program: Optional[Program] = None) -> bool:
             and (program is None or program.kernels.backend == "torch"))
 
 
-def make_backend(program: Program, role: str, kernel_cache=None):
-    """The op backend that runs `role`'s model of `program` (kernels.backend)."""
-    if program.kernels.backend == "torch":
-        return TorchBackend()
+def generated_backend(program: Program, role: str, kernel_cache=None):
+    """The generated backend that runs `role`'s model of `program` (kernels.backend
+    "generated"; `load_pair` builds torch backends itself, with the Program's fast path and
+    attention kernels)."""
+    if program.kernels.backend != "generated":
+        raise SpecPilotError(f"kernels.backend {program.kernels.backend!r} is not the generated "
+                             f"backend")
     # Lowering and the kernel builders are only needed, and only imported, for generated kernels.
     from specpilot.codegen.lower import lower_program
 

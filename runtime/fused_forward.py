@@ -33,9 +33,9 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
+from .generated_attention import DTYPE_NAMES, HEAD_DIMS, SlotEnds
 from .torch_backend import TorchBackend
 
-DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
 # New tokens per call (batch x width) past which the model's own forward runs instead: the fused
 # kernels tile 16 rows at a time and every row block re-reads its layer's weights, right for
 # decode steps and chain catch-ups, wasteful for a prefill of whole prompts (cuBLAS's GEMMs).
@@ -68,9 +68,10 @@ def fused_forward_refusal(model) -> Optional[str]:
         return "sliding-window layers are not fused"
     if not model.layers:
         return "it has no layers"
-    if cfg.head_dim % 2 or not 16 <= cfg.head_dim <= 256:
-        return (f"head_dim {cfg.head_dim} is odd or outside 16..256 (RoPE pairs its halves; "
-                "the attention kernel takes 16 to 256)")
+    low, high = HEAD_DIMS
+    if cfg.head_dim % 2 or not low <= cfg.head_dim <= high:
+        return (f"head_dim {cfg.head_dim} is odd or outside {low}..{high} (RoPE pairs its "
+                f"halves; the attention kernel takes {low} to {high})")
     from specpilot.codegen.cache import triton_interpreting
     if model.device.type != "cuda" and not triton_interpreting():
         return (f"Triton kernels need a CUDA device or Triton's interpreter "
@@ -102,7 +103,7 @@ class FusedForward:
             build_triton_module(specs[name], cache)
             for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
         self.lm_head_weight = model.lm_head[0]
-        self._slot_ends = {}        # (cache slots, device) -> 1..S, for `_visible_end`
+        self._slot_ends = SlotEnds()        # for `_visible_end`
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -126,18 +127,7 @@ class FusedForward:
         192 of 457 slots in use, the attention was 38 % of the drafter's kernel time). Read from
         the mask itself, so it holds for any caller's layout: a multiply and a max, two
         launches a forward, not a layer."""
-        b, t, s = mask.shape
-        if b * t == 0:
-            return torch.zeros(b, dtype=torch.int32, device=mask.device)
-        key = (s, mask.device)
-        ends = self._slot_ends.get(key)
-        if ends is None:
-            # int32: what the kernel reads, and half the bytes of the [B, T, S] product
-            ends = torch.arange(1, s + 1, dtype=torch.int32, device=mask.device)
-            # A capture only records the arange: kept, it would hold nothing until a replay.
-            if not (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
-                self._slot_ends[key] = ends
-        return (mask * ends).amax(dim=(1, 2))
+        return self._slot_ends(mask)
 
     @property
     def unfused(self):

@@ -12,8 +12,9 @@ at each request's last visible slot. With an odd slot count cuDNN was slower sti
 
 The bound is found once a forward, not once a layer: `bounded_masks` (called by the model's
 per-op forward with every layer's mask) pairs each distinct mask with its bound, two launches
-(a multiply and a max), and `attention` reads the pair. A plain mask (a caller outside the
-model's forward) gets its bound computed where it is used.
+(a multiply and a max), and `attention` reads the pair. A plain mask gets its bound where it
+is used: the ragged layout's per-request attention (runtime/ragged.py) passes plain masks, so
+there the bound is found per request and layer (two more launches each).
 
 Numerics: float32 scores and softmax, probabilities rounded to the model's dtype before the
 value product, as SDPA's fused kernels do; the roundings differ in order, so a target's logits
@@ -28,6 +29,8 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
+# Head sizes the codegen attention kernel takes (its block of a head is a power of two >= 16).
+HEAD_DIMS = (16, 256)
 # Slots a program walks per step and its warps, as timed on the H200 for the target's heads
 # (bench/masked_attention_sweep.py, the "generated" variant).
 BLOCK_S, NUM_WARPS = 64, 4
@@ -51,6 +54,24 @@ def visible_end(mask: torch.Tensor, ends: Optional[torch.Tensor] = None) -> torc
     return (mask * ends).amax(dim=(1, 2))
 
 
+class SlotEnds:
+    """`visible_end` of masks, with arange(1, S + 1) kept per (S, device) so that a step does
+    not rebuild it: one multiply and one max a call."""
+
+    def __init__(self):
+        self._ends: Dict[Tuple[int, torch.device], torch.Tensor] = {}
+
+    def __call__(self, mask: torch.Tensor) -> torch.Tensor:
+        key = (mask.shape[2], mask.device)
+        ends = self._ends.get(key)
+        if ends is None:
+            ends = torch.arange(1, key[0] + 1, dtype=torch.int32, device=mask.device)
+            # A capture only records the arange: kept, it would hold nothing until a replay.
+            if not (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
+                self._ends[key] = ends
+        return visible_end(mask, ends)
+
+
 def generated_attention_refusal(device: torch.device, dtype: torch.dtype,
                                 head_dim: int) -> Optional[str]:
     """Why the generated attention cannot run a model on `device` in `dtype` with heads of
@@ -59,8 +80,9 @@ def generated_attention_refusal(device: torch.device, dtype: torch.dtype,
 
     if dtype not in DTYPE_NAMES:
         return f"dtype {dtype} has no generated attention kernel"
-    if not 16 <= head_dim <= 256:
-        return f"head_dim {head_dim} is outside the attention kernel's 16..256"
+    if not HEAD_DIMS[0] <= head_dim <= HEAD_DIMS[1]:
+        return (f"head_dim {head_dim} is outside the attention kernel's "
+                f"{HEAD_DIMS[0]}..{HEAD_DIMS[1]}")
     if torch.device(device).type != "cuda" and not triton_interpreting():
         return (f"Triton kernels need a CUDA device or Triton's interpreter (TRITON_INTERPRET=1); "
                 f"the model is on {device}")
@@ -75,7 +97,7 @@ class GeneratedAttention:
     def __init__(self, kernel_cache=None):
         self.kernel_cache = kernel_cache
         self._kernels: Dict[Tuple[torch.dtype, int], object] = {}
-        self._ends: Dict[Tuple[int, torch.device], torch.Tensor] = {}
+        self.bound = SlotEnds()
 
     def kernel(self, dtype: torch.dtype, head_dim: int, device) -> object:
         key = (dtype, head_dim)
@@ -93,16 +115,6 @@ class GeneratedAttention:
                                BLOCK_S=BLOCK_S, num_warps=NUM_WARPS)
             self._kernels[key] = build_triton_module(spec, self.kernel_cache)
         return self._kernels[key]
-
-    def bound(self, mask: torch.Tensor) -> torch.Tensor:
-        s, device = mask.shape[2], mask.device
-        ends = self._ends.get((s, device))
-        if ends is None:
-            ends = torch.arange(1, s + 1, dtype=torch.int32, device=device)
-            # A capture only records the arange: kept, it would hold nothing until a replay.
-            if not (mask.is_cuda and torch.cuda.is_current_stream_capturing()):
-                self._ends[(s, device)] = ends
-        return visible_end(mask, ends)
 
     def bounded_masks(self, masks: Sequence[torch.Tensor]) -> List[BoundedMask]:
         """Each of a forward's layer masks with its bound, computed once per distinct mask

@@ -177,20 +177,12 @@ class SystemPairs:
             return built, None
         if fused and isinstance(self._build(True, False), str):
             return self.pair, f"the drafter has no fused kernels: {built}"
-        return self.pair, f"the generated attention cannot run: {built}"
+        return self.pair, built          # with_generated_attention says which model and why
 
 
 def generated_attention_pair(pair: ModelPair) -> Union[ModelPair, str]:
     """`pair` with both models' attention by the generated kernel (runtime/decoder.py's
     `with_generated_attention`), or why it cannot be."""
-    from specpilot.runtime.generated_attention import generated_attention_refusal
-
-    for model in (pair.target, pair.drafter):
-        if model is None:
-            continue
-        why = generated_attention_refusal(model.device, model.dtype, model.config.head_dim)
-        if why is not None:
-            return why
     try:
         return with_generated_attention(pair)
     except SpecPilotError as exc:

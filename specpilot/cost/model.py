@@ -73,6 +73,9 @@ def unmodelled(program: Program) -> List[str]:
     if program.kernels.fast_path != "ops":
         notes.append(f"the torch backend's {program.kernels.fast_path} fast path is not "
                      "modelled: its kernels are counted as the per-op path's")
+    if program.kernels.attention_kernels == "generated":
+        notes.append("the generated attention's gain over the model's attention is not "
+                     "modelled: only its bound's launches are counted")
     if not program.draft.speculates:
         return notes        # greedy AR: nothing of a draft to estimate
     if getattr(program.verify, "prune", None) is not None:

@@ -19,13 +19,18 @@ def baseline_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> 
     """What `best`'s ratio to the AR baseline (`ar_label`, padded batches on the fast path
     `ar_fast_path`; None where the run did not record it) measures, or None when it is the gain
     of speculation over plain decoding on the same path and the same batching."""
-    note = _path_note(best, ar_label, ar_fast_path)
-    if best.batch.refill != "continuous":
-        return note
-    refill = (f"It refills finished slots, which {ar_label}'s padded batches do not: part of its "
-              "ratio is refill's gain (`specpilot bench` times plain decoding with refill as "
-              "strong_ar_refill).")
-    return refill if note is None else f"{note} {refill}"
+    notes = [_path_note(best, ar_label, ar_fast_path)]
+    if best.kernels.attention_kernels != "model":
+        notes.append(f"Its attention runs by the {best.kernels.attention_kernels} kernel, which "
+                     f"{ar_label} does not use: part of its ratio is that kernel's gain "
+                     "(`specpilot bench --mechanisms` times plain decoding with it as "
+                     "mech:graphed_ar_attention).")
+    if best.batch.refill == "continuous":
+        notes.append(f"It refills finished slots, which {ar_label}'s padded batches do not: part "
+                     "of its ratio is refill's gain (`specpilot bench` times plain decoding with "
+                     "refill as strong_ar_refill).")
+    said = [n for n in notes if n is not None]
+    return " ".join(said) if said else None
 
 
 def _path_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Optional[str]:
@@ -38,8 +43,8 @@ def _path_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> Opt
                     f"'{path}' fast path, and {ar_label} ran on the '{ar_fast_path}' one, so "
                     f"its ratio to {ar_label} is that fast path's gain, not speculation's.")
         return (f"The best Program does not speculate: it is plain greedy decoding, as "
-                f"{ar_label} is, so its ratio to it measures the decoding loop, not "
-                f"speculation.")
+                f"{ar_label} is, so its ratio to it measures how it decodes (the decoding "
+                f"loop and its kernels), not speculation.")
     if other_path:
         return (f"The best Program runs on the '{path}' fast path and {ar_label} on the "
                 f"'{ar_fast_path}' one: part of its ratio to {ar_label} is that fast path's "

@@ -4,7 +4,8 @@ and neither."""
 import pytest
 
 from specpilot.deploy import build_deployment
-from specpilot.ir import (CaptureGraphs, SetDrafter, SetFastPath, SetMaxBatchSize, SetRefill,
+from specpilot.ir import (CaptureGraphs, SetAttentionKernels, SetDrafter, SetFastPath,
+                          SetMaxBatchSize, SetRefill,
                           apply, load_program, replay, save_program, stock_program)
 from specpilot.report.baseline_note import baseline_note
 from specpilot.report.run_report import _baseline_lines
@@ -58,3 +59,15 @@ def test_the_report_takes_ar_s_path_from_round_0_where_the_run_did_not_record_it
     assert len(lines) == 2 and "'ops' one" in lines[0]
     assert _baseline_lines(tmp_path, dict(zero, ar_fast_path="layers"), stock) == []
     assert _baseline_lines(tmp_path, {"ar_label": AR}, stock) == []   # no AR timed: nothing to say
+
+
+def test_the_generated_attention_is_named_with_speculation_off_and_on(graphed):
+    kernel = SetAttentionKernels("generated")
+    off = baseline_note(replay(graphed, [SetDrafter("none"), kernel]), AR, "ops")
+    assert off.startswith("The best Program does not speculate")
+    assert "generated kernel" in off and "mech:graphed_ar_attention" in off
+    on = baseline_note(apply(graphed, kernel), AR, "ops")
+    assert on.startswith("Its attention runs by the generated kernel") and "part of" in on
+    both = baseline_note(replay(graphed, [SetMaxBatchSize(4), kernel, SetRefill("continuous")]),
+                         AR, "ops")
+    assert both.index("generated kernel") < both.index("refill's gain")
