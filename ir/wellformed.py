@@ -13,10 +13,9 @@ from .errors import IllFormed
 from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
 from .program import (ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
-                      DRAFT_LENGTH_POLICIES,
-                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS, MASKS, REFILL_POLICIES,
-                      SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec, KernelsSpec, Models,
-                      Program, VerifySpec)
+                      DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS,
+                      MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec,
+                      KernelsSpec, Models, Program, VerifySpec)
 from .prune import PRUNES, LayerSkipPrune
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation

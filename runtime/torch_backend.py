@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.program import ATTENTION_KERNELS
 
 from . import fast_ops as _fast_ops
 from .fast_ops import LAYERS, OFF, OPS, compiled, grouped_sdpa
@@ -70,8 +71,9 @@ class TorchBackend:
         if mode not in (OFF, OPS, LAYERS):
             raise SpecPilotError(f"fast_ops must be False, True, {OPS!r} or {LAYERS!r}, "
                                  f"got {fast_ops!r}")
-        if attention_kernels not in ("model", "generated"):
-            raise SpecPilotError(f"attention_kernels must be 'model' or 'generated', got "
+        if attention_kernels not in ATTENTION_KERNELS:
+            raise SpecPilotError(f"attention_kernels must be "
+                                 f"{' or '.join(map(repr, ATTENTION_KERNELS))}, got "
                                  f"{attention_kernels!r}")
         if attention_kernels == "generated" and mode == LAYERS:
             raise SpecPilotError(LAYERS_REFUSAL)

@@ -7,9 +7,9 @@ from hypothesis import strategies as st
 
 from specpilot.ir import (CaptureGraphs, Chain, SetAttentionKernels, SetBackend, SetBatchLayout,
                           SetDrafterKernels, SetDraftLength, SetMaxBatchSize, SetTopology,
-                          SetWeightFormat, TransformRefused, Tree, apply, check, diff, program_from_json,
-                          program_id, program_to_json, record_escape_rates, replay,
-                          stock_program, verify)
+                          SetWeightFormat, TransformRefused, Tree, apply, check, diff,
+                          program_from_json, program_id, program_to_json, record_escape_rates,
+                          replay, stock_program, verify)
 from specpilot.ir.program import Deployment
 
 SCOPES = ["target.*", "target.mlp.*", "target.self_attn.*", "target.lm_head", "drafter.*",

@@ -80,7 +80,8 @@ CASES = [
      "kernels.overrides[target.lm_head]: expected object, got int"),
     (_set(("history",), {}), "history: expected list, got object"),
     (_set(("history", 0), {"name": "Teleport", "params": {}}),
-     "history[0].name: unknown transformation 'Teleport' (known: CaptureGraphs, SetAttentionKernels, SetBackend"),
+     "history[0].name: unknown transformation 'Teleport' (known: CaptureGraphs, "
+     "SetAttentionKernels, SetBackend"),
     (_set(("history", 0), {"name": "SetTopology"}), "history[0].params: missing field"),
     (_set(("history", 0), {"name": "SetDraftLength", "params": {"k": "4"}}),
      "history[0].params.k: expected int, got str '4'"),
