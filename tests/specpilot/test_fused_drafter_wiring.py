@@ -6,14 +6,21 @@ from dataclasses import replace
 
 import pytest
 
-from specpilot.bench.mechanism_programs import (fused_drafter_pair,
-                                                mechanism_systems)
+from specpilot.bench.mechanism_programs import fused_drafter_pair, mechanism_systems
+from specpilot.codegen.cache import triton_interpreting
 from specpilot.deploy import build_deployment
 from specpilot.ir import stock_program
 from specpilot.runtime.decoder import ModelPair, load_pair
 from specpilot.runtime.fused_forward import FusedForward
 
 from hf_factory import FUSABLE, make_checkpoint, make_pair, random_prompts
+
+# The bench as it loads a pair off a GPU: models on the CPU, the fused and attention kernels in
+# Triton's interpreter (tests/conftest.py sets it where there is no CUDA). On a GPU machine the
+# same systems run for real in tests/gpu/ (test_fused_drafter_gpu.py,
+# test_generated_attention_gpu.py).
+pytestmark = pytest.mark.skipif(not triton_interpreting(),
+                                reason="checks the wiring with CPU models in Triton's interpreter")
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
