@@ -55,7 +55,7 @@ graphed ones, so that what graph capture would bring them is visible.
 from __future__ import annotations
 
 from dataclasses import replace
-from typing import Dict, List, Optional, Tuple, Union
+from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
@@ -134,8 +134,14 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
 def fused_drafter_pair(pair: ModelPair) -> Union[ModelPair, str]:
     """`pair` with its drafter in fused layer kernels (runtime/decoder.py's
     `with_fused_drafter`), or why it cannot be."""
+    return _built_or_why(with_fused_drafter, pair)
+
+
+def _built_or_why(build: Callable[[ModelPair], ModelPair], pair: ModelPair
+                  ) -> Union[ModelPair, str]:
+    """`build(pair)`, or the reason it refused (its SpecPilotError's message)."""
     try:
-        return with_fused_drafter(pair)
+        return build(pair)
     except SpecPilotError as exc:
         return str(exc)
 
@@ -183,10 +189,7 @@ class SystemPairs:
 def generated_attention_pair(pair: ModelPair) -> Union[ModelPair, str]:
     """`pair` with both models' attention by the generated kernel (runtime/decoder.py's
     `with_generated_attention`), or why it cannot be."""
-    try:
-        return with_generated_attention(pair)
-    except SpecPilotError as exc:
-        return str(exc)
+    return _built_or_why(with_generated_attention, pair)
 
 
 def mechanism_systems(stock: Program, pair,
