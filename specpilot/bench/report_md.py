@@ -21,15 +21,17 @@ def _rate(r: dict) -> str:
 
 
 def _correctness(r: dict) -> str:
+    """Forcing's verdict, then how many requests' own (unforced) text is the reference's."""
+    said = []
     if "forcing" in r:
         f = r["forcing"]
         verdict = "PASSED" if f["passed"] else "REJECTED"
-        return (f"forcing {verdict}: {f['exact']}/{f['positions_expected']} exact, "
-                f"{f['near_tie_flip_count']} near-tie, {f['violation_count']} violations")
+        said.append(f"forcing {verdict}: {f['exact']}/{f['positions_expected']} exact, "
+                    f"{f['near_tie_flip_count']} near-tie, {f['violation_count']} violations")
     if "exact_match" in r:
         e = r["exact_match"]
-        return f"exact match {e['exact_requests']}/{e['requests']} requests"
-    return ""
+        said.append(f"own text = reference in {e['exact_requests']}/{e['requests']} requests")
+    return "; ".join(said)
 
 
 def _table(header: List[str], lines: List[List[str]]) -> str:
@@ -65,6 +67,9 @@ def pair_markdown(doc: dict) -> str:
             f"prompts, {s['max_new_tokens']} new tokens, greedy; median of {s['repeats']} runs "
             f"{_eager_runs(s)}"
             f"after {s['warmup']} warm-up. Reference: the stock decoder (greedy AR, batch 1). "
+            f"Own text: a request's unforced output against the reference's; in reduced "
+            f"precision a decode may leave it at a near-tie and go on with its own text, which "
+            f"can take more or fewer rounds, so systems' times are of somewhat different texts. "
             f"Peak GiB: GPU memory allocated during a system's runs, resident models "
             f"included.\n\n"
             f"{systems}\n\n{_table(header, lines)}\n")
