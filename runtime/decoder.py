@@ -83,34 +83,32 @@ def load_pair(target_dir: str, drafter_dir: Optional[str], dtype: str = "float32
                                  f"{program.models.target.dtype}")
 
     def model(folder: str, role: str) -> Transformer:
-        if program is None or program.kernels.backend == "torch":
-            wanted = program.kernels.fast_path if program is not None else OPS
-            attention = program.kernels.attention_kernels if program is not None else "model"
-            backend = TorchBackend(fast_ops=fast_ops_mode(wanted) if fast else OFF,
-                                   attention_kernels=attention, kernel_cache=kernel_cache)
-            if program is None:
-                return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
-                                                   fuse_projections=fast)
+        if program is not None and program.kernels.backend != "torch":
             spec = getattr(program.models, role)
-            return Transformer.from_checkpoint(folder, spec.dtype, device, backend=backend,
-                                               weight_formats=spec.formats(),
+            return Transformer.from_checkpoint(folder, spec.dtype, device,
+                                               backend=generated_backend(program, role,
+                                                                         kernel_cache),
+                                               weight_formats=spec.formats())
+        wanted = program.kernels.fast_path if program is not None else OPS
+        attention = program.kernels.attention_kernels if program is not None else "model"
+        backend = TorchBackend(fast_ops=fast_ops_mode(wanted) if fast else OFF,
+                               attention_kernels=attention, kernel_cache=kernel_cache)
+        if program is None:
+            return Transformer.from_checkpoint(folder, dtype, device, backend=backend,
                                                fuse_projections=fast)
         spec = getattr(program.models, role)
-        return Transformer.from_checkpoint(folder, spec.dtype, device,
-                                           backend=generated_backend(program, role,
-                                                                     kernel_cache),
-                                           weight_formats=spec.formats())
+        built = Transformer.from_checkpoint(folder, spec.dtype, device, backend=backend,
+                                            weight_formats=spec.formats(), fuse_projections=fast)
+        # Refused on loading, not at its first forward; a drafter never run needs no kernel.
+        if attention == "generated" and (role == "target" or program.draft.speculates):
+            check_generated_attention(built, role)
+        return built
 
-    generated = program is not None and program.kernels.attention_kernels == "generated"
     target = model(target_dir, "target")
-    if generated:
-        check_generated_attention(target, "target")
     tokenizer = load_tokenizer(target_dir)
     drafter = None
     if drafter_dir is not None:
         drafter = model(drafter_dir, "drafter")
-        if generated and program.draft.speculates:     # a drafter never run needs no kernel
-            check_generated_attention(drafter, "drafter")
         check_same_vocabulary(target.config, drafter.config, tokenizer, load_tokenizer(drafter_dir),
                               target_dir, drafter_dir)
     pair = ModelPair(target, drafter, tokenizer, tuple(target.config.eos_token_ids))

@@ -33,7 +33,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .generated_attention import DTYPE_NAMES, HEAD_DIMS, SlotEnds
+from .generated_attention import DTYPE_NAMES, SlotEnds, attention_head_dims
 from .torch_backend import TorchBackend
 
 # New tokens per call (batch x width) past which the model's own forward runs instead: the fused
@@ -68,7 +68,7 @@ def fused_forward_refusal(model) -> Optional[str]:
         return "sliding-window layers are not fused"
     if not model.layers:
         return "it has no layers"
-    low, high = HEAD_DIMS
+    low, high = attention_head_dims()
     if cfg.head_dim % 2 or not low <= cfg.head_dim <= high:
         return (f"head_dim {cfg.head_dim} is odd or outside {low}..{high} (RoPE pairs its "
                 f"halves; the attention kernel takes {low} to {high})")

@@ -29,8 +29,6 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 DTYPE_NAMES = {torch.bfloat16: "bf16", torch.float16: "fp16", torch.float32: "fp32"}
-# Head sizes the codegen attention kernel takes (its block of a head is a power of two >= 16).
-HEAD_DIMS = (16, 256)
 # Slots a program walks per step and its warps, as timed on the H200 for the target's heads
 # (bench/masked_attention_sweep.py, the "generated" variant).
 BLOCK_S, NUM_WARPS = 64, 4
@@ -72,6 +70,15 @@ class SlotEnds:
         return visible_end(mask, ends)
 
 
+def attention_head_dims() -> Tuple[int, int]:
+    """The head sizes the codegen attention kernel takes, as its family declares them
+    (codegen/families.py, HEAD_DIM)."""
+    from specpilot.codegen.families import ATTENTION
+
+    head_dim = ATTENTION.param("HEAD_DIM")
+    return head_dim.lo, head_dim.hi
+
+
 def generated_attention_refusal(device: torch.device, dtype: torch.dtype,
                                 head_dim: int) -> Optional[str]:
     """Why the generated attention cannot run a model on `device` in `dtype` with heads of
@@ -80,9 +87,9 @@ def generated_attention_refusal(device: torch.device, dtype: torch.dtype,
 
     if dtype not in DTYPE_NAMES:
         return f"dtype {dtype} has no generated attention kernel"
-    if not HEAD_DIMS[0] <= head_dim <= HEAD_DIMS[1]:
-        return (f"head_dim {head_dim} is outside the attention kernel's "
-                f"{HEAD_DIMS[0]}..{HEAD_DIMS[1]}")
+    low, high = attention_head_dims()
+    if not low <= head_dim <= high:
+        return f"head_dim {head_dim} is outside the attention kernel's {low}..{high}"
     if torch.device(device).type != "cuda" and not triton_interpreting():
         return (f"Triton kernels need a CUDA device or Triton's interpreter (TRITON_INTERPRET=1); "
                 f"the model is on {device}")

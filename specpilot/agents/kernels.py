@@ -1,7 +1,7 @@
 """Kernel agent: CUDA-graph capture, the torch backend's whole-layer fast path, the drafter in
 fused layer kernels, the torch backend's attention by the generated kernel, the Program's own
-generated kernels, and per-node tuning (`TuneKernel`) of
-the kernels the cost report puts furthest from their bandwidth limit.
+generated kernels, and per-node tuning (`TuneKernel`) of the kernels the cost report puts
+furthest from their bandwidth limit.
 
 On a CPU it proposes nothing: generated kernels run there in Triton's interpreter, a
 correctness tool whose timings say nothing about a GPU.

@@ -5,8 +5,8 @@ import pytest
 
 from specpilot.deploy import build_deployment
 from specpilot.ir import (CaptureGraphs, SetAttentionKernels, SetDrafter, SetFastPath,
-                          SetMaxBatchSize, SetRefill,
-                          apply, load_program, replay, save_program, stock_program)
+                          SetMaxBatchSize, SetRefill, apply, load_program, replay, save_program,
+                          stock_program)
 from specpilot.report.baseline_note import baseline_note
 from specpilot.report.run_report import _baseline_lines
 
