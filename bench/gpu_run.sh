@@ -6,7 +6,8 @@
 #
 # Phases, run in the order given:
 #   tests      the GPU tests (tests/gpu), junit XML kept
-#   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair)
+#   train      specpilot zoo train --preset gpu-small --out $PAIR (skipped if $PAIR holds a pair;
+#              ZOO_SEED picks the seed, 0 by default: a machine that trained one reuses it)
 #   bench      specpilot bench --pair $PAIR: every system, batch 1/4/16/64, HumanEval
 #   benchlayers  the same with SPECPILOT_FAST_OPS=layers, as gpu-small-layers
 #   shapes     specpilot bench --shapes llama-3.1-8b:llama-3.2-1b with the pair's acceptance
@@ -127,7 +128,8 @@ phase() {
         if [ -f "$PAIR/target/config.json" ] && [ -f "$PAIR/drafter/config.json" ]; then
             echo "=== train: $PAIR already holds a pair"
         else
-            step train timeout 420 python3 -m specpilot zoo train --preset gpu-small --out "$PAIR"
+            step train timeout 420 python3 -m specpilot zoo train --preset gpu-small \
+                --seed "${ZOO_SEED:-0}" --out "$PAIR"
         fi
         cp "$PAIR/train_report.json" "$RESULTS/train_report.json" 2>/dev/null ;;
     profile)
