@@ -34,6 +34,20 @@ def _correctness(r: dict) -> str:
     return "; ".join(said)
 
 
+def _rounds(r: dict) -> str:
+    """A graphed decoder's rounds by chain length ("L0" counts plain steps: speculation off)
+    and its refills, from the row's `run_stats`: what an adaptive decoder chose. "–" for
+    decoders that count neither."""
+    from specpilot.runtime.graphed_loop import ROUNDS_OF
+    stats = r.get("run_stats") or {}
+    lengths = sorted((int(name[len(ROUNDS_OF):]), count) for name, count in stats.items()
+                     if name.startswith(ROUNDS_OF))
+    said = [" ".join(f"L{n}: {count}" for n, count in lengths)] if lengths else []
+    if "refills" in stats:
+        said.append(f"{stats['refills']} refills")
+    return "; ".join(said) or "–"
+
+
 def _table(header: List[str], lines: List[List[str]]) -> str:
     out = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     out += ["| " + " | ".join(cells) + " |" for cells in lines]
@@ -46,7 +60,7 @@ def pair_markdown(doc: dict) -> str:
     lines = []
     for r in doc["rows"]:
         if r["status"] != "measured":
-            lines.append([r["system"], str(r["batch_size"])] + ["–"] * 8 +
+            lines.append([r["system"], str(r["batch_size"])] + ["–"] * 9 +
                           [f"{r['status']}: {r['reason']}"])
             continue
         mem = r["peak_memory_bytes"]
@@ -54,11 +68,11 @@ def pair_markdown(doc: dict) -> str:
                       _num(r.get("speedup_vs_hf_ar")), _num(r.get("speedup_vs_strong_ar")),
                       _num(r["mean_accepted"]), _num(r["tokens_per_target_forward"]),
                       _num(r.get("forward_cost_vs_strong_ar")),
-                      str(r["target_forwards"]), _num(None if mem is None else mem / GIB),
-                      _correctness(r)])
+                      str(r["target_forwards"]), _rounds(r),
+                      _num(None if mem is None else mem / GIB), _correctness(r)])
     header = ["system", "batch", "tokens/s median (min–max)", "× HF AR", "× strong AR",
               "mean accepted", "tokens / target fwd", "fwd cost (strong AR steps)",
-              "target fwds", "peak GiB", "correctness"]
+              "target fwds", "rounds by draft length", "peak GiB", "correctness"]
     systems = "\n".join(f"- `{x['name']}`: {x['description']}"
                         + "".join(f" ({n})" for n in x["notes"]) for x in doc["systems"])
     return (f"## {doc['name']}\n\n"

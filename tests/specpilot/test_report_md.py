@@ -29,7 +29,7 @@ def test_a_row_gives_forcing_and_the_own_text_count_together():
     row = next(line for line in text.splitlines() if line.startswith("| stock_graphed"))
     assert row.endswith("| forcing PASSED: 13311/13328 exact, 17 near-tie, 0 violations; "
                         "own text = reference in 54/64 requests |")
-    assert "| 2.32 | 500 | 2.00 |" in row
+    assert "| 2.32 | 500 | – | 2.00 |" in row
     assert "near-tie and go on with its own text" in text
 
 
@@ -38,3 +38,26 @@ def test_a_row_without_forcing_gives_the_own_text_count_alone():
     assert "| own text = reference in 54/64 requests |" in text
     rejected = pair_markdown(_doc({"forcing": dict(FORCING, passed=False, violation_count=3)}))
     assert "forcing REJECTED: 13311/13328 exact, 17 near-tie, 3 violations |" in rejected
+
+
+def test_a_row_gives_an_adaptive_decoders_rounds_by_length_and_refills():
+    # Counts as a graphed adaptive refill decoder reports them (runtime/graphed_loop.py),
+    # out of order, with a two-digit length, so that the cell must sort them by number.
+    stats = {"rounds_chain_4": 116, "rounds_chain_0": 110, "rounds_chain_10": 3,
+             "rounds_chain_1": 102, "refills": 128}
+    text = pair_markdown(_doc({"run_stats": stats}))
+    row = next(line for line in text.splitlines() if line.startswith("| stock_graphed"))
+    assert "| 500 | L0: 110 L1: 102 L4: 116 L10: 3; 128 refills | 2.00 |" in row
+    assert "| rounds by draft length |" in text
+
+
+def test_a_row_without_round_counts_says_so():
+    eager = pair_markdown(_doc({"run_stats": {"steps": 40, "verified_tokens": 200}}))
+    assert "| 500 | – | 2.00 |" in eager
+    plain = pair_markdown(_doc({}))
+    assert "| 500 | – | 2.00 |" in plain
+    skipped = pair_markdown(dict(_doc({}), rows=[{"system": "s", "batch_size": 64,
+                                                   "status": "skipped", "reason": "budget"}]))
+    row = next(line for line in skipped.splitlines() if line.startswith("| s |"))
+    header = next(line for line in skipped.splitlines() if line.startswith("| system"))
+    assert row.count("|") == header.count("|")
