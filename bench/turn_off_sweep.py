@@ -11,7 +11,8 @@ profiles and costs it reads).
       --out bench/results/turn-off-sweep.json
 
 Every figure is x padded AR of the same replay (pessimistic), as `specpilot bench --shapes
---adaptive --refill` reports it.
+--adaptive --refill` reports it. `--estimator geometric,per_depth` replays each candidate under
+both of the rule's estimates of what a chain commits (runtime/batch_length.ESTIMATORS).
 """
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
+from specpilot.runtime.batch_length import ESTIMATORS, OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
 
@@ -40,18 +41,20 @@ def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCo
 
 
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
-               host_lag: Tuple[int, int] = (1, 1)) -> list:
+               host_lag: Tuple[int, int] = (1, 1), estimator: str = "geometric") -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each rounds-before-a-
     turn-off in `off_after` (runtime/batch_length.OFF_AFTER_ROUNDS is the rule's). `host_lag`
     (adaptive_replay.replay_adaptive): when the padded replays apply a chosen length, (1, 1)
     from the next round, (4, 2) as the graphed host loop does (replays of 4 rounds, the length
-    chosen two replays back); refill's replay applies it at the next round."""
-    return [{"off_after": n,
+    chosen two replays back); refill's replay applies it at the next round. `estimator`: the
+    rule's estimate of what a chain commits (runtime/batch_length.ESTIMATORS)."""
+    return [{"off_after": n, "estimator": estimator,
              "cold": replay_adaptive(profile, costs, batch, host_lag=host_lag,
-                                     off_after=n).speedup,
+                                     off_after=n, estimator=estimator).speedup,
              "warm": replay_adaptive(profile, costs, batch, warm=True, host_lag=host_lag,
-                                     off_after=n).speedup,
-             "refill": replay_adaptive_refill(profile, costs, batch, off_after=n).speedup}
+                                     off_after=n, estimator=estimator).speedup,
+             "refill": replay_adaptive_refill(profile, costs, batch, off_after=n,
+                                              estimator=estimator).speedup}
             for n in off_after]
 
 
@@ -66,8 +69,14 @@ def main(argv=None) -> int:
     p.add_argument("--batch-sizes", type=positive_counts, default="1,4,16,64")
     p.add_argument("--host-lag", metavar="ROUNDS,REPLAYS",
                    help="padded replays apply a length as the graphed loop does (4,2 there)")
+    p.add_argument("--estimator", default="geometric",
+                   help=f"the rule's estimates, comma-separated: any of {','.join(ESTIMATORS)}")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
+    estimators = args.estimator.split(",")
+    unknown = [e for e in estimators if e not in ESTIMATORS]
+    if unknown:
+        p.error(f"--estimator {','.join(unknown)}: not one of {','.join(ESTIMATORS)}")
     off_after, batches = args.off_after, args.batch_sizes
     try:
         lag = tuple(positive_counts(args.host_lag)) if args.host_lag else (1, 1)
@@ -95,15 +104,16 @@ def main(argv=None) -> int:
         for path, profile in profiles.items():
             for b in batches:
                 try:
-                    found = sweep_rows(profile, costs, b, off_after, lag)
+                    found = [row for estimator in estimators
+                             for row in sweep_rows(profile, costs, b, off_after, lag, estimator)]
                 except SpecPilotError as exc:
                     print(f"error: {path} at batch {b}: {exc}", file=sys.stderr)
                     return 2
                 for row in found:
                     rows.append({"costs": cost_name, "profile": path, "batch": b, **row})
                 print(f"{os.path.basename(path)} batch {b} ({cost_name}): " + ", ".join(
-                    f"{r['off_after']}: {r['cold']:.3f} / {r['warm']:.3f} / {r['refill']:.3f}"
-                    for r in found), flush=True)
+                    f"{r['estimator']} {r['off_after']}: {r['cold']:.3f} / {r['warm']:.3f} / "
+                    f"{r['refill']:.3f}" for r in found), flush=True)
     doc = {"environment": environment("cpu"), "settings": vars(args),
            "current_off_after": OFF_AFTER_ROUNDS, "rows": rows}
     write_json_atomic(Path(args.out), doc)

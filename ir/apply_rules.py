@@ -16,12 +16,14 @@ from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
 from .program import (ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES,
-                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, REFILL_POLICIES, Program)
+                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, LENGTH_ESTIMATORS, REFILL_POLICIES,
+                      BatchSpec, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from .transforms import (CaptureGraphs, SetAttentionKernels, SetBackend, SetBatchLayout,
                          SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
-                         SetFastPath, SetMaxBatchSize, SetRefill, SetTopology, SetVerifyPrune,
+                         SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill,
+                         SetTopology, SetVerifyPrune,
                          SetWeightFormat, Transformation, TuneKernel)
 from .wellformed import verify
 
@@ -177,7 +179,20 @@ def _set_draft_length_policy(p: Program, t: SetDraftLengthPolicy) -> Program:
         budget = t.token_budget
     _check((t.policy, budget) != (p.batch.draft_length_policy, p.batch.token_budget),
            f"already {t.policy}" + (f" with token budget {budget}" if budget else ""))
-    return replace(p, batch=replace(p.batch, draft_length_policy=t.policy, token_budget=budget))
+    # Fixed lengths estimate nothing: the estimator goes back to its default with them.
+    estimator = p.batch.length_estimator if budget is not None else BatchSpec.length_estimator
+    return replace(p, batch=replace(p.batch, draft_length_policy=t.policy, token_budget=budget,
+                                    length_estimator=estimator))
+
+
+def _set_length_estimator(p: Program, t: SetLengthEstimator) -> Program:
+    _check(t.estimator in LENGTH_ESTIMATORS, f"unknown length estimator {t.estimator!r} "
+                                             f"(known: {', '.join(LENGTH_ESTIMATORS)})")
+    _check(p.batch.draft_length_policy == "per_request_adaptive",
+           f"the length estimator serves per_request_adaptive lengths; the policy is "
+           f"{p.batch.draft_length_policy} (apply SetDraftLengthPolicy first)")
+    _check(t.estimator != p.batch.length_estimator, f"already the {t.estimator} estimator")
+    return replace(p, batch=replace(p.batch, length_estimator=t.estimator))
 
 
 def _set_refill(p: Program, t: SetRefill) -> Program:
@@ -300,6 +315,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetBatchLayout: _set_batch_layout,
     SetDraftLengthPolicy: _set_draft_length_policy,
     SetRefill: _set_refill,
+    SetLengthEstimator: _set_length_estimator,
     SetVerifyPrune: _set_verify_prune,
     SetMaxBatchSize: _set_max_batch_size,
     SetBackend: _set_backend,

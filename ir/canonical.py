@@ -95,6 +95,8 @@ def _batch_to_obj(p: Program) -> Dict[str, Any]:
         obj["token_budget"] = b.token_budget
     if b.refill != BatchSpec.refill:
         obj["refill"] = b.refill
+    if b.length_estimator != BatchSpec.length_estimator:
+        obj["length_estimator"] = b.length_estimator
     return obj
 
 
@@ -181,7 +183,7 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
     commit = expect_object(obj["commit"], "commit", ("kv",))
     batch = expect_object(obj["batch"], "batch",
                           ("layout", "max_batch_size", "draft_length_policy"),
-                          optional=("token_budget", "refill"))
+                          optional=("token_budget", "refill", "length_estimator"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
                             optional=("fast_path", "drafter_kernels", "attention_kernels"))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
@@ -204,7 +206,10 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                                                        "batch.draft_length_policy"),
                         token_budget=(expect_int(batch["token_budget"], "batch.token_budget")
                                       if "token_budget" in batch else None),
-                        refill=expect_str(batch.get("refill", BatchSpec.refill), "batch.refill")),
+                        refill=expect_str(batch.get("refill", BatchSpec.refill), "batch.refill"),
+                        length_estimator=expect_str(batch.get("length_estimator",
+                                                              BatchSpec.length_estimator),
+                                                    "batch.length_estimator")),
         kernels=KernelsSpec(
             backend=expect_str(kernels["backend"], "kernels.backend"),
             capture_graphs=expect_bool(kernels["capture_graphs"], "kernels.capture_graphs"),

@@ -25,6 +25,9 @@ KV_COMMITS = ("in_place", "compact")
 BATCH_LAYOUTS = ("padded", "ragged")
 DRAFT_LENGTH_POLICIES = ("fixed", "per_request_adaptive")
 REFILL_POLICIES = ("drain", "continuous")
+# What the graphed batch-length rule expects a chain of L to commit, for per_request_adaptive:
+# one acceptance per request, or one per request and depth (runtime/depth_acceptance.py).
+LENGTH_ESTIMATORS = ("geometric", "per_depth")
 BACKENDS = ("torch", "generated")
 # How the torch backend fuses its small ops on a CUDA GPU (runtime/fast_ops.py): "ops" compiles
 # RMSNorm, RoPE and SwiGLU one op at a time; "layers" compiles each decoder layer whole, so that
@@ -107,12 +110,17 @@ class BatchSpec:
     refill: `drain` (a batch runs until all its requests finish, then the next batch starts) or
         `continuous` (a finished request's slot takes the next queued request at once, whose
         prefill shares a step with the others' decoding).
+    length_estimator: what the graphed batch-length rule of `per_request_adaptive` expects a
+        chain of L drafts to commit: `geometric` (one acceptance probability per request, each
+        draft an independent trial) or `per_depth` (one per request and draft depth, for
+        drafts that agree in runs); `geometric` for every other policy.
     """
     layout: str
     max_batch_size: int
     draft_length_policy: str
     token_budget: Optional[int] = None
     refill: str = "drain"
+    length_estimator: str = "geometric"
 
 
 def _canonical_overrides(value) -> Tuple:

@@ -156,6 +156,16 @@ class SetDraftLengthPolicy(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetLengthEstimator(Transformation):
+    """`geometric` or `per_depth`: what the adaptive draft length's batch rule expects a chain
+    of L drafts to commit (per_request_adaptive only)."""
+    estimator: str
+    name: ClassVar[str] = "SetLengthEstimator"
+    PARAMS: ClassVar[Dict[str, str]] = {"estimator": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class SetRefill(Transformation):
     """`drain` or `continuous`: whether a finished request's slot waits for the whole batch or
     takes the next queued request at once."""

@@ -14,8 +14,8 @@ from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
 from .program import (ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
                       DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS,
-                      MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec, CommitSpec, DraftSpec,
-                      KernelsSpec, Models, Program, VerifySpec)
+                      LENGTH_ESTIMATORS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
+                      CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
 from .prune import PRUNES, LayerSkipPrune
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation
@@ -197,6 +197,11 @@ def _verify_batch_and_kernels(p: Program) -> None:
         _require(b.token_budget is None, "batch.token_budget",
                  f"only per_request_adaptive takes a token budget, got {b.token_budget!r}")
     _require_choice(b.refill, "batch.refill", REFILL_POLICIES)
+    _require_choice(b.length_estimator, "batch.length_estimator", LENGTH_ESTIMATORS)
+    _require(b.length_estimator == BatchSpec.length_estimator
+             or b.draft_length_policy == "per_request_adaptive", "batch.length_estimator",
+             f"{b.length_estimator} estimates per_request_adaptive lengths; the policy is "
+             f"{b.draft_length_policy}")
 
     k = p.kernels
     _require(isinstance(k, KernelsSpec), "kernels", "expected a KernelsSpec")

@@ -73,15 +73,21 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.program import LENGTH_ESTIMATORS
 
 from .adaptive_draft import (SMOOTHING, acceptance_rate, check_draft_cost, expected_tokens,
                              update_acceptance, upper_acceptance)
+from .depth_acceptance import depth_expected_tokens, depth_trials, update_depth_rates
 from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 8
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
+# What a chain of L is expected to commit: from one acceptance probability per request
+# (runtime/adaptive_draft.py), or from one per request and depth (runtime/depth_acceptance.py);
+# a Program's batch.length_estimator.
+ESTIMATORS = LENGTH_ESTIMATORS
 
 
 def model_round_costs(cap: int, draft_cost: float) -> List[float]:
@@ -94,8 +100,14 @@ def makespans(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor
               round_cost: torch.Tensor) -> torch.Tensor:
     """[cap + 1]: for each length L, the longest remaining_i * cost(L) / E_i(L) over the active
     requests (0 where none is active). Tensor operations only (safe inside a CUDA graph)."""
-    expected = expected_tokens(alpha, round_cost.shape[0] - 1)         # E_i(L), L = 0..cap
-    times = remaining.to(alpha.dtype)[:, None] * round_cost[None, :] / expected
+    return expected_makespans(expected_tokens(alpha, round_cost.shape[0] - 1), remaining,
+                              active, round_cost)
+
+
+def expected_makespans(expected: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
+                       round_cost: torch.Tensor) -> torch.Tensor:
+    """`makespans` from each request's expected tokens per round E_i(L) [batch, cap + 1]."""
+    times = remaining.to(expected.dtype)[:, None] * round_cost[None, :] / expected
     return torch.where(active[:, None], times, torch.zeros_like(times)).max(dim=0).values
 
 
@@ -104,7 +116,13 @@ def times_per_token(alpha: torch.Tensor, active: torch.Tensor,
     """[cap + 1]: for each length L, cost(L) over the tokens a round of it commits summed over
     the active requests, sum_i E_i(L) (inf where none is active): the batch's time per token
     when every finished slot is refilled at once, so no request's tail decides anything."""
-    expected = expected_tokens(alpha, round_cost.shape[0] - 1)
+    return expected_times_per_token(expected_tokens(alpha, round_cost.shape[0] - 1), active,
+                                    round_cost)
+
+
+def expected_times_per_token(expected: torch.Tensor, active: torch.Tensor,
+                             round_cost: torch.Tensor) -> torch.Tensor:
+    """`times_per_token` from each request's expected tokens per round E_i(L)."""
     total = torch.where(active[:, None], expected, torch.zeros_like(expected)).sum(dim=0)
     return round_cost / total
 
@@ -117,11 +135,21 @@ def next_length(alpha: torch.Tensor, remaining: Optional[torch.Tensor], active: 
     tensors. The shortest length wins a tie. With "throughput", `draining` (a bool tensor:
     the refill queue is empty) switches back to the makespan, on the device; `remaining` is
     read only for the makespan."""
+    return expected_next_length(expected_tokens(alpha, round_cost.shape[0] - 1), remaining,
+                                active, round_cost, objective, draining)
+
+
+def expected_next_length(expected: torch.Tensor, remaining: Optional[torch.Tensor],
+                         active: torch.Tensor, round_cost: torch.Tensor,
+                         objective: str = "makespan",
+                         draining: Optional[torch.Tensor] = None):
+    """`next_length` from each request's expected tokens per round E_i(L) [batch, cap + 1]."""
     if objective != "throughput":
-        return shortest(makespans(alpha, remaining, active, round_cost))
-    spans = times_per_token(alpha, active, round_cost)
+        return shortest(expected_makespans(expected, remaining, active, round_cost))
+    spans = expected_times_per_token(expected, active, round_cost)
     if draining is not None:
-        spans = torch.where(draining, makespans(alpha, remaining, active, round_cost), spans)
+        spans = torch.where(draining, expected_makespans(expected, remaining, active, round_cost),
+                            spans)
     return shortest(spans)
 
 
@@ -166,6 +194,35 @@ def measure_round_costs(replays: Dict[int, Callable[[], None]], reset: Callable[
     return [ms[n] / ms[0] for n in sorted(ms)]
 
 
+class DepthState:
+    """The per-depth estimate's device state (runtime/depth_acceptance.py) for a batch of
+    `batch` rows and chains of up to `cap`: rates [batch, cap] (moving averages, 1 at first),
+    tried / took [batch, cap] (whole-history counts) and workload [2, cap] (tries and
+    acceptances per depth over every request since the batch began)."""
+
+    def __init__(self, batch: int, cap: int, f32: dict):
+        self.rates = torch.ones(batch, cap, **f32)
+        self.tried = torch.zeros(batch, cap, **f32)
+        self.took = torch.zeros(batch, cap, **f32)
+        self.workload = torch.zeros(2, cap, **f32)
+
+    def restart(self) -> None:
+        """Every row back to the optimistic prior, no history."""
+        self.rates.fill_(1.0)
+        self.tried.zero_()
+        self.took.zero_()
+
+    def admit(self, row: int, prior: torch.Tensor) -> None:
+        """A newcomer at `row`: its rates are the workload's per depth (1 at a depth nobody has
+        tried), its history the workload's counts times `prior` (as the one-alpha history is:
+        `off_after` average rounds of the workload; 0 before any)."""
+        tried, took = self.workload
+        self.rates[row] = torch.where(tried > 0, took / tried.clamp(min=1.0),
+                                      torch.ones_like(tried))
+        self.tried[row] = tried * prior
+        self.took[row] = took * prior
+
+
 class BatchLengthPolicy:
     """The device-resident state of a padded batch's adaptive length: per request moving
     averages of accepted drafts and of rejections, the round cost per length 0..cap (in plain
@@ -178,20 +235,26 @@ class BatchLengthPolicy:
     def __init__(self, batch: int, cap: int, device, draft_cost: float,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
-                 compile_rounds: bool = False, smoothing: float = SMOOTHING):
+                 compile_rounds: bool = False, smoothing: float = SMOOTHING,
+                 estimator: str = "geometric"):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
         GPU) rather than as eager tensor operations. `smoothing`: the moving averages' weight on
-        the newest round (runtime/adaptive_draft.py)."""
+        the newest round (runtime/adaptive_draft.py). `estimator` (one of ESTIMATORS): what a
+        chain of L is expected to commit, from one acceptance per request or one per request
+        and depth (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
             raise SpecPilotError(f"smoothing must be in (0, 1], got {smoothing}")
         if objective not in ("makespan", "throughput"):
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
+        if estimator not in ESTIMATORS:
+            raise SpecPilotError(f"length estimator {estimator!r}: "
+                                 f"{' or '.join(ESTIMATORS)}")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
-        self.off_after, self.smoothing = off_after, smoothing
+        self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
         self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
@@ -210,6 +273,10 @@ class BatchLengthPolicy:
         # Per request, the acceptance the batch's first turn-off decision judged it by (-1: none).
         self.first_judged = torch.full((batch,), -1.0, **f32)
         self.workload = torch.zeros(3, **f32)
+        # Per depth (estimator "per_depth"): each request's moving-average acceptance, its
+        # whole-history tries and acceptances, and every request's tries and acceptances since
+        # the batch began (what a newcomer starts from). None with the one-alpha estimate.
+        self.depth = (DepthState(batch, cap, f32) if estimator == "per_depth" else None)
         # Speculative rounds since the batch (re)started, and (refill) whether the queue is
         # empty: with no newcomer left, the batch drains and its makespan matters again.
         self.rounds = torch.zeros((), dtype=torch.int64, device=device)
@@ -242,6 +309,8 @@ class BatchLengthPolicy:
         """A new batch: the optimistic prior (as if each request had just accepted a full
         chain), speculating."""
         self.workload.zero_()
+        if self.depth is not None:
+            self.depth.workload.zero_()
         self.draining.zero_()
         self._started_off = False       # until `start` says otherwise
         self._restart()
@@ -295,6 +364,8 @@ class BatchLengthPolicy:
         self.off.zero_()
         self.chosen.fill_(self.cap)
         self.rounds.zero_()
+        if self.depth is not None:
+            self.depth.restart()
 
     def admit(self, row: int, alone: bool = False) -> None:
         """Request `row` is a newcomer (continuous refill): its estimates start from the
@@ -318,6 +389,8 @@ class BatchLengthPolicy:
         prior = torch.where(seen, self.off_after / counted, torch.zeros_like(rounds))
         self.accepted_total[row] = self.workload[0] * prior
         self.rejected_total[row] = self.workload[1] * prior
+        if self.depth is not None:
+            self.depth.admit(row, prior)
 
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
              remaining: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -326,27 +399,41 @@ class BatchLengthPolicy:
         (`remaining` tokens each) soonest (or serve them fastest), or 0 for good once plain
         steps would, from the `off_after`-th round of the batch on, by both the recent
         and an upper bound on the whole-history one (`policy_round`)."""
+        depth = self.depth
         return self._round(self.accepted_avg, self.rejected_avg, self.accepted_total,
                            self.rejected_total, self.first_judged, self.rounds, self.off,
                            self.chosen, self.workload, self.draining, self.round_cost,
                            n, drafted, ran, remaining, active,
-                           self.objective, self.turn_off, self.off_after, self.smoothing)
+                           self.objective, self.turn_off, self.off_after, self.smoothing,
+                           *((depth.rates, depth.tried, depth.took, depth.workload)
+                             if depth is not None else ()))
 
 
 def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, first_judged,
                  rounds, off, chosen, workload, draining, round_cost,
                  n, drafted, ran, remaining, active,
                  objective: str, turn_off: bool, off_after: int,
-                 smoothing: float) -> torch.Tensor:
+                 smoothing: float, depth_rates=None, depth_tried=None, depth_took=None,
+                 depth_workload=None) -> torch.Tensor:
     """One round of `BatchLengthPolicy.next` on its state tensors (the first nine are updated in
     place; `draining` and `round_cost` are read): a function of tensors only, so that one
-    compiled copy (`compiled_policy_round`) serves every policy of the process."""
+    compiled copy (`compiled_policy_round`) serves every policy of the process. With the
+    `depth_*` tensors (estimator "per_depth", `DepthState`, updated in place) the lengths and
+    the turn-off are judged by per-depth acceptance; the one-alpha state is kept either way, for
+    the workload memory."""
     ran = ran & (drafted > 0)
     accepted, rejected = update_acceptance(accepted_avg, rejected_avg, n, drafted, smoothing)
     accepted_avg.copy_(torch.where(ran, accepted, accepted_avg))
     rejected_avg.copy_(torch.where(ran, rejected, rejected_avg))
     alpha = acceptance_rate(accepted_avg, rejected_avg)
-    best, _ = next_length(alpha, remaining, active, round_cost, objective, draining)
+    cap = round_cost.shape[0] - 1
+    if depth_rates is not None:
+        tried, took = depth_trials(n, drafted, ran, cap)
+        depth_rates.copy_(update_depth_rates(depth_rates, tried, took))
+        expected = depth_expected_tokens(depth_rates)
+    else:
+        expected = expected_tokens(alpha, cap)
+    best, _ = expected_next_length(expected, remaining, active, round_cost, objective, draining)
     zero = torch.zeros_like(accepted_total)
     accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
                           torch.where(ran, (n < drafted).to(zero.dtype), zero))
@@ -354,13 +441,23 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
         best = torch.where(active.any(), best, chosen)
         chosen.copy_(best)
         workload.add_(torch.stack([accepted.sum(), rejected.sum(), ran.to(zero.dtype).sum()]))
+        if depth_workload is not None:
+            depth_workload.add_(torch.stack([tried.sum(dim=0), took.sum(dim=0)]).to(zero.dtype))
     if not turn_off:
         return best
     accepted_total.add_(accepted)
     rejected_total.add_(rejected)
     overall = upper_acceptance(accepted_total, rejected_total)
     judged = torch.maximum(alpha, overall)
-    _, plain_wins = next_length(judged, remaining, active, round_cost, objective, draining)
+    if depth_rates is not None:
+        depth_tried.add_(tried.to(zero.dtype))
+        depth_took.add_(took.to(zero.dtype))
+        bound = upper_acceptance(depth_took, depth_tried - depth_took)
+        judged_expected = depth_expected_tokens(torch.maximum(depth_rates, bound))
+    else:
+        judged_expected = expected_tokens(judged, cap)
+    _, plain_wins = expected_next_length(judged_expected, remaining, active, round_cost,
+                                         objective, draining)
     settled = rounds >= off_after - 1
     # What the first turn-off decision judged each active request by (for the memory); a
     # batch already off (started off by the memory) makes no such decision.

@@ -87,7 +87,8 @@ class GraphedChainDecoder:
                  rounds_per_replay: Optional[int] = None, record_margins: bool = False,
                  draft_cost: float = DRAFT_STEP_COST,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
-                 compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING):
+                 compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING,
+                 length_estimator: str = "geometric"):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -108,7 +109,8 @@ class GraphedChainDecoder:
         `compile_policy`: whether the adaptive length's update runs compiled in the captured
         rounds (default: with capture, unless SPECPILOT_FAST_OPS is "0";
         `fast_ops.compiles_policy`). `smoothing`: its moving averages' weight on the newest
-        round (runtime/adaptive_draft.py)."""
+        round (runtime/adaptive_draft.py). `length_estimator`: what the rule expects a chain
+        of L to commit (runtime/batch_length.ESTIMATORS; a Program's batch.length_estimator)."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -175,9 +177,10 @@ class GraphedChainDecoder:
         # Captured, its update runs compiled (runtime/batch_length.py says what that saves).
         if compile_policy is None:
             compile_policy = adaptive and capture and compiles_policy()
-        self.policy = BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
-                                        self.length_objective, compile_rounds=compile_policy,
-                                        smoothing=smoothing) if adaptive else None
+        self.policy = (BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
+                                         self.length_objective, compile_rounds=compile_policy,
+                                         smoothing=smoothing, estimator=length_estimator)
+                       if adaptive else None)
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}

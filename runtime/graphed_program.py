@@ -193,6 +193,7 @@ class DecoderKey(NamedTuple):
     eos_ids: tuple
     capture: bool
     refill: bool
+    estimator: str                   # batch.length_estimator ("geometric" unless adaptive)
     topology: object                 # the next two only where drafts run (cap > 0): plain
     prune: object                    # greedy steps keep an unused topology, yet share decoders
     rounds: Optional[int] = None     # a captured refill decoder's rounds a replay (settable)
@@ -215,8 +216,9 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     capacity = decode_capacity(pair.target, prompts, max_new_tokens, k)
     drafter_key = id(pair.drafter) if cap else None     # no drafter runs in plain greedy steps
     refill = refills(program)
+    estimator = program.batch.length_estimator
     key = DecoderKey(id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
-                     tuple(pair.eos_ids), capture, refill, topology if cap else None,
+                     tuple(pair.eos_ids), capture, refill, estimator, topology if cap else None,
                      program.verify.prune if cap else None,
                      refill_rounds_per_replay() if refill and capture else None)
     if reuse_larger_cache and key not in _decoders:
@@ -239,7 +241,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     else:   # chains (fixed or adaptive) and trees (fixed: `rounds_refusal`), drained or refilled
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, refill=refill, adaptive=adaptive,
-                                  length_cap=cap)
+                                  length_cap=cap,
+                                  **({"length_estimator": estimator} if adaptive else {}))
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder

@@ -4,8 +4,9 @@ from __future__ import annotations
 import os
 from collections import Counter
 
-from specpilot.ir import (DTYPES, PROGRAM_FILE, KernelsSpec, ModelSpec, Program, diff,
-                          format_diff, load_program, program_id, save_program, stock_program)
+from specpilot.ir import (DTYPES, PROGRAM_FILE, BatchSpec, KernelsSpec, ModelSpec, Program,
+                          diff, format_diff, load_program, program_id, save_program,
+                          stock_program)
 
 PROGRAM_ARG_HELP = f"a Program JSON file, or a folder containing {PROGRAM_FILE}"
 
@@ -87,8 +88,11 @@ def summarize(program: Program) -> str:
             ("verify", [f"{program.verify.mask} mask, {program.verify.acceptance} acceptance"]),
             ("commit", [f"kv {program.commit.kv}"]),
             ("batch", [f"{program.batch.layout}, max batch size {program.batch.max_batch_size}, "
-                       f"draft length {program.batch.draft_length_policy}, "
-                       f"{program.batch.refill} refill"]),
+                       f"draft length {program.batch.draft_length_policy}"
+                       + (f" ({program.batch.length_estimator} estimator)"
+                          if program.batch.length_estimator != BatchSpec.length_estimator
+                          else "")
+                       + f", {program.batch.refill} refill"]),
             ("kernels", [f"backend {k.backend}"
                          + (f" (fast path {k.fast_path})" if k.backend == "torch" else "")
                          + (f", {k.drafter_kernels} drafter kernels"

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import List, Optional
 
 from specpilot.ir import (Chain, Program, SetBatchLayout, SetDrafter, SetDraftLengthPolicy,
-                          SetRefill, Transformation)
+                          SetLengthEstimator, SetRefill, Transformation)
 from specpilot.ir import program as ir_program
 
 from .base import Agent, Budget, rank_by_prediction
@@ -68,6 +68,13 @@ def _policy_records(program: Program) -> List[Transformation]:
                    ridge_capped_budget(batch, topology.k, ridge_budget(program))}
         for budget in sorted(budgets, reverse=True):
             out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
+    if program.batch.draft_length_policy == "per_request_adaptive" and \
+            program.kernels.capture_graphs:
+        # The other estimate of what a chain commits: the graphed rule's choice
+        # (runtime/depth_acceptance.py); which is faster depends on the drafts' runs and the
+        # rounds' prices, so it is measured. The eager loop's lengths do not read it.
+        out += [SetLengthEstimator(e) for e in ir_program.LENGTH_ESTIMATORS
+                if e != program.batch.length_estimator]
     return out
 
 

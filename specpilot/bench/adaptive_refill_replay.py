@@ -33,16 +33,17 @@ ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the ba
 
 def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
                            unknown_agrees: bool = False, turn_off: bool = True,
-                           off_after: int = OFF_AFTER_ROUNDS) -> ReplayFigure:
+                           off_after: int = OFF_AFTER_ROUNDS,
+                           estimator: str = "geometric") -> ReplayFigure:
     """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
     the module): pessimistic, or with `unknown_agrees` optimistic; `off_after` rounds before a
-    turn-off (runtime/batch_length.py)."""
+    turn-off and the rule's `estimator` (runtime/batch_length.py)."""
     order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = replay_policy(seconds, batch, k, turn_off=turn_off, objective="throughput",
-                           off_after=off_after)
+                           off_after=off_after, estimator=estimator)
     policy.reset()
     queue = deque(range(len(order)))            # positions in `order` (first cycle counted)
     held = [-1] * batch

@@ -145,7 +145,8 @@ def play_batch(policy: BatchLengthPolicy, agree: Sequence[List[bool]], counted: 
 def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: bool = True,
                     unknown_agrees: bool = False, warm: bool = False,
                     host_lag: Tuple[int, int] = (1, 1),
-                    off_after: int = OFF_AFTER_ROUNDS) -> ReplayFigure:
+                    off_after: int = OFF_AFTER_ROUNDS,
+                    estimator: str = "geometric") -> ReplayFigure:
     """Replay the batch-length rule on `profile` at batch size `batch` (see the module):
     pessimistic, or with `unknown_agrees` optimistic. As in the decoder, each batch may start
     with speculation off by what the batches before it taught (runtime/workload_memory.py);
@@ -156,7 +157,8 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     the next round; GRAPHED_HOST_LAG, (4, 2), applies it as the graphed host loop does
     (runtime/graphed_loop.py): each replay of four rounds runs the length chosen at the end of
     the replay two back.
-    `off_after`: the rule's rounds before a turn-off (runtime/batch_length.py)."""
+    `off_after`: the rule's rounds before a turn-off; `estimator`: what it expects a chain of
+    L to commit (runtime/batch_length.py)."""
     if host_lag[0] < 1 or host_lag[1] < 1:
         raise ProfileError(f"host lag needs at least one round per replay and one replay "
                            f"behind, got {host_lag}")
@@ -164,7 +166,8 @@ def replay_adaptive(profile: AcceptanceProfile, costs, batch: int, turn_off: boo
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
-    policy = replay_policy(seconds, batch, k, turn_off=turn_off, off_after=off_after)
+    policy = replay_policy(seconds, batch, k, turn_off=turn_off, off_after=off_after,
+                           estimator=estimator)
     count = len(maps)
     for _ in range(2 if warm else 1):            # what the last pass counts is reported
         tokens = spec_steps = ar_steps = committed_steps = accepted_total = 0

@@ -32,6 +32,10 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       mechanism, so the stock Program is measured with it too
   graphed_ar_attention   greedy AR of the target (no drafter), graphed, with the generated
                       attention: what strong_ar would run with it
+  graphed_adaptive_refill_fused_depth, graphed_adaptive_refill_fused_attention_depth
+                      graphed_adaptive_refill_fused and its attention twin with the length
+                      rule's per-depth estimate (SetLengthEstimator("per_depth"),
+                      runtime/depth_acceptance.py): drafts that agree in runs priced as runs
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -59,8 +63,8 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
-                          SetDraftLengthPolicy, SetRefill, SetTopology, SetVerifyPrune, Tree,
-                          replay)
+                          SetDraftLengthPolicy, SetLengthEstimator, SetRefill, SetTopology,
+                          SetVerifyPrune, Tree, replay)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.decoder import ModelPair, with_fused_drafter, with_generated_attention
 
@@ -100,6 +104,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     long_chain = [SetTopology(Chain(8)), adaptive_up_to(8)]         # chains of up to 8 drafts
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
     fused, attention = SetDrafterKernels("fused"), SetAttentionKernels("generated")
+    depth = SetLengthEstimator("per_depth")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
         "graphed_refill": [graphs, refill],
@@ -115,6 +120,9 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_adaptive_fused": [graphs, adaptive, fused],
         "graphed_adaptive_refill_fused": [graphs, adaptive, refill, fused],
         "graphed_adaptive_refill_fused_chain8": [graphs, *long_chain, refill, fused],
+        "graphed_adaptive_refill_fused_depth": [graphs, adaptive, refill, fused, depth],
+        "graphed_adaptive_refill_fused_attention_depth": [graphs, adaptive, refill, fused,
+                                                          attention, depth],
         "graphed_attention": [graphs, attention],
         "graphed_fused_attention": [graphs, fused, attention],
         "graphed_refill_fused_attention": [graphs, refill, fused, attention],

@@ -86,7 +86,9 @@ def unmodelled(program: Program) -> List[str]:
                      "estimated by the best static tree of its budget, depth and width")
     if program.batch.draft_length_policy != "fixed":
         notes.append(f"draft length policy {program.batch.draft_length_policy} is not modelled: "
-                     "costed as its fixed chain")
+                     "costed as its fixed chain"
+                     + (f" (whatever its {program.batch.length_estimator} length estimator "
+                        "chooses)" if program.batch.length_estimator != "geometric" else ""))
     return notes
 
 

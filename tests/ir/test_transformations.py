@@ -32,7 +32,8 @@ def test_registry_names_every_record():
                                     "SetBatchLayout", "SetMaxBatchSize", "SetBackend",
                                     "CaptureGraphs", "SetDraftLengthPolicy", "SetRefill",
                                     "SetVerifyPrune", "TuneKernel", "SetDrafter",
-                                    "SetFastPath", "SetDrafterKernels", "SetAttentionKernels"}
+                                    "SetFastPath", "SetDrafterKernels", "SetAttentionKernels",
+                                    "SetLengthEstimator"}
     for name, cls in TRANSFORMATIONS.items():
         assert cls.name == name
 

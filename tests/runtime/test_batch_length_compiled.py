@@ -10,13 +10,16 @@ from specpilot.runtime.batch_length import BatchLengthPolicy, compiled_policy_ro
 
 STATE = ("accepted_avg", "rejected_avg", "accepted_total", "rejected_total", "first_judged",
          "rounds", "off", "chosen", "workload")
+DEPTH_STATE = ("rates", "tried", "took", "workload")
 
 
-@pytest.mark.parametrize("batch,objective,turn_off,smoothing", [
-    (1, "makespan", True, 0.5), (6, "makespan", True, 0.2), (6, "throughput", True, 0.5),
-    (5, "makespan", False, 0.5)])
+@pytest.mark.parametrize("batch,objective,turn_off,smoothing,estimator", [
+    (1, "makespan", True, 0.5, "geometric"), (6, "makespan", True, 0.2, "geometric"),
+    (6, "throughput", True, 0.5, "geometric"), (5, "makespan", False, 0.5, "geometric"),
+    (6, "throughput", True, 0.5, "per_depth"), (5, "makespan", True, 0.5, "per_depth")])
 def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, objective,
-                                                                        turn_off, smoothing):
+                                                                        turn_off, smoothing,
+                                                                        estimator):
     gen = torch.Generator().manual_seed(batch * 7 + len(objective))
     cap = 4
     # Rounds dear enough that plain steps win once every draft is rejected: the second half of
@@ -24,7 +27,8 @@ def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, o
     costs = [1.0] + (1.0 + (0.5 + 0.5 * torch.rand(cap, generator=gen)).cumsum(0)).tolist()
     eager, compiled = (BatchLengthPolicy(batch, cap, "cpu", 0.0, round_costs=costs,
                                          objective=objective, turn_off=turn_off,
-                                         smoothing=smoothing, compile_rounds=flag)
+                                         smoothing=smoothing, compile_rounds=flag,
+                                         estimator=estimator)
                        for flag in (False, True))
     assert compiled._round is compiled_policy_round() and eager._round is policy_round
     remaining = torch.randint(40, 120, (batch,), generator=gen)
@@ -50,6 +54,11 @@ def test_the_compiled_round_chooses_and_keeps_what_the_eager_round_does(batch, o
         for name in STATE:
             torch.testing.assert_close(getattr(compiled, name), getattr(eager, name),
                                        msg=f"{name} after round {r}")
+        if estimator == "per_depth":
+            for name in DEPTH_STATE:
+                torch.testing.assert_close(getattr(compiled.depth, name),
+                                           getattr(eager.depth, name),
+                                           msg=f"depth {name} after round {r}")
         chosen.add(int(want))
         offs.add(bool(eager.off))
         remaining = torch.where(active, (remaining - n - 1).clamp(min=0), remaining)

@@ -4,7 +4,8 @@ chains), decode exactly as greedy AR and pass forcing, and forcing reuses the de
 runs used (rounds run eagerly on CPU)."""
 import pytest
 
-from specpilot.ir import CaptureGraphs, SetDraftLengthPolicy, SetRefill, SetTopology
+from specpilot.ir import (CaptureGraphs, SetDraftLengthPolicy, SetLengthEstimator, SetRefill,
+                          SetTopology)
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.decoder import ModelPair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -60,6 +61,38 @@ def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder(
     assert decoder.adaptive and decoder.length_cap == 3
     assert decoder.policy.objective == "throughput"
     assert r.stats["refills"] == len(s["prompts"]) - 2
+
+
+@pytest.mark.parametrize("refill", [False, True])
+def test_the_per_depth_estimator_runs_in_the_adaptive_decoder_and_keeps_the_output(refill):
+    s = pair_setup(7)
+    steps = [CaptureGraphs(True), *([SetRefill("continuous")] if refill else []),
+             SetDraftLengthPolicy("per_request_adaptive", token_budget=8)]
+    program = program_of(s, *steps, SetLengthEstimator("per_depth"), batch=2)
+    pair = ModelPair(s["target"], s["drafter"], None, s["eos"])
+    release_decoders()
+    decoder = decoder_for(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert type(decoder) is (GraphedRefillDecoder if refill else GraphedChainDecoder)
+    assert decoder.policy.estimator == "per_depth" and decoder.policy.depth is not None
+    # Every round's update takes the per-depth state (its four tensors after the others).
+    seen, inner = [], decoder.policy._round
+
+    def round_spy(*args):
+        seen.append(args[-4:])
+        return inner(*args)
+
+    decoder.policy._round = round_spy
+    r = run_graphed(program, pair, s["prompts"], MAX_NEW, capture=False)
+    assert r.tokens == s["reference"].tokens
+    depth = decoder.policy.depth
+    assert seen and all(a[0] is depth.rates and a[3] is depth.workload for a in seen)
+    assert_clean(force_graphed(program, pair, s["prompts"], s["reference"], capture=False),
+                 s["reference"])
+    # A Program with the other estimator gets a decoder of its own.
+    geometric = program_of(s, *steps, batch=2)
+    other = decoder_for(geometric, pair, s["prompts"], MAX_NEW, capture=False)
+    assert other is not decoder and other.policy.depth is None
+    release_decoders()
 
 
 def test_forcing_checks_the_decoder_the_timed_runs_used_when_references_stop_early():

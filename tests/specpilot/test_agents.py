@@ -11,7 +11,8 @@ from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
 from specpilot.ir import (Chain, CaptureGraphs, SetAttentionKernels, SetBackend, SetBatchLayout,
                           SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
-                          SetFastPath, SetMaxBatchSize, SetRefill, SetTopology, Tree, apply, check,
+                          SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill, SetTopology,
+                          Tree, apply, check,
                           record_escape_rates, stock_program)
 from specpilot.runtime.decoder import check_runnable
 from hf_factory import make_pair
@@ -196,6 +197,25 @@ def test_batching_agent_offers_what_the_runtime_runs_refill_first(pair):
         # continuous refill removes the idle slots the cost model sees: it ranks first
         assert batch_idle(p["batched"], acceptance, 4) > 0.05
         assert proposals[0] == SetRefill("continuous")
+
+
+def test_batching_agent_offers_the_other_length_estimator_to_graphed_adaptive_lengths(pair):
+    p = programs(pair)
+    adaptive = apply(p["batched"], SetDraftLengthPolicy("per_request_adaptive", 4 * 5))
+    graphed = apply(adaptive, CaptureGraphs(True))
+    agent = BatchingAgent()
+    budget = Budget(32)
+    offered = agent.propose(graphed, None, None, budget)
+    assert SetLengthEstimator("per_depth") in offered
+    assert_runnable(graphed, offered)
+    depth = apply(graphed, SetLengthEstimator("per_depth"))
+    back = agent.propose(depth, None, None, budget)
+    assert SetLengthEstimator("geometric") in back
+    assert SetLengthEstimator("per_depth") not in back
+    # Eager adaptive lengths do not read it, and fixed lengths estimate nothing.
+    for program in (adaptive, apply(p["batched"], CaptureGraphs(True))):
+        assert not any(isinstance(t, SetLengthEstimator)
+                       for t in agent.propose(program, None, None, budget))
 
 
 def test_rank_by_prediction_drops_predicted_losses(pair):

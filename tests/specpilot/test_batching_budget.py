@@ -7,7 +7,8 @@ from specpilot.agents import BatchingAgent, Budget
 from specpilot.agents.batching import ridge_budget
 from specpilot.cost import gpu_spec
 from specpilot.deploy import build_deployment
-from specpilot.ir import SetDraftLengthPolicy, SetMaxBatchSize, apply, check, stock_program
+from specpilot.ir import (SetDraftLengthPolicy, SetMaxBatchSize, apply, check, stock_program,
+                          verify)
 from hf_factory import make_pair
 
 
@@ -59,3 +60,18 @@ def test_the_bench_sets_the_adaptive_budget_per_batch_size_at_the_ridge(gpu_prog
         want = min(batch * (k + 1), max(batch, ridge_budget(sized)))
         assert sized.batch.max_batch_size == batch and sized.batch.token_budget == want
     assert "CUDA graphs need a CUDA GPU" in system.unavailable(1)
+
+
+def test_the_per_depth_systems_differ_from_their_twins_by_the_estimator_alone(gpu_program):
+    from dataclasses import replace
+
+    from specpilot.bench.mechanism_programs import mechanism_programs
+
+    programs = mechanism_programs(gpu_program)
+    for name in ("graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_attention"):
+        depth, twin = programs[name + "_depth"], programs[name]
+        assert depth.batch.length_estimator == "per_depth"
+        assert twin.batch.length_estimator == "geometric"
+        assert replace(depth, history=()) == replace(
+            twin, batch=replace(twin.batch, length_estimator="per_depth"), history=())
+        verify(depth)

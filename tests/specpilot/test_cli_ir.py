@@ -5,9 +5,9 @@ import pytest
 
 from specpilot.cli import main
 from specpilot.deploy import build_deployment
-from specpilot.ir import (SetDrafter, SetMaxBatchSize, SetRefill, SetTopology, Tree, apply, diff,
-                          format_diff, load_program, program_id, program_to_json, replay,
-                          save_program, stock_program)
+from specpilot.ir import (SetDrafter, SetDraftLengthPolicy, SetLengthEstimator, SetMaxBatchSize,
+                          SetRefill, SetTopology, Tree, apply, diff, format_diff, load_program,
+                          program_id, program_to_json, replay, save_program, stock_program)
 
 
 @pytest.fixture(scope="module")
@@ -98,6 +98,17 @@ def test_show_names_the_refill(two_programs, tmp_path, capsys):
         text = capsys.readouterr().out
         assert f"padded, max batch size 4, draft length fixed, {refill} refill" in text, text
         assert "no speculation (greedy AR)" in text
+
+
+def test_show_names_a_length_estimator_other_than_the_default(two_programs, tmp_path, capsys):
+    stock = two_programs[0]
+    adaptive = replay(stock, [SetMaxBatchSize(4), SetDraftLengthPolicy("per_request_adaptive", 20)])
+    for program, said in ((adaptive, "draft length per_request_adaptive, drain refill"),
+                          (apply(adaptive, SetLengthEstimator("per_depth")),
+                           "draft length per_request_adaptive (per_depth estimator), drain")):
+        save_program(program, tmp_path / "p.json")
+        assert main(["ir", "show", str(tmp_path / "p.json")]) == 0
+        assert said in capsys.readouterr().out
 
 
 def test_diff(two_programs, capsys):

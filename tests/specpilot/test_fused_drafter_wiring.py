@@ -24,10 +24,11 @@ pytestmark = pytest.mark.skipif(not triton_interpreting(),
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
-         "graphed_tree_fused", "graphed_tree_refill_fused"}
+         "graphed_tree_fused", "graphed_tree_refill_fused", "graphed_adaptive_refill_fused_depth"}
 ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fused_attention",
              "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
-             "graphed_tree_refill_fused_attention", "graphed_ar_attention"}
+             "graphed_tree_refill_fused_attention", "graphed_ar_attention",
+             "graphed_adaptive_refill_fused_attention_depth"}
 FUSED_ATTENTION = {name for name in ATTENTION if "fused" in name}
 
 

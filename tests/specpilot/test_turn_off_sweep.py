@@ -7,6 +7,7 @@ import random
 import pytest
 
 from bench_script import load_bench_script
+from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.adaptive_replay import replay_adaptive
 from replay_setup import chain_round_costs, profile_from_agreement
 from torch_threads import single_thread_fixture
@@ -54,6 +55,18 @@ def test_the_sweep_replays_each_candidate(tmp_path):
     bad = argv[:]
     bad[bad.index(str(path))] = str(tmp_path / "missing.json")
     assert module.main(bad) == 2
+    # Both of the rule's estimates, each row the replay's own under it.
+    both = tmp_path / "both.json"
+    assert module.main(argv[:-1] + [str(both), "--estimator", "geometric,per_depth"]) == 0
+    rows = json.loads(both.read_text())["rows"]
+    assert [r["estimator"] for r in rows[:4]] == ["geometric"] * 2 + ["per_depth"] * 2
+    for row in rows:
+        assert row["refill"] == pytest.approx(replay_adaptive_refill(
+            profile, c if row["costs"] == str(source) else module.modelled_costs(
+                1.5, 0.2, [1, 4], 4), row["batch"], off_after=row["off_after"],
+            estimator=row["estimator"]).speedup)
+    with pytest.raises(SystemExit):
+        module.main(argv + ["--estimator", "depth"])
 
 
 def test_acceptance_by_round_by_hand(tmp_path):
