@@ -58,6 +58,12 @@ cost(L) is measured: the graphed decoder times a replay of each length's graph a
 step's (`measure_round_costs`), which prices the drafter's kernels, the wider verification and
 the batch size as they really are. Without a GPU it is the model 1 + c L (`model_round_costs`).
 
+E_i(L) above is the one-alpha estimate (a Program's batch.length_estimator "geometric", the
+default). With "per_depth" it is 1 + p_1 + p_1 p_2 + ... from each request's acceptance per draft
+depth, for drafts that agree in runs (runtime/depth_acceptance.py), and the turn-off is judged by
+an upper bound per depth the same way; the one-alpha state is still kept for the workload
+memory, which judges a batch's start by it either way.
+
 The update itself runs in every speculative round, so it is priced too: as eager tensor
 operations it was some 75 small kernels in the captured round, 7 % of a round on the H200 (run
 19: the adaptive decoder's rounds against fixed decoders' of the same lengths). A captured
