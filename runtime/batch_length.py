@@ -434,8 +434,8 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     alpha = acceptance_rate(accepted_avg, rejected_avg)
     cap = round_cost.shape[0] - 1
     if depth_rates is not None:
-        tried, took = depth_trials(n, drafted, ran, cap)
-        depth_rates.copy_(update_depth_rates(depth_rates, tried, took))
+        tried, took, past_full = depth_trials(n, drafted, ran, cap)
+        depth_rates.copy_(update_depth_rates(depth_rates, tried, took, past_full))
         expected = depth_expected_tokens(depth_rates)
     else:
         expected = expected_tokens(alpha, cap)

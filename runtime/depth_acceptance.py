@@ -16,11 +16,15 @@ it was tried (drafted, and every draft before it accepted): p_d. A chain of L th
     E(L) = 1 + p_1 + p_1 p_2 + ... + p_1 ... p_L
 
 tokens a round, the target's own token included. The rates are moving averages with weight
-`DEPTH_SMOOTHING` on the newest trial, updated only at the depths a round tried, so a depth the
-request has not reached lately keeps its last value (1 at first: optimistic, as the default
-estimate starts). Whole-history counts of tries and acceptances per depth give the upper bound
-a turn-off is judged by, as the default's do. Tensor operations only: the update runs inside a
-captured round.
+`DEPTH_SMOOTHING` on the newest trial (1 at first: optimistic, as the default estimate starts),
+updated at the depths a round tried. A depth a round did not try keeps its rate, with one
+exception: a round that accepted every draft it drafted moves the depths past its length
+toward 1. Left alone, a depth the rule stopped drafting would keep whatever rejections it met
+last, and the rule would never try it again: replayed on run 38's profile at batch 4 with
+refill, chains settled at three drafts and ran 0.84x the one-alpha rule. A fully accepted
+chain is what raises the one-alpha estimate too. Whole-history counts of tries and acceptances
+per depth give the upper bound a turn-off is judged by, as the default's do. Tensor operations
+only: the update runs inside a captured round.
 """
 from __future__ import annotations
 
@@ -37,20 +41,24 @@ DEPTH_SMOOTHING = 0.2
 
 
 def depth_trials(accepted: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
-                 cap: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    """(tried, took) [batch, cap] bool: whether a round that accepted `accepted` of `drafted`
-    drafts tried depth d (d <= drafted and every draft before it accepted: d <= accepted + 1)
-    and accepted it (d <= accepted), for the rows in `ran`."""
+                 cap: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(tried, took, past_full) [batch, cap] bool, for the rows in `ran`: whether a round that
+    accepted `accepted` of `drafted` drafts tried depth d (d <= drafted and every draft before
+    it accepted: d <= accepted + 1), accepted it (d <= accepted), or did not draft it after
+    accepting every draft it did (d > drafted = accepted)."""
     depth = torch.arange(1, cap + 1, device=accepted.device)[None, :]
     tried = ran[:, None] & (depth <= drafted[:, None]) & (depth <= accepted[:, None] + 1)
-    return tried, tried & (depth <= accepted[:, None])
+    past_full = (ran & (accepted == drafted))[:, None] & (depth > drafted[:, None])
+    return tried, tried & (depth <= accepted[:, None]), past_full
 
 
 def update_depth_rates(rates: torch.Tensor, tried: torch.Tensor, took: torch.Tensor,
+                       past_full: torch.Tensor,
                        smoothing: float = DEPTH_SMOOTHING) -> torch.Tensor:
-    """The per-depth moving averages after one round's trials (depths not tried keep theirs)."""
-    return torch.where(tried, (1.0 - smoothing) * rates + smoothing * took.to(rates.dtype),
-                       rates)
+    """The per-depth moving averages after one round's trials: a tried depth toward whether it
+    was accepted, a depth past a fully accepted chain toward 1, any other kept."""
+    target = torch.where(tried, took.to(rates.dtype), torch.ones_like(rates))
+    return torch.where(tried | past_full, (1.0 - smoothing) * rates + smoothing * target, rates)
 
 
 def depth_expected_tokens(rates: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,7 @@ def test_a_rounds_trials_are_the_depths_it_reached():
     accepted = torch.tensor([2, 4, 0, 1, 3])
     drafted = torch.tensor([4, 4, 3, 1, 4])
     ran = torch.tensor([True, True, True, True, False])
-    tried, took = depth_trials(accepted, drafted, ran, 4)
+    tried, took, past_full = depth_trials(accepted, drafted, ran, 4)
     T, F = True, False
     assert tried.tolist() == [[T, T, T, F],     # two accepted, the third rejected
                               [T, T, T, T],     # all four accepted
@@ -28,6 +28,9 @@ def test_a_rounds_trials_are_the_depths_it_reached():
                               [F, F, F, F]]     # did not run
     assert took.tolist() == [[T, T, F, F], [T, T, T, T], [F, F, F, F], [T, F, F, F],
                              [F, F, F, F]]
+    # Only the fourth row accepted all it drafted and drafted less than the cap.
+    assert past_full.tolist() == [[F, F, F, F], [F, F, F, F], [F, F, F, F], [F, T, T, T],
+                                  [F, F, F, F]]
 
 
 def test_expected_tokens_from_depth_rates_against_a_float64_loop():
@@ -45,13 +48,18 @@ def test_expected_tokens_from_depth_rates_against_a_float64_loop():
     assert torch.allclose(same, expected_tokens(alpha, 6))
 
 
-def test_only_tried_depths_move():
-    rates = torch.tensor([[0.5, 0.8, 1.0]])
-    tried = torch.tensor([[True, True, False]])
-    took = torch.tensor([[True, False, False]])
+def test_tried_depths_and_those_past_a_full_chain_move():
+    rates = torch.tensor([[0.5, 0.8, 0.4, 0.3], [0.5, 0.6, 0.7, 0.2]])
+    tried = torch.tensor([[True, True, False, False], [True, False, False, False]])
+    took = torch.tensor([[True, False, False, False], [True, False, False, False]])
+    past_full = torch.tensor([[False, False, False, False], [False, True, True, True]])
     s = DEPTH_SMOOTHING
-    assert update_depth_rates(rates, tried, took).tolist()[0] == pytest.approx(
-        [(1 - s) * 0.5 + s, (1 - s) * 0.8, 1.0])
+    got = update_depth_rates(rates, tried, took, past_full).tolist()
+    # Row 0 rejected its second draft: the depths past it keep theirs.
+    assert got[0] == pytest.approx([(1 - s) * 0.5 + s, (1 - s) * 0.8, 0.4, 0.3])
+    # Row 1 drafted one and it was accepted: the depths it did not draft move toward 1.
+    assert got[1] == pytest.approx([(1 - s) * 0.5 + s] + [(1 - s) * r + s for r in (0.6, 0.7,
+                                                                                    0.2)])
 
 
 def _pairs_policy(estimator: str, rounds: int, objective: str = "makespan"):
@@ -137,3 +145,23 @@ def test_an_unknown_estimator_is_refused():
     with pytest.raises(SpecPilotError, match="per_depth"):
         BatchLengthPolicy(1, 4, "cpu", 0.0, round_costs=model_round_costs(4, 0.2),
                           estimator="depth")
+
+
+def test_full_chains_bring_back_a_depth_the_rule_stopped_drafting():
+    # The fused drafter's prices (1.17 + 0.16 L plain steps; BENCHMARKS.md, twentieth set).
+    costs = [1.0] + [1.17 + 0.16 * n for n in range(1, 5)]
+    policy = BatchLengthPolicy(1, 4, "cpu", 0.0, round_costs=costs, turn_off=False,
+                               estimator="per_depth")
+    policy.reset()
+    run = lambda n, drafted: int(policy.next(torch.tensor([n]), torch.tensor([drafted]),
+                                             torch.tensor([True]), torch.tensor([200]),
+                                             torch.tensor([True])))
+    length = 4
+    for _ in range(10):                   # the fourth draft is rejected, round after round
+        length = run(3, 4)
+    assert length == 3
+    lengths = []
+    for _ in range(12):                   # then every draft is accepted, at whatever length
+        length = run(length, length)
+        lengths.append(length)
+    assert lengths[0] == 3 and 4 in lengths
