@@ -113,7 +113,8 @@ class BatchSpec:
     length_estimator: what the graphed batch-length rule of `per_request_adaptive` expects a
         chain of L drafts to commit: `geometric` (one acceptance probability per request, each
         draft an independent trial) or `per_depth` (one per request and draft depth, for
-        drafts that agree in runs); `geometric` for every other policy.
+        drafts that agree in runs); `geometric` for every other policy. Only the graphed
+        runtime's rule reads it; the eager loop's per-request lengths keep one alpha.
     """
     layout: str
     max_batch_size: int

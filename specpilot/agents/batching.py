@@ -11,7 +11,9 @@ than the roofline sees (the eager runtime on a CPU measured 994 tokens/s of gree
 Whether it is, is one cheap evaluation to measure; the cost model only ranks it among the
 others. A Program that does not speculate is offered its drafter again, and the other refill
 policy (greedy AR drains its batches or refills their slots); its layout and draft length stay
-at their defaults (ir/wellformed.py)."""
+at their defaults (ir/wellformed.py). A graphed Program with adaptive lengths is offered the
+other estimate of what a chain commits (SetLengthEstimator: one acceptance per request, or one
+per request and draft depth)."""
 from __future__ import annotations
 
 from typing import List, Optional
