@@ -8,7 +8,9 @@ chain(4) profile at batch 64, the three slowest requests accepted the first draf
 59, 48 and 66 % of rounds, the second (after an accepted first) in 41, 97 and 57 %, the third in
 3, 0 and 6 %: two drafts pay and the third never does. One alpha (0.46-0.52 for them) cannot
 say that. On that batch the rule ran 164 of its 192 rounds at one draft and lost to plain
-steps (0.94x strong AR; BENCHMARKS.md, nineteenth set).
+steps (0.94x strong AR; BENCHMARKS.md, nineteenth set). Replayed at the prices that reproduce
+that loss, this estimate does not turn it into a gain (0.95x either way); where it pays is at
+batch 1-16 (BENCHMARKS.md, twentieth set).
 
 So each request keeps, per depth d = 1..cap, the rate at which the d-th draft was accepted when
 it was tried (drafted, and every draft before it accepted): p_d. A chain of L then commits
