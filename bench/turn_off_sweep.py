@@ -12,7 +12,7 @@ profiles and costs it reads).
 
 Every figure is x padded AR of the same replay (pessimistic), as `specpilot bench --shapes
 --adaptive --refill` reports it. `--estimator geometric,per_depth` replays each candidate under
-both of the rule's estimates of what a chain commits (runtime/batch_length.ESTIMATORS).
+both of the rule's estimates of what a chain commits (ir.program.LENGTH_ESTIMATORS).
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ from specpilot.bench.replay import AcceptanceProfile
 from specpilot.bench.step_costs import StepCosts, read_step_costs
 from specpilot.cli_common import positive_counts
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.batch_length import ESTIMATORS, OFF_AFTER_ROUNDS
+from specpilot.ir.program import LENGTH_ESTIMATORS
+from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
 
@@ -47,7 +48,7 @@ def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
     (adaptive_replay.replay_adaptive): when the padded replays apply a chosen length, (1, 1)
     from the next round, (4, 2) as the graphed host loop does (replays of 4 rounds, the length
     chosen two replays back); refill's replay applies it at the next round. `estimator`: the
-    rule's estimate of what a chain commits (runtime/batch_length.ESTIMATORS)."""
+    rule's estimate of what a chain commits (ir.program.LENGTH_ESTIMATORS)."""
     return [{"off_after": n, "estimator": estimator,
              "cold": replay_adaptive(profile, costs, batch, host_lag=host_lag,
                                      off_after=n, estimator=estimator).speedup,
@@ -70,13 +71,14 @@ def main(argv=None) -> int:
     p.add_argument("--host-lag", metavar="ROUNDS,REPLAYS",
                    help="padded replays apply a length as the graphed loop does (4,2 there)")
     p.add_argument("--estimator", default="geometric",
-                   help=f"the rule's estimates, comma-separated: any of {','.join(ESTIMATORS)}")
+                   help="the rule's estimates, comma-separated: any of "
+                        f"{','.join(LENGTH_ESTIMATORS)}")
     p.add_argument("--out", required=True)
     args = p.parse_args(argv)
     estimators = args.estimator.split(",")
-    unknown = [e for e in estimators if e not in ESTIMATORS]
+    unknown = [e for e in estimators if e not in LENGTH_ESTIMATORS]
     if unknown:
-        p.error(f"--estimator {','.join(unknown)}: not one of {','.join(ESTIMATORS)}")
+        p.error(f"--estimator {','.join(unknown)}: not one of {','.join(LENGTH_ESTIMATORS)}")
     off_after, batches = args.off_after, args.batch_sizes
     try:
         lag = tuple(positive_counts(args.host_lag)) if args.host_lag else (1, 1)

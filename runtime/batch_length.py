@@ -90,10 +90,6 @@ from .workload_memory import WorkloadMemory
 OFF_AFTER_ROUNDS = 8
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
-# What a chain of L is expected to commit: from one acceptance probability per request
-# (runtime/adaptive_draft.py), or from one per request and depth (runtime/depth_acceptance.py);
-# a Program's batch.length_estimator.
-ESTIMATORS = LENGTH_ESTIMATORS
 
 
 def model_round_costs(cap: int, draft_cost: float) -> List[float]:
@@ -247,18 +243,19 @@ class BatchLengthPolicy:
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
         GPU) rather than as eager tensor operations. `smoothing`: the moving averages' weight on
-        the newest round (runtime/adaptive_draft.py). `estimator` (one of ESTIMATORS): what a
-        chain of L is expected to commit, from one acceptance per request or one per request
-        and depth (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens."""
+        the newest round (runtime/adaptive_draft.py). `estimator` (a Program's
+        batch.length_estimator, one of LENGTH_ESTIMATORS): what a chain of L is expected to
+        commit, from one acceptance per request or one per request and depth
+        (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
             raise SpecPilotError(f"smoothing must be in (0, 1], got {smoothing}")
         if objective not in ("makespan", "throughput"):
             raise SpecPilotError(f"length objective {objective!r}: makespan or throughput")
-        if estimator not in ESTIMATORS:
+        if estimator not in LENGTH_ESTIMATORS:
             raise SpecPilotError(f"length estimator {estimator!r}: "
-                                 f"{' or '.join(ESTIMATORS)}")
+                                 f"{' or '.join(LENGTH_ESTIMATORS)}")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
         self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
         self._round = compiled_policy_round() if compile_rounds else policy_round

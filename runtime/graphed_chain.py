@@ -110,7 +110,7 @@ class GraphedChainDecoder:
         rounds (default: with capture, unless SPECPILOT_FAST_OPS is "0";
         `fast_ops.compiles_policy`). `smoothing`: its moving averages' weight on the newest
         round (runtime/adaptive_draft.py). `length_estimator`: what the rule expects a chain
-        of L to commit (runtime/batch_length.ESTIMATORS; a Program's batch.length_estimator)."""
+        of L to commit (a Program's batch.length_estimator, runtime/batch_length.py)."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):

@@ -241,8 +241,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     else:   # chains (fixed or adaptive) and trees (fixed: `rounds_refusal`), drained or refilled
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, refill=refill, adaptive=adaptive,
-                                  length_cap=cap,
-                                  **({"length_estimator": estimator} if adaptive else {}))
+                                  length_cap=cap, length_estimator=estimator)
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder

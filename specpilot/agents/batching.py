@@ -57,7 +57,10 @@ def _policy_records(program: Program) -> List[Transformation]:
     """Per-request adaptive chain lengths with a few token budgets: as many verified tokens per
     step as the fixed chain verifies, half of that (adaptive lengths spend it where acceptance
     is high), where the target turns compute-bound on this GPU (the ridge), and one token per
-    request (speculation off: what a batch deep in the compute-bound regime should do)."""
+    request (speculation off: what a batch deep in the compute-bound regime should do); and, where
+    adaptive lengths run in graphed rounds, the rule's other length estimator."""
+    from specpilot.runtime.graphed_program import captures_rounds
+
     topology = program.draft.topology
     batch = program.batch.max_batch_size
     out: List[Transformation] = []
@@ -70,8 +73,7 @@ def _policy_records(program: Program) -> List[Transformation]:
                    ridge_capped_budget(batch, topology.k, ridge_budget(program))}
         for budget in sorted(budgets, reverse=True):
             out.append(SetDraftLengthPolicy("per_request_adaptive", budget))
-    if program.batch.draft_length_policy == "per_request_adaptive" and \
-            program.kernels.capture_graphs:
+    if program.batch.draft_length_policy == "per_request_adaptive" and captures_rounds(program):
         # The other estimate of what a chain commits: the graphed rule's choice
         # (runtime/depth_acceptance.py); which is faster depends on the drafts' runs and the
         # rounds' prices, so it is measured. The eager loop's lengths do not read it.

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Iterable, List, Optional, Sequence
 
-from specpilot.ir import Program, program_id
+from specpilot.ir import BatchSpec, Program, program_id
 
 from .acceptance import is_dynamic, program_accepted_lengths, program_mean_accepted
 from .calibrate import Calibration, CalibrationPoint
@@ -84,11 +84,12 @@ def unmodelled(program: Program) -> List[str]:
     if is_dynamic(program.draft.topology):
         notes.append(f"{program.draft.topology} picks its tree every step: its acceptance is "
                      "estimated by the best static tree of its budget, depth and width")
-    if program.batch.draft_length_policy != "fixed":
-        notes.append(f"draft length policy {program.batch.draft_length_policy} is not modelled: "
-                     "costed as its fixed chain"
-                     + (f" (whatever its {program.batch.length_estimator} length estimator "
-                        "chooses)" if program.batch.length_estimator != "geometric" else ""))
+    b = program.batch
+    if b.draft_length_policy != "fixed":
+        estimator = (f" (whatever its {b.length_estimator} length estimator chooses)"
+                     if b.length_estimator != BatchSpec.length_estimator else "")
+        notes.append(f"draft length policy {b.draft_length_policy} is not modelled: costed as "
+                     f"its fixed chain{estimator}")
     return notes
 
 

@@ -86,12 +86,6 @@ def test_verify_ties_the_estimator_to_adaptive_lengths(stock):
         program_from_json(text)
 
 
-def test_a_tree_cannot_take_adaptive_lengths_so_nor_the_estimator(stock):
-    tree = apply(stock, SetTopology(Tree((2, 1))))
-    with pytest.raises(TransformRefused, match="per_request_adaptive"):
-        apply(tree, SetLengthEstimator("per_depth"))
-
-
 def test_the_cost_model_says_it_does_not_price_the_estimator(stock):
     from specpilot.cost.model import unmodelled
 

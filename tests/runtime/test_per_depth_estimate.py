@@ -62,11 +62,11 @@ def test_tried_depths_and_those_past_a_full_chain_move():
                                                                                     0.2)])
 
 
-def _pairs_policy(estimator: str, rounds: int, objective: str = "makespan"):
+def _pairs_policy(estimator: str, rounds: int):
     """One request drafting four a round that accepts, alternately, none and two (its third
     draft never agrees): the long-run rates are 1/2, 1, 0 by depth, one alpha 1/2."""
     policy = BatchLengthPolicy(1, 4, "cpu", 0.0, round_costs=COSTS, turn_off=False,
-                               objective=objective, estimator=estimator)
+                               estimator=estimator)
     policy.reset()
     chosen = None
     for i in range(rounds):

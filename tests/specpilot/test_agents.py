@@ -212,8 +212,10 @@ def test_batching_agent_offers_the_other_length_estimator_to_graphed_adaptive_le
     back = agent.propose(depth, None, None, budget)
     assert SetLengthEstimator("geometric") in back
     assert SetLengthEstimator("per_depth") not in back
-    # Eager adaptive lengths do not read it, and fixed lengths estimate nothing.
-    for program in (adaptive, apply(p["batched"], CaptureGraphs(True))):
+    # Eager adaptive lengths do not read it (capture off, or a ragged layout, which the graphed
+    # runtime has no rounds for), and fixed lengths estimate nothing.
+    ragged = apply(graphed, SetBatchLayout("ragged"))
+    for program in (adaptive, ragged, apply(p["batched"], CaptureGraphs(True))):
         assert not any(isinstance(t, SetLengthEstimator)
                        for t in agent.propose(program, None, None, budget))
 
