@@ -73,13 +73,17 @@ def _captured_equals_eager(build, prompts, limits, reference):
 @pytest.mark.parametrize("per", [1, 4])                 # the default; several rounds a replay
 @pytest.mark.parametrize("mode", ["ops", "layers"])
 @pytest.mark.parametrize("drafter_seed", [93, 95])      # the target itself; a useless drafter
+@pytest.mark.parametrize("estimator", ["geometric", "per_depth"])
 def test_captured_adaptive_refill_equals_eager_adaptive_refill(tmp_path, mode, drafter_seed, per,
-                                                               monkeypatch):
+                                                               estimator, monkeypatch):
+    # Captured, the length rule's round is compiled (Triton on the GPU); eager, it runs as
+    # tensor operations: the per-depth state's update must choose as the eager one does.
     monkeypatch.setenv("SPECPILOT_FAST_OPS", mode)
     target, drafter, prompts, limits, reference = _limited_requests(tmp_path, 93, drafter_seed)
     # One set of round costs and one replay size for both, so that both choose the same
     # lengths at the same rounds.
-    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=per)
+    options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9], rounds_per_replay=per,
+                   length_estimator=estimator)
     _captured_equals_eager(
         lambda capture: GraphedRefillDecoder(target, drafter, 3, 64, 3, capture=capture,
                                              **options), prompts, limits, reference)

@@ -24,11 +24,13 @@ pytestmark = pytest.mark.skipif(not triton_interpreting(),
 
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
-         "graphed_tree_fused", "graphed_tree_refill_fused", "graphed_adaptive_refill_fused_depth"}
+         "graphed_tree_fused", "graphed_tree_refill_fused", "graphed_adaptive_refill_fused_depth",
+         "graphed_adaptive_refill_fused_chain8_depth"}
 ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fused_attention",
              "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
              "graphed_tree_refill_fused_attention", "graphed_ar_attention",
-             "graphed_adaptive_refill_fused_attention_depth"}
+             "graphed_adaptive_refill_fused_attention_depth",
+             "graphed_adaptive_refill_fused_attention_chain8_depth"}
 FUSED_ATTENTION = {name for name in ATTENTION if "fused" in name}
 
 
@@ -99,6 +101,10 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     assert type(long) is type(short) and long.pair is short.pair
     assert long.program.draft.topology.k == 8 and short.program.draft.topology.k == 4
     assert long.program.batch.token_budget == stock.batch.max_batch_size * 9
+    # With the per-depth estimate: the chain-8 Program but for the estimator.
+    deep = systems["graphed_adaptive_refill_fused_chain8_depth"].program
+    assert deep.batch.length_estimator == "per_depth" != long.program.batch.length_estimator
+    assert replace(deep, batch=long.program.batch, history=long.program.history) == long.program
     assert replace(long.program, draft=short.program.draft, history=short.program.history,
                    batch=short.program.batch) == short.program
     assert replace(long.program.batch, token_budget=short.program.batch.token_budget) \
