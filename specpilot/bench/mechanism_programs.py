@@ -39,6 +39,8 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
+  graphed_adaptive_refill_fused_attention_chain8   the chains of up to 8 with the generated
+                      attention
   graphed_adaptive_refill_fused_chain8_depth, graphed_adaptive_refill_fused_attention_chain8_depth
                       the chains of up to 8 with the per-depth estimate: what depths 5-8 accept
                       is learned per request, not extrapolated from one per-draft acceptance
@@ -126,6 +128,8 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_adaptive_refill_fused_depth": [graphs, adaptive, refill, fused, depth],
         "graphed_adaptive_refill_fused_chain8_depth": [graphs, *long_chain, refill, fused,
                                                        depth],
+        "graphed_adaptive_refill_fused_attention_chain8": [graphs, *long_chain, refill, fused,
+                                                           attention],
         "graphed_adaptive_refill_fused_attention_chain8_depth": [graphs, *long_chain, refill,
                                                                  fused, attention, depth],
         "graphed_adaptive_refill_fused_attention_depth": [graphs, adaptive, refill, fused,

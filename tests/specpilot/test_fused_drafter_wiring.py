@@ -30,7 +30,8 @@ ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fus
              "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
              "graphed_tree_refill_fused_attention", "graphed_ar_attention",
              "graphed_adaptive_refill_fused_attention_depth",
-             "graphed_adaptive_refill_fused_attention_chain8_depth"}
+             "graphed_adaptive_refill_fused_attention_chain8_depth",
+             "graphed_adaptive_refill_fused_attention_chain8"}
 FUSED_ATTENTION = {name for name in ATTENTION if "fused" in name}
 
 
