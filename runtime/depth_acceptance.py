@@ -9,8 +9,10 @@ chain(4) profile at batch 64, the three slowest requests accepted the first draf
 3, 0 and 6 %: two drafts pay and the third never does. One alpha (0.46-0.52 for them) cannot
 say that. On that batch the rule ran 164 of its 192 rounds at one draft and lost to plain
 steps (0.94x strong AR; BENCHMARKS.md, nineteenth set). Replayed at the prices that reproduce
-that loss, this estimate does not turn it into a gain (0.95x either way); where it pays is at
-batch 1-16 (BENCHMARKS.md, twentieth set).
+that loss, this estimate does not turn it into a gain (0.95x either way); the replays gained
+at batch 1-16 (BENCHMARKS.md, twentieth set), but on the H200 (runs 43 and 44, batch 16 and
+64, twenty-first set) it ran even with the one-alpha estimate or up to 6 % slower, so it is an
+option, not the default.
 
 So each request keeps, per depth d = 1..cap, the rate at which the d-th draft was accepted when
 it was tried (drafted, and every draft before it accepted): p_d. A chain of L then commits
