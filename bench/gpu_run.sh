@@ -49,6 +49,8 @@
 #              (TIMELINE_ARGS)
 #   treecost   bench/tree_round_cost.py: static trees' graphed rounds against chain(4)'s, with
 #              the acceptance walk and compaction as they are and as they were (random weights)
+#   overlap    bench/overlap_probe.py: a round's verification and drafter steps alone, on one
+#              stream and on two (OVERLAP_ARGS; random weights)
 #   masksweep  bench/masked_attention_sweep.py: attention with a tree's mask at verification
 #              widths, the runtime's grouped SDPA against other backends and layouts, over an
 #              even cache and an odd one
@@ -153,6 +155,9 @@ phase() {
     attnsweep)
         step attnsweep timeout 300 python3 bench/attention_sweep.py \
             --out "$RESULTS/attention-sweep.json" ;;
+    overlap)
+        step overlap timeout 300 python3 bench/overlap_probe.py ${OVERLAP_ARGS:-} \
+            --out "$RESULTS/overlap-probe.json" ;;
     breakdown)
         step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
             --out "$RESULTS/round-breakdown.json" ;;
