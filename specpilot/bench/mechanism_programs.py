@@ -53,7 +53,8 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
   ragged_adaptive_refill   the three batching mechanisms combined, eager
   graphed_sequoia     CaptureGraphs + the tree from measured acceptance: at each batch size the
                       Sequoia-shaped tree (or chain) the calibrated cost model ranks first,
-                      shaped on held-out prompts (shaped_tree_system.py, tree_pricing.py)
+                      shaped on held-out prompts (shaped_tree_system.py, tree_pricing.py,
+                      timed_tree_pricing.py)
   graphed_sequoia_timed   the same, each shape priced by probe rounds timed at that batch,
                       chains by chains', trees by trees' (Sequoia's hardware-aware pricing)
   graphed_sequoia_timed_fused   the same with the fused drafter, its probes timed with it

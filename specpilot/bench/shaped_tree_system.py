@@ -12,7 +12,8 @@ the most tokens per second at that batch:
      to the prompts it is timed on (`HeldOutProfile`, measured once for all of them); with no
      held-out prompt it falls back to the benched ones and the systems say so in their notes;
   2. every shape the dynamic programme gives for that profile, and the chain of every depth, is
-     priced at the batch size and the best is the row's Program (tree_pricing.py):
+     priced at the batch size and the best is the row's Program (tree_pricing.py,
+     timed_tree_pricing.py):
      `mech:graphed_sequoia` by the cost model calibrated at that batch,
      `mech:graphed_sequoia_timed` by probe chains' and trees' rounds timed there, each kind
      fitted on its own probes (a chain and a tree round run different code). On an H200 (run 33's
@@ -33,8 +34,8 @@ from specpilot.ir import Program
 from specpilot.ir.errors import SpecPilotError
 
 from .systems import ProgramSystem
-from .tree_pricing import (CALIBRATION_PROMPTS, best_shaped_topology, best_timed_topology,
-                           calibrated_model, fit_chain_cost, fit_tree_cost, time_probes,
+from .timed_tree_pricing import best_timed_topology, fit_chain_cost, fit_tree_cost, time_probes
+from .tree_pricing import (CALIBRATION_PROMPTS, best_shaped_topology, calibrated_model,
                            with_topology)
 
 # Held-out prompts profiled (the bench's first prompts are the timed ones): a full batch 64 for

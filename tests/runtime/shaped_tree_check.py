@@ -5,8 +5,9 @@ the reference's ranks says, exact in float32) and pass forcing."""
 from hf_factory import random_prompts
 from specpilot.bench.measure import measure
 from specpilot.bench.shaped_tree_system import HeldOutProfile, ShapedTreeSystem
-from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
-                                          fit_chain_cost, fit_tree_cost)
+from specpilot.bench.timed_tree_pricing import (PROBES, best_timed_topology, fit_chain_cost,
+                                                fit_tree_cost)
+from specpilot.bench.tree_pricing import best_shaped_topology
 from specpilot.bench.workload import stock_reference
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import measure_rank_profile

@@ -1,7 +1,7 @@
 """The tree from measured acceptance as bench systems (specpilot/bench/shaped_tree_system.py,
-priced by tree_pricing.py): the shape follows the ranks it is given, the batch it runs at and
-the round costs it is priced by, it is profiled once on held-out prompts, and the decoder it
-builds runs that very tree (its per-round acceptance equals the
+priced by tree_pricing.py and timed_tree_pricing.py): the shape follows the ranks it is given,
+the batch it runs at and the round costs it is priced by, it is profiled once on held-out
+prompts, and the decoder it builds runs that very tree (its per-round acceptance equals the
 tree's replay over the reference's ranks, in float32) exactly like greedy AR, forcing clean.
 """
 import random
@@ -14,9 +14,9 @@ from shaped_tree_check import assert_runs_its_tree
 from specpilot.bench.shaped_tree_system import (HeldOutProfile, ShapedTreeSystem,
                                                 held_out_prompts, shaped_tree_systems)
 from specpilot.bench.shapes import preset_deployment
-from specpilot.bench.tree_pricing import (PROBES, best_shaped_topology, best_timed_topology,
-                                          fit_chain_cost, fit_tree_cost, shapes_and_chains,
-                                          with_topology)
+from specpilot.bench.timed_tree_pricing import (PROBES, best_timed_topology, fit_chain_cost,
+                                                fit_tree_cost)
+from specpilot.bench.tree_pricing import best_shaped_topology, shapes_and_chains, with_topology
 from specpilot.cost import CostModel
 from specpilot.cost.acceptance import RankProfile
 from specpilot.cost.gpu_specs import gpu_spec
