@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.bench.decode_models import decoder_capacity
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
 from specpilot.cli_common import positive_counts
@@ -87,10 +88,10 @@ def main(argv=None) -> int:
     drafters = {name: {"useless": useless, "perfect": target}[name] for name in names}
     gen = torch.Generator().manual_seed(0)
     vocab = target.config.vocab_size
-    capacity = args.prompt_len + args.new_tokens + 2 * args.k + 2
     rows = []
     for batch in args.batch_sizes:
         prompts = torch.randint(0, vocab, (batch, args.prompt_len), generator=gen).tolist()
+        capacity = decoder_capacity(prompts, args.new_tokens, args.k)    # as every decoder's
         # One plain AR row per batch size, then each speculative system with each drafter.
         runs = [("plain AR", "-", None)] + [(system, name, drafter) for name, drafter in
                                             drafters.items() for system in systems]

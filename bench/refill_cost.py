@@ -22,6 +22,7 @@ from pathlib import Path
 
 import torch
 
+from specpilot.bench.decode_models import decoder_capacity
 from specpilot.bench.environment import environment
 from specpilot.bench.shapes import random_pair
 from specpilot.cli_common import positive_counts
@@ -117,7 +118,7 @@ def main(argv=None) -> int:
     prompts = [torch.randint(0, vocab, (int(n),), generator=gen).tolist()
                for n in torch.randint(lo, hi + 1, (args.requests,), generator=gen)]
     limits = [int(n) for n in torch.randint(new_lo, new_hi + 1, (args.requests,), generator=gen)]
-    capacity = hi + new_hi + 2
+    capacity = decoder_capacity(prompts, new_hi, 0)       # plain AR's, as a decode sizes it
     prefill, decode = [], []
     for batch in args.batch_sizes:
         prefill.append(prefill_rows(target, drafter, prompts[:16], batch, capacity, new_hi,
