@@ -1,6 +1,6 @@
 """bench/overlap_probe.py end to end at a tiny size (eager, float32, the drafter's fused
-kernels in Triton's interpreter): a row per batch size with the four timings and what they
-derive, written after each batch size."""
+kernels in Triton's interpreter): the row of a batch size with the four timings and what they
+derive (one batch size: the interpreter is slow)."""
 import json
 
 import pytest
@@ -11,13 +11,13 @@ from torch_threads import single_thread_fixture
 one_thread = single_thread_fixture()
 
 
-def test_each_batch_size_gets_its_timings_and_the_overlap_they_imply(tmp_path):
+def test_a_batch_size_gets_its_timings_and_the_overlap_they_imply(tmp_path):
     script = load_bench_script("overlap_probe")
     out = tmp_path / "probe.json"
-    assert script.main(["--batch-sizes", "1,2", "--k", "1", "--context", "8", "--scale", "0.25",
+    assert script.main(["--batch-sizes", "2", "--k", "1", "--context", "8", "--scale", "0.25",
                         "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
-    assert [(r["batch"], r["k"], r["context"]) for r in doc["batches"]] == [(1, 1, 8), (2, 1, 8)]
+    assert [(r["batch"], r["k"], r["context"]) for r in doc["batches"]] == [(2, 1, 8)]
     for row in doc["batches"]:
         ms = row["ms"]
         assert set(ms) == {"verify", "draft", "one_stream", "two_streams"}
