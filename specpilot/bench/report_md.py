@@ -6,8 +6,6 @@ import os
 import re
 from typing import List, Optional
 
-from specpilot.runtime.graphed_loop import ROUNDS_OF
-
 GIB = 1024 ** 3
 
 
@@ -40,6 +38,10 @@ def _rounds(r: dict) -> str:
     """A graphed decoder's rounds by chain length ("L0" counts plain steps: speculation off)
     and its refills, from the row's `run_stats`: what an adaptive decoder chose. "–" for
     decoders that count neither."""
+    # Here, not at the top: the runtime imports torch, and results.py (which imports this
+    # module) serves the bench's argument checks before any model loads.
+    from specpilot.runtime.graphed_loop import ROUNDS_OF
+
     stats = r.get("run_stats") or {}
     lengths = sorted((int(name[len(ROUNDS_OF):]), count) for name, count in stats.items()
                      if name.startswith(ROUNDS_OF))

@@ -61,3 +61,16 @@ def test_a_row_without_round_counts_says_so():
     row = next(line for line in skipped.splitlines() if line.startswith("| s |"))
     header = next(line for line in skipped.splitlines() if line.startswith("| system"))
     assert row.count("|") == header.count("|")
+
+
+def test_the_tables_and_results_modules_load_without_torch():
+    # results.py (and the tables it imports) serve the bench's argument checks before any
+    # model loads: the runtime's torch is imported only where a table reads a decoder's rounds.
+    import subprocess
+    import sys
+
+    probe = ("import sys, specpilot.bench.results, specpilot.bench.report_md; "
+             "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                         check=True)
+    assert out.stdout.strip() == "False"
