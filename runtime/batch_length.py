@@ -98,60 +98,39 @@ def model_round_costs(cap: int, draft_cost: float) -> List[float]:
     return [1.0 + draft_cost * n for n in range(cap + 1)]
 
 
-def makespans(alpha: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
+def makespans(expected: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
               round_cost: torch.Tensor) -> torch.Tensor:
     """[cap + 1]: for each length L, the longest remaining_i * cost(L) / E_i(L) over the active
-    requests (0 where none is active). Tensor operations only (safe inside a CUDA graph)."""
-    return expected_makespans(expected_tokens(alpha, round_cost.shape[0] - 1), remaining,
-                              active, round_cost)
-
-
-def expected_makespans(expected: torch.Tensor, remaining: torch.Tensor, active: torch.Tensor,
-                       round_cost: torch.Tensor) -> torch.Tensor:
-    """`makespans` from each request's expected tokens per round E_i(L) [batch, cap + 1]."""
+    requests (0 where none is active), from each request's expected tokens a round E_i(L)
+    [batch, cap + 1] (adaptive_draft.expected_tokens of its alpha, or
+    depth_acceptance.depth_expected_tokens). Tensor operations only (safe inside a CUDA
+    graph)."""
     times = remaining.to(expected.dtype)[:, None] * round_cost[None, :] / expected
     return torch.where(active[:, None], times, torch.zeros_like(times)).max(dim=0).values
 
 
-def times_per_token(alpha: torch.Tensor, active: torch.Tensor,
+def times_per_token(expected: torch.Tensor, active: torch.Tensor,
                     round_cost: torch.Tensor) -> torch.Tensor:
     """[cap + 1]: for each length L, cost(L) over the tokens a round of it commits summed over
     the active requests, sum_i E_i(L) (inf where none is active): the batch's time per token
     when every finished slot is refilled at once, so no request's tail decides anything."""
-    return expected_times_per_token(expected_tokens(alpha, round_cost.shape[0] - 1), active,
-                                    round_cost)
-
-
-def expected_times_per_token(expected: torch.Tensor, active: torch.Tensor,
-                             round_cost: torch.Tensor) -> torch.Tensor:
-    """`times_per_token` from each request's expected tokens per round E_i(L)."""
     total = torch.where(active[:, None], expected, torch.zeros_like(expected)).sum(dim=0)
     return round_cost / total
 
 
-def next_length(alpha: torch.Tensor, remaining: Optional[torch.Tensor], active: torch.Tensor,
-                round_cost: torch.Tensor, objective: str = "makespan",
+def next_length(expected: torch.Tensor, remaining: Optional[torch.Tensor],
+                active: torch.Tensor, round_cost: torch.Tensor, objective: str = "makespan",
                 draining: Optional[torch.Tensor] = None):
     """(the length in 1..cap with the shortest makespan, or with `objective` "throughput" the
-    least time per token, and whether a plain step would beat it): int64 and bool 0-dim
-    tensors. The shortest length wins a tie. With "throughput", `draining` (a bool tensor:
-    the refill queue is empty) switches back to the makespan, on the device; `remaining` is
-    read only for the makespan."""
-    return expected_next_length(expected_tokens(alpha, round_cost.shape[0] - 1), remaining,
-                                active, round_cost, objective, draining)
-
-
-def expected_next_length(expected: torch.Tensor, remaining: Optional[torch.Tensor],
-                         active: torch.Tensor, round_cost: torch.Tensor,
-                         objective: str = "makespan",
-                         draining: Optional[torch.Tensor] = None):
-    """`next_length` from each request's expected tokens per round E_i(L) [batch, cap + 1]."""
+    least time per token, and whether a plain step would beat it), from each request's expected
+    tokens a round E_i(L) [batch, cap + 1]: int64 and bool 0-dim tensors. The shortest length
+    wins a tie. With "throughput", `draining` (a bool tensor: the refill queue is empty)
+    switches back to the makespan, on the device; `remaining` is read only for the makespan."""
     if objective != "throughput":
-        return shortest(expected_makespans(expected, remaining, active, round_cost))
-    spans = expected_times_per_token(expected, active, round_cost)
+        return shortest(makespans(expected, remaining, active, round_cost))
+    spans = times_per_token(expected, active, round_cost)
     if draining is not None:
-        spans = torch.where(draining, expected_makespans(expected, remaining, active, round_cost),
-                            spans)
+        spans = torch.where(draining, makespans(expected, remaining, active, round_cost), spans)
     return shortest(spans)
 
 
@@ -348,8 +327,9 @@ class BatchLengthPolicy:
             # On the host: a started-off batch must cost what a plain batch costs, and device
             # operations read back here would add launches and a sync.
             cost = self.round_cost_host
-            off = bool(next_length(torch.full((1,), alpha, dtype=cost.dtype), None,
-                                   torch.ones(1, dtype=torch.bool), cost, "throughput")[1])
+            expected = expected_tokens(torch.full((1,), alpha, dtype=cost.dtype), self.cap)
+            off = bool(next_length(expected, None, torch.ones(1, dtype=torch.bool), cost,
+                                   "throughput")[1])
         self.memory.started(off)
         self._started_off = off
         if off:
@@ -436,7 +416,7 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
         expected = depth_expected_tokens(depth_rates)
     else:
         expected = expected_tokens(alpha, cap)
-    best, _ = expected_next_length(expected, remaining, active, round_cost, objective, draining)
+    best, _ = next_length(expected, remaining, active, round_cost, objective, draining)
     zero = torch.zeros_like(accepted_total)
     accepted, rejected = (torch.where(ran, n.to(zero.dtype), zero),
                           torch.where(ran, (n < drafted).to(zero.dtype), zero))
@@ -459,8 +439,8 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
         judged_expected = depth_expected_tokens(torch.maximum(depth_rates, bound))
     else:
         judged_expected = expected_tokens(judged, cap)
-    _, plain_wins = expected_next_length(judged_expected, remaining, active, round_cost,
-                                         objective, draining)
+    _, plain_wins = next_length(judged_expected, remaining, active, round_cost, objective,
+                                draining)
     settled = rounds >= off_after - 1
     # What the first turn-off decision judged each active request by (for the memory); a
     # batch already off (started off by the memory) makes no such decision.

@@ -2,12 +2,17 @@
 import pytest
 import torch
 
-from specpilot.runtime.adaptive_draft import acceptance_rate
+from specpilot.runtime.adaptive_draft import acceptance_rate, expected_tokens
 from specpilot.runtime.batch_length import makespans, model_round_costs, next_length
 
 
 def _expected(alpha, n):
     return sum(alpha ** i for i in range(n + 1))
+
+
+def _tokens(alpha, cost):
+    """What the rule weighs: each request's E_i(L) for L = 0..cap from its alpha."""
+    return expected_tokens(alpha, len(cost) - 1)
 
 
 def test_makespans_are_the_slowest_active_request_per_length():
@@ -18,8 +23,9 @@ def test_makespans_are_the_slowest_active_request_per_length():
     assert cost.tolist() == [1.0, 1.5, 2.0, 2.5]
     want = [max(rem * c / _expected(a, n) for a, rem in ((0.9, 50), (0.3, 80)))
             for n, c in enumerate(cost.tolist())]
-    assert makespans(alpha, remaining, active, cost).tolist() == pytest.approx(want)
-    best, plain = next_length(alpha, remaining, active, cost)
+    spans = makespans(_tokens(alpha, cost), remaining, active, cost)
+    assert spans.tolist() == pytest.approx(want)
+    best, plain = next_length(_tokens(alpha, cost), remaining, active, cost)
     # the slow request decides: 80 tokens at alpha 0.3 finish soonest with plain steps
     assert want[0] < min(want[1:])
     assert bool(plain) and int(best) == 1 + min(range(3), key=lambda i: want[1 + i])
@@ -30,10 +36,11 @@ def test_a_good_batch_takes_the_longest_chain_and_cheap_drafts_never_lose():
     remaining = torch.randint(10, 100, (6,))
     active = torch.ones(6, dtype=torch.bool)
     cost = torch.tensor(model_round_costs(4, 0.25), dtype=torch.float64)
-    best, plain = next_length(alpha, remaining, active, cost)
+    best, plain = next_length(_tokens(alpha, cost), remaining, active, cost)
     assert int(best) == 4 and not bool(plain)
     # with alpha = 1 and cost(L) = 1 + c L (c < 1), a longer chain always finishes sooner
-    spans = makespans(torch.ones(6, dtype=torch.float64), remaining, active, cost)
+    spans = makespans(_tokens(torch.ones(6, dtype=torch.float64), cost), remaining, active,
+                      cost)
     assert all(a > b for a, b in zip(spans.tolist(), spans.tolist()[1:]))
 
 
@@ -41,8 +48,9 @@ def test_finished_requests_do_not_count():
     alpha = torch.tensor([0.05, 0.95], dtype=torch.float64)
     remaining = torch.tensor([200, 40])
     cost = torch.tensor(model_round_costs(4, 0.25), dtype=torch.float64)
-    _, plain_with_slow = next_length(alpha, remaining, torch.tensor([True, True]), cost)
-    best, plain = next_length(alpha, remaining, torch.tensor([False, True]), cost)
+    _, plain_with_slow = next_length(_tokens(alpha, cost), remaining,
+                                     torch.tensor([True, True]), cost)
+    best, plain = next_length(_tokens(alpha, cost), remaining, torch.tensor([False, True]), cost)
     assert bool(plain_with_slow) and not bool(plain) and int(best) == 4
 
 
@@ -112,11 +120,13 @@ def test_throughput_is_the_time_per_token_of_all_active_requests():
     active = torch.tensor([True, True, False])
     cost = torch.tensor(model_round_costs(3, 0.5), dtype=torch.float64)
     want = [c / (_expected(0.9, n) + _expected(0.2, n)) for n, c in enumerate(cost.tolist())]
-    assert times_per_token(alpha, active, cost).tolist() == pytest.approx(want)
-    best, plain = next_length(alpha, torch.tensor([5, 900, 1]), active, cost, "throughput")
+    assert times_per_token(_tokens(alpha, cost), active, cost).tolist() == pytest.approx(want)
+    best, plain = next_length(_tokens(alpha, cost), torch.tensor([5, 900, 1]), active, cost,
+                              "throughput")
     assert int(best) == 1 + min(range(3), key=lambda i: want[1 + i]) and not bool(plain)
     # the makespan would follow the slow request's 900 tokens and turn speculation off
-    _, plain_makespan = next_length(alpha, torch.tensor([5, 900, 1]), active, cost)
+    _, plain_makespan = next_length(_tokens(alpha, cost), torch.tensor([5, 900, 1]), active,
+                                    cost)
     assert bool(plain_makespan)
 
 

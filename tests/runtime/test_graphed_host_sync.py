@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from specpilot.ir.topology import DynamicTree, Tree
+from specpilot.runtime.adaptive_draft import expected_tokens
 from specpilot.runtime.batch_length import next_length
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
 from specpilot.runtime.graphed_dynamic import GraphedDynamicTreeDecoder
@@ -56,6 +57,7 @@ def test_the_guard_catches_a_host_read():
         bool(spans[0] < spans[1])
     alpha, remaining = torch.rand(3) * 0.9, torch.tensor([9, 30, 4])
     with no_host_sync():
-        best, plain = next_length(alpha, remaining, torch.tensor([True, True, False]),
-                                  torch.tensor([1.0, 1.3, 1.6, 1.9]))
+        cost = torch.tensor([1.0, 1.3, 1.6, 1.9])
+        best, plain = next_length(expected_tokens(alpha, 3), remaining,
+                                  torch.tensor([True, True, False]), cost)
     assert 1 <= int(best) <= 3 and plain.dtype == torch.bool
