@@ -180,7 +180,8 @@ def _set_draft_length_policy(p: Program, t: SetDraftLengthPolicy) -> Program:
     _check((t.policy, budget) != (p.batch.draft_length_policy, p.batch.token_budget),
            f"already {t.policy}" + (f" with token budget {budget}" if budget else ""))
     # Fixed lengths estimate nothing: the estimator goes back to its default with them.
-    estimator = p.batch.length_estimator if budget is not None else BatchSpec.length_estimator
+    estimator = (p.batch.length_estimator if t.policy == "per_request_adaptive"
+                 else BatchSpec.length_estimator)
     return replace(p, batch=replace(p.batch, draft_length_policy=t.policy, token_budget=budget,
                                     length_estimator=estimator))
 

@@ -9,8 +9,7 @@ from dataclasses import replace
 import pytest
 
 from specpilot.ir import (IllFormed, IRError, SetDraftLengthPolicy, SetLengthEstimator,
-                          TransformRefused,
-                          SetMaxBatchSize, SetTopology, Tree, apply, diff, format_diff,
+                          SetMaxBatchSize, TransformRefused, apply, diff, format_diff,
                           program_from_json, program_id, program_to_json, replay,
                           transformation_from_json, transformation_to_json, verify)
 

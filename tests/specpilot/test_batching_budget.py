@@ -68,7 +68,9 @@ def test_the_per_depth_systems_differ_from_their_twins_by_the_estimator_alone(gp
     from specpilot.bench.mechanism_programs import mechanism_programs
 
     programs = mechanism_programs(gpu_program)
-    for name in ("graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_attention"):
+    for name in ("graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_attention",
+                 "graphed_adaptive_refill_fused_chain8",
+                 "graphed_adaptive_refill_fused_attention_chain8"):
         depth, twin = programs[name + "_depth"], programs[name]
         assert depth.batch.length_estimator == "per_depth"
         assert twin.batch.length_estimator == "geometric"

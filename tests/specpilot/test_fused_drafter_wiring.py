@@ -102,10 +102,6 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     assert type(long) is type(short) and long.pair is short.pair
     assert long.program.draft.topology.k == 8 and short.program.draft.topology.k == 4
     assert long.program.batch.token_budget == stock.batch.max_batch_size * 9
-    # With the per-depth estimate: the chain-8 Program but for the estimator.
-    deep = systems["graphed_adaptive_refill_fused_chain8_depth"].program
-    assert deep.batch.length_estimator == "per_depth" != long.program.batch.length_estimator
-    assert replace(deep, batch=long.program.batch, history=long.program.history) == long.program
     assert replace(long.program, draft=short.program.draft, history=short.program.history,
                    batch=short.program.batch) == short.program
     assert replace(long.program.batch, token_budget=short.program.batch.token_budget) \
