@@ -30,10 +30,11 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models  # noqa: E402
 from specpilot.bench.environment import environment  # noqa: E402
-from specpilot.bench.step_costs import _step, rounded_capacity, time_median  # noqa: E402
+from specpilot.bench.step_costs import forward_step, time_median  # noqa: E402
 from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
+from specpilot.runtime.graphed_program import rounded_capacity  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
@@ -41,10 +42,10 @@ def probe(target, drafter, batch: int, k: int, context: int, graphs: bool, warmu
           repeats: int) -> dict:
     """Median ms of: the verification alone, the k drafter steps alone, both on one stream,
     both on two streams; and what the two streams save against one."""
-    verify = _step(target, target.new_cache(batch, rounded_capacity(context + k + 1)), context,
-                   k + 1, None, graphs)
-    draft_step = _step(drafter, drafter.new_cache(batch, rounded_capacity(context + 1)),
-                       context, 1, None, graphs)
+    verify = forward_step(target, target.new_cache(batch, rounded_capacity(context + k + 1)),
+                          context, k + 1, None, graphs)
+    draft_step = forward_step(drafter, drafter.new_cache(batch, rounded_capacity(context + 1)),
+                              context, 1, None, graphs)
     cuda = target.device.type == "cuda"
 
     def draft():

@@ -167,7 +167,8 @@ def time_median(fn: Callable[[], object], device: torch.device, warmup: int, rep
     return statistics.median(times)
 
 
-def _step(model, cache, context: int, width: int, plan: Optional[TreePlan], graphed: bool):
+def forward_step(model, cache, context: int, width: int, plan: Optional[TreePlan],
+                 graphed: bool):
     """A GraphedStep whose static inputs put `width` random tokens after `context` positions,
     causal or (with `plan`) as root + tree."""
     step = GraphedStep(model, cache, width, capture=graphed)
@@ -194,7 +195,7 @@ def measure_forwards(model, batch: int, widths: Iterable[int], context: int, gra
     cache = model.new_cache(batch, rounded_capacity(context + max(widths)))
     out = {}
     for w in widths:
-        step = _step(model, cache, context, w, None, graphed)
+        step = forward_step(model, cache, context, w, None, graphed)
         out[w] = time_median(step.replay, model.device, warmup, repeats)
         del step
         if progress:
@@ -206,7 +207,7 @@ def measure_tree_verify(model, batch: int, topology: Topology, context: int, gra
                         warmup: int, repeats: int) -> float:
     plan = TreePlan.build(topology)
     cache = model.new_cache(batch, rounded_capacity(context + plan.num_nodes + 1))
-    step = _step(model, cache, context, plan.num_nodes + 1, plan, graphed)
+    step = forward_step(model, cache, context, plan.num_nodes + 1, plan, graphed)
     return time_median(step.replay, model.device, warmup, repeats)
 
 
