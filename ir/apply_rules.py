@@ -246,9 +246,6 @@ def _set_fast_path(p: Program, t: SetFastPath) -> Program:
     _check(p.kernels.backend == "torch" or t.fast_path == "ops",
            f"the fast path is the torch backend's; this Program runs the {p.kernels.backend} "
            f"backend's own kernels (SetBackend('torch') first)")
-    _check(t.fast_path != "layers" or p.kernels.attention_kernels == "model",
-           "the layers fast path compiles whole blocks, their attention traced with them, not "
-           "the generated attention kernel (SetAttentionKernels('model') first)")
     return replace(p, kernels=replace(p.kernels, fast_path=t.fast_path))
 
 
@@ -272,9 +269,6 @@ def _set_attention_kernels(p: Program, t: SetAttentionKernels) -> Program:
         _check(p.kernels.backend == "torch",
                f"the generated attention replaces the torch backend's; this Program runs the "
                f"{p.kernels.backend} backend's own kernels (SetBackend('torch') first)")
-        _check(p.kernels.fast_path != "layers",
-               "the layers fast path compiles whole blocks, their attention traced with them "
-               "(SetFastPath('ops') first)")
     return replace(p, kernels=replace(p.kernels, attention_kernels=t.kernels))
 
 

@@ -220,13 +220,13 @@ def _verify_batch_and_kernels(p: Program) -> None:
              f"backend runs its own kernels (expected {KernelsSpec.drafter_kernels!r}, got "
              f"{k.drafter_kernels!r})")
     _require_choice(k.attention_kernels, "kernels.attention_kernels", ATTENTION_KERNELS)
-    # The generated attention replaces the torch backend's op, which the compiled blocks of
-    # the "layers" fast path trace instead of calling (runtime/generated_attention.py).
-    _require(k.attention_kernels == KernelsSpec.attention_kernels
-             or (k.backend == "torch" and k.fast_path == "ops"), "kernels.attention_kernels",
-             f"the generated attention runs in the torch backend's per-op path; this Program "
-             f"runs backend {k.backend!r}, fast path {k.fast_path!r} (expected "
-             f"{KernelsSpec.attention_kernels!r}, got {k.attention_kernels!r})")
+    # The generated attention replaces the torch backend's op, per op or inside the compiled
+    # blocks of the "layers" fast path (runtime/compiled_attention.py).
+    _require(k.attention_kernels == KernelsSpec.attention_kernels or k.backend == "torch",
+             "kernels.attention_kernels",
+             f"the generated attention replaces the torch backend's; this Program runs backend "
+             f"{k.backend!r} (expected {KernelsSpec.attention_kernels!r}, got "
+             f"{k.attention_kernels!r})")
     nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
                            "a tuple of (param, value) pairs")
     for node, params in nodes.items():

@@ -20,10 +20,10 @@ from .checkpoint import check_same_vocabulary, load_tokenizer
 from .errors import CheckpointError
 from .forcing import ForcingReport
 from .graphed_program import decoder_for, force_graphed, graph_refusal, run_graphed
-from .model import Transformer
+from .model import Transformer, compiles_layers
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
-from .fast_ops import OFF, OPS, compile_refusal, fast_ops_mode
+from .fast_ops import LAYERS, OFF, OPS, compile_refusal, fast_ops_mode
 from .torch_backend import TorchBackend
 
 
@@ -149,10 +149,45 @@ def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair
                                  f"model runs the {getattr(backend, 'name', backend)} backend")
         check_generated_attention(model, role)
         out.backend = backend.with_generated_attention(kernel_cache)
+        if compiles_layers(out.backend):
+            # Blocks of its own: the original's compiled layers keep calling SDPA.
+            out._blocks = out._new_blocks()
         return out
 
     return replace(pair, target=swapped(pair.target, "target"),
                    drafter=swapped(pair.drafter, "drafter"))
+
+
+def with_fast_path(pair: "ModelPair", fast_path: str) -> "ModelPair":
+    """`pair` (sharing its weights) with its torch-backend models on `fast_path` ("ops" or
+    "layers"), as a Program whose kernels.fast_path says so loads them; each model keeps its
+    attention kernels, and a fused drafter its kernels (its unfused model, for long prefills,
+    changes path). The models must have been loaded on the fast path (projections fused)."""
+    from .fused_forward import FusedForward
+
+    if fast_path not in (OPS, LAYERS):
+        raise SpecPilotError(f"fast_path must be {OPS!r} or {LAYERS!r}, got {fast_path!r}")
+
+    def switched(model, role: str):
+        if model is None:
+            return None
+        out = copy.copy(model)
+        if isinstance(model, FusedForward):
+            out.model = switched(model.model, role)
+            return out
+        backend = getattr(model, "backend", None)
+        if not isinstance(backend, TorchBackend) or not backend.fast_ops:
+            raise SpecPilotError(f"the {role} is not a torch-backend model on the fast path: "
+                                 f"load the pair with the fast path first")
+        attention = backend.attention_kernels
+        kernel_cache = getattr(backend._attention, "kernel_cache", None)
+        out.backend = TorchBackend(fast_ops=fast_path, attention_kernels=attention,
+                                   kernel_cache=kernel_cache)
+        out._blocks = out._new_blocks() if compiles_layers(out.backend) else None
+        return out
+
+    return replace(pair, target=switched(pair.target, "target"),
+                   drafter=switched(pair.drafter, "drafter"))
 
 
 def check_generated_attention(model, role: str) -> None:

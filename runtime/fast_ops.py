@@ -16,7 +16,9 @@ overrides it (`fast_ops_mode`):
   prologue (embedding, RoPE tables, window masks, cache positions), each decoder layer, and the
   final norm with the LM head. Inductor then fuses across op boundaries: residual add with the
   next RMSNorm, RoPE of q with its layout change for attention, RoPE of k with the KV-cache
-  write, the mask expansion, SwiGLU with its split. What stays are the cuBLAS GEMMs and SDPA.
+  write, the mask expansion, SwiGLU with its split. What stays are the cuBLAS GEMMs and SDPA
+  (or, with kernels.attention_kernels "generated", its kernel as a custom op:
+  runtime/compiled_attention.py).
   Every layer runs the same compiled graph (weights are arguments), so compile time does not
   grow with depth. `CompiledBlocks` keeps the compiled functions of one model.
 "0" turns both off (e.g. to measure what they save).

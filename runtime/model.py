@@ -11,7 +11,9 @@ the backend. A decode step is bound by how many kernels it launches rather than 
 reads (runtime/fast_ops.py has the H200 numbers), so with the torch backend's "layers" fast path
 (kernels.fast_path, or SPECPILOT_FAST_OPS=layers) each block is compiled whole instead: Inductor
 fuses the small ops between the GEMMs and SDPA (residual add with RMSNorm, RoPE with the KV
-write, SwiGLU), and every layer replays the one compiled layer graph with its own weights.
+write, SwiGLU), and every layer replays the one compiled layer graph with its own weights. With
+the generated attention the compiled layer calls its kernel as a custom op
+(runtime/compiled_attention.py) where it would call SDPA.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ from specpilot.ir.errors import SpecPilotError
 from .checkpoint import Checkpoint, load_checkpoint
 from .config import ModelConfig
 from .fast_ops import CompiledBlocks, mark_dims
+from .generated_attention import BoundedMask
 from .kv_cache import KVCache
 from .rope import cos_sin, inverse_frequencies
 from .torch_backend import TorchBackend
@@ -211,6 +214,11 @@ class Transformer:
         layer_fn, ops = blocks.get(decoder_layer, dt), self.backend.graph_ops
         dims = self._head_dims()
         layer_masks = self._layer_masks(masks, windows)
+        if self.backend.attention_kernels == "generated":
+            # Each distinct mask bounded once a forward, outside the layers (two launches), as
+            # the per-op forward does; the compiled layer passes the pair to the kernel's op.
+            layer_masks = [BoundedMask(m.mask, mark_dims(m.kv_len, 0))
+                           for m in self.backend.attention_masks(layer_masks)]
         for i, (layer, layer_mask) in enumerate(zip(self.layers, layer_masks)):
             x, delta = layer_fn(ops, layer, x, delta, cos, sin, layer_mask, slots,
                                 mark_dims(cache.k[i], 0, 1), mark_dims(cache.v[i], 0, 1), dims,

@@ -20,10 +20,6 @@ from .fast_ops import LAYERS, OFF, OPS, compiled, grouped_sdpa
 from .reference_ops import attention_ref, rmsnorm_ref, rope_ref
 
 
-LAYERS_REFUSAL = ("the generated attention runs op by op; the 'layers' fast path compiles "
-                  "whole blocks, their attention traced with them")
-
-
 def _rmsnorm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
     return rmsnorm_ref(x, weight, eps)[0]
 
@@ -59,8 +55,8 @@ class TorchBackend:
 
     `attention_kernels` "generated" (a Program's kernels.attention_kernels) runs attention by
     the codegen kernel instead (runtime/generated_attention.py), on or off the fast path (off
-    it, on the CPU, in Triton's interpreter), built into `kernel_cache`; not with "layers",
-    whose compiled blocks trace their attention.
+    it, on the CPU, in Triton's interpreter), built into `kernel_cache`. With "layers" the
+    compiled blocks call it as a custom op (runtime/compiled_attention.py).
     """
 
     name = "torch"
@@ -75,8 +71,6 @@ class TorchBackend:
             raise SpecPilotError(f"attention_kernels must be "
                                  f"{' or '.join(map(repr, ATTENTION_KERNELS))}, got "
                                  f"{attention_kernels!r}")
-        if attention_kernels == "generated" and mode == LAYERS:
-            raise SpecPilotError(LAYERS_REFUSAL)
         if mode == LAYERS:
             refusal = _fast_ops.compile_refusal()
             if refusal is not None:
@@ -91,11 +85,11 @@ class TorchBackend:
                                                          compiled(_silu_mul))
             self._attention = grouped_sdpa
         self.attention_kernels = "model"
-        if attention_kernels == "generated":
-            self._use_generated_attention(kernel_cache)
         # What a compiled block calls: plain references (torch.compile traces them) with the
         # grouped SDPA attention. Never the per-op compiled functions: blocks compile whole.
         self.graph_ops = _graph_ops() if self.compiles_layers else None
+        if attention_kernels == "generated":
+            self._use_generated_attention(kernel_cache)
 
     @property
     def fast_ops(self) -> bool:
@@ -130,8 +124,6 @@ class TorchBackend:
     def with_generated_attention(self, kernel_cache=None) -> "TorchBackend":
         """A copy of this backend (sharing its compiled ops) whose attention is the generated
         kernel, as TorchBackend(..., attention_kernels="generated") builds it."""
-        if self.compiles_layers:
-            raise SpecPilotError(LAYERS_REFUSAL)
         out = copy.copy(self)
         out._use_generated_attention(kernel_cache)
         return out
@@ -141,6 +133,10 @@ class TorchBackend:
 
         self.attention_kernels = "generated"
         self._attention = GeneratedAttention(kernel_cache)
+        if self.compiles_layers:
+            from .compiled_attention import CompiledGeneratedAttention
+
+            self.graph_ops = _graph_ops(CompiledGeneratedAttention(self._attention))
 
     def attention_masks(self, masks: list) -> list:
         """A forward's layer masks as `attention` reads them: the generated attention pairs each
@@ -157,7 +153,7 @@ class TorchBackend:
         return self.silu_mul(self.linear(y, gate), self.linear(y, up))
 
 
-def _graph_ops() -> TorchBackend:
+def _graph_ops(attention=grouped_sdpa) -> TorchBackend:
     ops = TorchBackend()
-    ops._attention = grouped_sdpa
+    ops._attention = attention
     return ops

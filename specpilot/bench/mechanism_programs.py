@@ -32,6 +32,15 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       mechanism, so the stock Program is measured with it too
   graphed_ar_attention   greedy AR of the target (no drafter), graphed, with the generated
                       attention: what strong_ar would run with it
+  graphed_layers_attention, graphed_refill_fused_layers_attention,
+  graphed_adaptive_refill_fused_layers_attention,
+  graphed_adaptive_refill_fused_layers_attention_chain8, graphed_ar_layers_attention
+                      graphed_attention, graphed_refill_fused_attention,
+                      graphed_adaptive_refill_fused_attention, its chains of up to 8 and
+                      graphed_ar_attention with the target (and the model drafter, where one
+                      runs) on compiled whole layers (SetFastPath("layers")), the generated
+                      attention called from them (runtime/compiled_attention.py): kernel
+                      choices again, so the stock Program and greedy AR are measured with them
   graphed_adaptive_refill_fused_depth, graphed_adaptive_refill_fused_attention_depth
                       graphed_adaptive_refill_fused and its attention twin with the length
                       rule's per-depth estimate (SetLengthEstimator("per_depth"),
@@ -69,10 +78,12 @@ from typing import Callable, Dict, List, Optional, Tuple, Union
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
-                          SetDraftLengthPolicy, SetLengthEstimator, SetRefill, SetTopology,
-                          SetVerifyPrune, Tree, replay)
+                          SetDraftLengthPolicy, SetFastPath, SetLengthEstimator, SetRefill,
+                          SetTopology, SetVerifyPrune, Tree, replay)
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.decoder import ModelPair, with_fused_drafter, with_generated_attention
+from specpilot.runtime.decoder import (ModelPair, with_fast_path, with_fused_drafter,
+                                       with_generated_attention)
+from specpilot.runtime.fast_ops import LAYERS
 
 from .shaped_tree_system import HeldOutProfile, shaped_tree_systems
 from .systems import ProgramSystem
@@ -110,6 +121,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     long_chain = [SetTopology(Chain(8)), adaptive_up_to(8)]         # chains of up to 8 drafts
     graphs, refill = CaptureGraphs(True), SetRefill("continuous")
     fused, attention = SetDrafterKernels("fused"), SetAttentionKernels("generated")
+    layers = SetFastPath("layers")
     depth = SetLengthEstimator("per_depth")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
@@ -142,6 +154,13 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_tree_fused_attention": [graphs, tree, fused, attention],
         "graphed_tree_refill_fused_attention": [graphs, tree, refill, fused, attention],
         "graphed_ar_attention": [SetDrafter("none"), graphs, attention],
+        "graphed_layers_attention": [graphs, layers, attention],
+        "graphed_refill_fused_layers_attention": [graphs, refill, fused, layers, attention],
+        "graphed_adaptive_refill_fused_layers_attention": [graphs, adaptive, refill, fused,
+                                                           layers, attention],
+        "graphed_adaptive_refill_fused_layers_attention_chain8": [graphs, *long_chain, refill,
+                                                                  fused, layers, attention],
+        "graphed_ar_layers_attention": [SetDrafter("none"), graphs, layers, attention],
         "dynamic_tree": [dynamic],
         "two_level": [pruned_tree, prune],
         "graphed_two_level": [graphs, pruned_tree, prune],
@@ -170,19 +189,25 @@ class SystemPairs:
     """The pair each mechanism Program runs on, each kind built once and shared by the systems
     that ask for it: the pair itself, with its drafter in fused kernels
     (kernels.drafter_kernels "fused"), with the generated attention
-    (kernels.attention_kernels "generated"), or both. Greedy AR with the generated attention
-    gets the target alone: a drafter it never runs cannot refuse it."""
+    (kernels.attention_kernels "generated"), or both; each of these on compiled whole layers
+    (kernels.fast_path "layers") where the Program asks, the pair being loaded per op. Greedy
+    AR with the generated attention gets the target alone: a drafter it never runs cannot
+    refuse it."""
 
     def __init__(self, pair: ModelPair):
         self.pair = pair
-        self._built: Dict[Tuple[bool, bool, bool], Union[ModelPair, str]] = {
-            (False, False, True): pair}
+        self._built: Dict[Tuple[bool, bool, bool, bool], Union[ModelPair, str]] = {
+            (False, False, True, False): pair}
 
-    def _build(self, fused: bool, attention: bool,
-               drafter: bool = True) -> Union[ModelPair, str]:
-        key = (fused, attention, drafter)
+    def _build(self, fused: bool, attention: bool, drafter: bool = True,
+               layers: bool = False) -> Union[ModelPair, str]:
+        key = (fused, attention, drafter, layers)
         if key not in self._built:
-            if not drafter:
+            if layers:
+                base = self._build(fused, attention, drafter)
+                self._built[key] = (base if isinstance(base, str) else
+                                    _built_or_why(lambda p: with_fast_path(p, LAYERS), base))
+            elif not drafter:
                 self._built[key] = generated_attention_pair(replace(self.pair, drafter=None))
             elif attention:
                 base = self._build(fused, False)
@@ -198,7 +223,8 @@ class SystemPairs:
         for other kernels) would only mislead."""
         k = program.kernels
         fused, attention = k.drafter_kernels == "fused", k.attention_kernels == "generated"
-        built = self._build(fused, attention, program.draft.speculates or not attention)
+        built = self._build(fused, attention, program.draft.speculates or not attention,
+                            k.fast_path == LAYERS)
         if isinstance(built, ModelPair):
             return built, None
         if fused and isinstance(self._build(True, False), str):

@@ -2,15 +2,16 @@
 GPU, compiled natively and captured in the decoders' CUDA graphs, on the CUDA fast path it
 replaces grouped SDPA in: the op against a float64 softmax in bf16, and Programs with
 kernels.attention_kernels "generated" (chain, tree, adaptive lengths with refill, greedy AR)
-graphed with HF's greedy output in float32 and forcing clean in bf16. Skipped without CUDA."""
+graphed with HF's greedy output in float32 and forcing clean in bf16, per op and (some of them)
+on compiled whole layers. Skipped without CUDA."""
 import pytest
 import torch
 
 from hf_factory import hf_greedy, load_hf, make_checkpoint, noisy_checkpoint, random_prompts
 from specpilot.deploy import build_deployment
 from specpilot.ir import (CaptureGraphs, SetAttentionKernels, SetDrafter, SetDrafterKernels,
-                          SetDraftLengthPolicy, SetMaxBatchSize, SetRefill, SetTopology, Tree,
-                          replay, stock_program)
+                          SetDraftLengthPolicy, SetFastPath, SetMaxBatchSize, SetRefill,
+                          SetTopology, Tree, replay, stock_program)
 from specpilot.runtime.decoder import force_program, load_pair, run_reference, timed_program
 from specpilot.runtime.forcing import default_tolerance
 from specpilot.runtime.graphed_program import release_decoders
@@ -72,11 +73,27 @@ def hf_tokens(pair_dirs):
 ], ids=["chain", "tree", "adaptive-refill-fused", "greedy-ar"])
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
 def test_graphed_programs_with_the_generated_attention(pair_dirs, hf_tokens, steps, dtype):
+    _check_graphed(pair_dirs, hf_tokens, steps, dtype, "ops")
+
+
+@pytest.mark.parametrize("steps,dtype", [
+    ([], "float32"),
+    ([SetDraftLengthPolicy("per_request_adaptive", 12), SetRefill("continuous"),
+      SetDrafterKernels("fused")], "bfloat16"),
+    ([SetDrafter("none")], "bfloat16"),
+], ids=["chain-fp32", "adaptive-refill-fused-bf16", "greedy-ar-bf16"])
+def test_graphed_programs_on_compiled_layers_with_the_generated_attention(pair_dirs, hf_tokens,
+                                                                          steps, dtype):
+    """The kernel called from the compiled blocks (runtime/compiled_attention.py), captured."""
+    _check_graphed(pair_dirs, hf_tokens, [*steps, SetFastPath("layers")], dtype, "layers")
+
+
+def _check_graphed(pair_dirs, hf_tokens, steps, dtype, fast_path):
     stock = replay(stock_program(build_deployment(*pair_dirs, dtype=dtype)), [SetMaxBatchSize(3)])
     program = replay(stock, [CaptureGraphs(True), *steps, SetAttentionKernels("generated")])
     pair = load_pair(*pair_dirs, dtype, "cuda", program=program)
     assert pair.target.backend.attention_kernels == "generated"
-    assert pair.target.backend.fast_ops_mode == "ops"
+    assert pair.target.backend.fast_ops_mode == fast_path
     prompts = random_prompts((5, 11, 2, 8, 6), seed=44)
     plain = load_pair(*pair_dirs, dtype, "cuda")
     reference = run_reference(plain, prompts, NEW)

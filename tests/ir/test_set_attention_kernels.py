@@ -1,7 +1,8 @@
 """How the torch backend's attention runs, in the IR: `kernels.attention_kernels` ("model" or
 "generated") and the SetAttentionKernels record. Golden canonical JSON and diff (the default is
 not written, so every existing Program keeps its text and id), byte-identical round trips, each
-refusal, and the rules that tie the generated attention to the torch backend's per-op path."""
+refusal, and the rules that tie the generated attention to the torch backend (per op or in
+the compiled blocks of the layers fast path)."""
 import json
 from dataclasses import replace
 
@@ -29,6 +30,28 @@ history[0]: absent → SetAttentionKernels(kernels="generated")"""
     back = apply(generated, SetAttentionKernels("model"))
     assert back.kernels.attention_kernels == "model"
     assert program_id(back) == program_id(stock) != program_id(generated)
+
+
+@pytest.mark.parametrize("order", ["layers-first", "attention-first"])
+def test_golden_diff_of_the_generated_attention_on_compiled_layers(stock, order):
+    """The layers fast path calls the generated attention from its compiled blocks: the two
+    choices combine in either order, to one Program."""
+    steps = [SetFastPath("layers"), SetAttentionKernels("generated")]
+    if order == "attention-first":
+        steps.reverse()
+    both = replay(stock, steps)
+    assert (both.kernels.fast_path, both.kernels.attention_kernels) == ("layers", "generated")
+    verify(both)
+    first, second = (str(t) for t in steps)
+    assert format_diff(diff(stock, both)) == (
+        "kernels.fast_path: ops → layers\n"
+        "kernels.attention_kernels: model → generated\n"
+        f"history[0]: absent → {first}\n"
+        f"history[1]: absent → {second}")
+    assert '"attention_kernels":"generated"' in program_to_json(both)
+    assert '"fast_path":"layers"' in program_to_json(both)
+    other = replay(stock, list(reversed(steps)))
+    assert other.kernels == both.kernels
 
 
 def test_round_trip_is_byte_identical_and_keeps_the_other_kernel_choices(stock):
@@ -66,14 +89,7 @@ def test_record_json_and_text():
     ([SetAttentionKernels("generated")], SetBackend("generated"),
      "the generated backend runs its own kernels, not the torch backend's generated attention "
      "(SetAttentionKernels('model') first)"),
-    ([SetFastPath("layers")], SetAttentionKernels("generated"),
-     "the layers fast path compiles whole blocks, their attention traced with them "
-     "(SetFastPath('ops') first)"),
-    ([SetAttentionKernels("generated")], SetFastPath("layers"),
-     "the layers fast path compiles whole blocks, their attention traced with them, not the "
-     "generated attention kernel (SetAttentionKernels('model') first)"),
-], ids=["unknown", "model-no-op", "generated-no-op", "generated-backend", "to-generated-backend",
-        "layers", "to-layers"])
+], ids=["unknown", "model-no-op", "generated-no-op", "generated-backend", "to-generated-backend"])
 def test_refusals_name_the_fix(stock, before, t, reason):
     program = replay(stock, before)
     with pytest.raises(TransformRefused) as info:
@@ -93,17 +109,11 @@ def test_plain_ar_may_run_the_generated_attention(stock):
 @pytest.mark.parametrize("change,message", [
     (lambda p: replace(p, kernels=replace(p.kernels, attention_kernels="flash")),
      "kernels.attention_kernels: expected one of model, generated, got 'flash'"),
-    (lambda p: replace(p, kernels=replace(p.kernels, attention_kernels="generated",
-                                          fast_path="layers")),
-     "kernels.attention_kernels: the generated attention runs in the torch backend's per-op "
-     "path; this Program runs backend 'torch', fast path 'layers' (expected 'model', got "
-     "'generated')"),
     (lambda p: replace(p, kernels=replace(apply(p, SetBackend("generated")).kernels,
                                           attention_kernels="generated")),
-     "kernels.attention_kernels: the generated attention runs in the torch backend's per-op "
-     "path; this Program runs backend 'generated', fast path 'ops' (expected 'model', got "
-     "'generated')"),
-], ids=["unknown", "layers", "generated-backend"])
+     "kernels.attention_kernels: the generated attention replaces the torch backend's; this "
+     "Program runs backend 'generated' (expected 'model', got 'generated')"),
+], ids=["unknown", "generated-backend"])
 def test_a_hand_made_program_with_bad_attention_kernels_is_ill_formed(stock, change, message):
     with pytest.raises(IllFormed) as info:
         verify(change(stock))

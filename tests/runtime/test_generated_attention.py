@@ -115,9 +115,7 @@ def test_one_bound_per_distinct_mask_of_a_forward():
     assert TorchBackend().attention_masks([a, b]) == [a, b]
 
 
-def test_the_layers_fast_path_refuses_the_generated_attention():
-    with pytest.raises(SpecPilotError, match="the generated attention runs op by op"):
-        TorchBackend(fast_ops="layers", attention_kernels="generated")
+def test_an_unknown_attention_kernel_is_refused():
     with pytest.raises(SpecPilotError, match="attention_kernels must be 'model' or 'generated'"):
         TorchBackend(attention_kernels="flash")
 
