@@ -66,12 +66,12 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
     monkeypatch.setattr(script, "REPEATS", 1)      # off a GPU: a smaller cache, fewer rounds
     out = tmp_path / "b.json"
     assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
-                        "--batch-sizes", "1,2", "--out", str(out)]) == 0
+                        "--batch-sizes", "2", "--out", str(out)]) == 0
     doc = json.loads(out.read_text())
     ran = {id(model) for model, _ in fused_calls}
     assert id(drafter) in ran                   # the pieces ran the fused drafter
     assert id(target) in ran                    # and the fused target's rows the fused target
-    assert [b["batch"] for b in doc["batches"]] == [1, 2]
+    assert [b["batch"] for b in doc["batches"]] == [2]     # (one batch: the interpreter is slow)
     for b in doc["batches"]:
         ms = b["graph_ms"]
         assert set(ms) == {"plain_round", "round_model_drafter", "round", "draft", "draft_verify",
