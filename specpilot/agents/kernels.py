@@ -186,12 +186,12 @@ class KernelAgent(Agent):
             # round runs one drafter step per drafted token. Whether the drafter's shape has
             # fused kernels is load_pair's to say (a refusal is a failed candidate).
             proposals.append(SetDrafterKernels("fused"))
-        if (program.kernels.backend == "torch" and program.kernels.fast_path == "ops"
-                and program.kernels.attention_kernels == "model"):
+        if program.kernels.backend == "torch" and program.kernels.attention_kernels == "model":
             # The codegen attention kernel in place of grouped SDPA (runtime/
             # generated_attention.py): on an H200 at verification widths, 7-12 us a call
             # against SDPA's 17-39 for the zoo target's heads (BENCHMARKS.md): it stops at each
-            # request's last visible slot and reads a tree's mask as given.
+            # request's last visible slot and reads a tree's mask as given. Per op or inside
+            # the layers path's compiled blocks (runtime/compiled_attention.py).
             proposals.append(SetAttentionKernels("generated"))
         if program.kernels.backend != "generated":
             proposals.append(SetBackend("generated"))

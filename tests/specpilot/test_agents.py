@@ -158,6 +158,9 @@ def test_kernel_agent_proposes_on_a_gpu_only(pair):
     again = agent.propose(layers, None, None, Budget(4))
     assert SetFastPath("layers") not in again and SetBackend("generated") not in again
     assert any("SetFastPath('ops') first" in r.reason for r in agent.refusals)
+    # the generated attention runs inside the compiled layers too: still proposed there
+    assert SetAttentionKernels("generated") in again
+    assert_runnable(layers, again)
 
 
 def test_kernel_agent_proposes_the_fused_drafter_once_and_only_with_a_drafter(pair):

@@ -32,7 +32,13 @@ ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fus
              "graphed_adaptive_refill_fused_attention_depth",
              "graphed_adaptive_refill_fused_attention_chain8_depth",
              "graphed_adaptive_refill_fused_attention_chain8"}
-FUSED_ATTENTION = {name for name in ATTENTION if "fused" in name}
+# On compiled layers with the generated attention: wired as test_layers_attention_wiring.py checks.
+LAYERS_ATTENTION = {"graphed_layers_attention", "graphed_refill_fused_layers_attention",
+                    "graphed_adaptive_refill_fused_layers_attention",
+                    "graphed_adaptive_refill_fused_layers_attention_chain8",
+                    "graphed_ar_layers_attention"}
+FUSED_ATTENTION = {name for name in ATTENTION | LAYERS_ATTENTION if "fused" in name}
+AR = {"graphed_ar_attention", "graphed_ar_layers_attention"}       # the target alone
 
 
 def _stock_and_pair(target_dir, drafter_dir):
@@ -64,7 +70,7 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
     assert FUSED <= set(systems)
     fused_drafters = set()
     for name, system in systems.items():
-        if name in ATTENTION:
+        if name in ATTENTION | LAYERS_ATTENTION:
             continue        # test_the_attention_systems_share_one_pair_of_each_kind
         if name in FUSED:
             assert system.program.kernels.drafter_kernels == "fused", name
@@ -168,7 +174,7 @@ def test_a_drafter_without_fused_kernels_refuses_the_fused_systems_with_why(tmp_
             assert refusal.startswith("the drafter has no fused kernels: "), (name, refusal)
             assert "head_dim 8" in refusal, (name, refusal)
             assert system.pair is pair                  # the original pair, unused
-        elif name != "graphed_ar_attention":            # greedy AR's: the target alone
+        elif name not in AR:                            # greedy AR's: the target alone
             assert system.pair is pair
             assert refusal is None or "fused" not in refusal, (name, refusal)
     # The generated attention takes heads of 16 to 256 as well: the systems with it alone
