@@ -20,7 +20,7 @@ from .checkpoint import check_same_vocabulary, load_tokenizer
 from .errors import CheckpointError
 from .forcing import ForcingReport
 from .graphed_program import decoder_for, force_graphed, graph_refusal, run_graphed
-from .model import Transformer, compiles_layers
+from .model import Transformer
 from .mechanisms import force_program_decode, run_program_decode
 from .speculative import SpecResult
 from .fast_ops import LAYERS, OFF, OPS, compile_refusal, fast_ops_mode
@@ -138,9 +138,9 @@ def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair
     def swapped(model, role: str):
         if model is None:
             return None
-        out = copy.copy(model)
         if isinstance(model, FusedForward):
             # Its fused kernels and weights stay; only the unfused model (long prefills) changes.
+            out = copy.copy(model)
             out.model = swapped(model.model, role)
             return out
         backend = getattr(model, "backend", None)
@@ -148,11 +148,8 @@ def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair
             raise SpecPilotError(f"the generated attention replaces the torch backend's; this "
                                  f"model runs the {getattr(backend, 'name', backend)} backend")
         check_generated_attention(model, role)
-        out.backend = backend.with_generated_attention(kernel_cache)
-        if compiles_layers(out.backend):
-            # Blocks of its own: the original's compiled layers keep calling SDPA.
-            out._blocks = out._new_blocks()
-        return out
+        # On compiled layers, blocks of its own: the original's keep calling SDPA.
+        return model.with_backend(backend.with_generated_attention(kernel_cache))
 
     return replace(pair, target=swapped(pair.target, "target"),
                    drafter=swapped(pair.drafter, "drafter"))
@@ -171,20 +168,17 @@ def with_fast_path(pair: "ModelPair", fast_path: str) -> "ModelPair":
     def switched(model, role: str):
         if model is None:
             return None
-        out = copy.copy(model)
         if isinstance(model, FusedForward):
+            out = copy.copy(model)
             out.model = switched(model.model, role)
             return out
         backend = getattr(model, "backend", None)
         if not isinstance(backend, TorchBackend) or not backend.fast_ops:
             raise SpecPilotError(f"the {role} is not a torch-backend model on the fast path: "
                                  f"load the pair with the fast path first")
-        attention = backend.attention_kernels
-        kernel_cache = getattr(backend._attention, "kernel_cache", None)
-        out.backend = TorchBackend(fast_ops=fast_path, attention_kernels=attention,
-                                   kernel_cache=kernel_cache)
-        out._blocks = out._new_blocks() if compiles_layers(out.backend) else None
-        return out
+        return model.with_backend(TorchBackend(
+            fast_ops=fast_path, attention_kernels=backend.attention_kernels,
+            kernel_cache=backend.attention_kernel_cache))
 
     return replace(pair, target=switched(pair.target, "target"),
                    drafter=switched(pair.drafter, "drafter"))

@@ -17,6 +17,7 @@ the generated attention the compiled layer calls its kernel as a custom op
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Dict, List, Optional, Tuple
 
@@ -133,6 +134,14 @@ class Transformer:
         ckpt = checkpoint if isinstance(checkpoint, Checkpoint) else load_checkpoint(checkpoint)
         return cls(ckpt.config, ckpt.tensors, torch_dtype, device, backend, weight_formats,
                    fuse_projections=fuse_projections)
+
+    def with_backend(self, backend) -> "Transformer":
+        """A copy sharing this model's weights that runs `backend`, with compiled blocks of its
+        own where that backend compiles whole layers (the original's keep theirs)."""
+        out = copy.copy(self)
+        out.backend = backend
+        out._blocks = out._new_blocks() if compiles_layers(backend) else None
+        return out
 
     def new_cache(self, batch: int, capacity: int) -> KVCache:
         c = self.config

@@ -138,6 +138,12 @@ class TorchBackend:
 
             self.graph_ops = _graph_ops(CompiledGeneratedAttention(self._attention))
 
+    @property
+    def attention_kernel_cache(self):
+        """The KernelCache the generated attention builds into (None for the model's
+        attention, or before it chose one)."""
+        return getattr(self._attention, "kernel_cache", None)
+
     def attention_masks(self, masks: list) -> list:
         """A forward's layer masks as `attention` reads them: the generated attention pairs each
         with its bound, found once a forward (runtime/generated_attention.py); else as given."""
