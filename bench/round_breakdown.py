@@ -20,6 +20,7 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
 
   python3 bench/round_breakdown.py --out bench/results/round-breakdown.json
   python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
+  python3 bench/round_breakdown.py --target-kernels layers-attention --out FILE
 
 Random weights by default (a round's cost does not depend on what it accepts: every piece
 runs its fixed shapes). Off a GPU it runs uncaptured in float32 with Triton's interpreter,
@@ -49,9 +50,11 @@ from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
+from specpilot.runtime.torch_backend import TorchBackend  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 WARMUP, REPEATS = 5, 40
+TARGET_KERNELS = ("as-loaded", "layers-attention")
 ADMIT_WARMUP, ADMIT_REPEATS = 3, 20    # fewer: each admission has host work to wait for
 ADMIT_LIMIT = 64       # new tokens of an admitted newcomer (its state only; nothing decodes)
 
@@ -173,6 +176,15 @@ def one_batch(args, target, drafter, fused, fused_target, prompts, graphs) -> di
     return out
 
 
+def with_target_kernels(target, kernels: str):
+    """`target` as loaded, or (`layers-attention`) a copy sharing its weights on compiled
+    whole layers with the generated attention called from them (runtime/compiled_attention.py):
+    where the fastest decoders of BENCHMARKS.md's twenty-second set run their target."""
+    if kernels == "as-loaded":
+        return target
+    return target.with_backend(TorchBackend(fast_ops="layers", attention_kernels="generated"))
+
+
 def report(row: dict) -> str:
     ms, kern = row["graph_ms"], row["kernels"]
     lines = [f"batch {row['batch']}: plain {ms['plain_round']:.3f} ms, chain({row['k']}) round "
@@ -195,10 +207,14 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     add_model_arguments(ap)
     add_race_arguments(ap, calls=None)      # rounds are timed after prompt + new tokens / 2
+    ap.add_argument("--target-kernels", choices=TARGET_KERNELS, default="as-loaded",
+                    help="the target as loaded (per op on a GPU), or on compiled whole layers "
+                         "with the generated attention inside them")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     try:
         target, drafter, prompts, _, graphs = decode_models(args, max(args.batch_sizes))
+        target = with_target_kernels(target, args.target_kernels)
         fused = FusedForward(drafter)
         fused_target = FusedForward(target)
     except SpecPilotError as exc:

@@ -83,3 +83,33 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
                                      "commit_refill"}
         assert b["admission"]["prompt_tokens"] == 4
         assert {"round_ms", "round_and_admission_ms", "added_ms"} <= set(b["admission"])
+
+
+def test_the_target_can_run_on_compiled_layers_with_the_generated_attention(models, tmp_path,
+                                                                         monkeypatch):
+    """--target-kernels layers-attention times every piece with a copy of the target (weights
+    shared) on compiled layers calling the generated attention; as loaded by default."""
+    from specpilot.runtime.model import compiles_layers
+
+    target, drafter = models
+    script = load_bench_script("round_breakdown")
+    monkeypatch.setattr(script, "decode_models",
+                        lambda args, count: (target, drafter, [[1, 2, 3]] * count, [], False))
+    seen = []
+
+    def one_batch(args, timed_target, *rest):
+        seen.append(timed_target)
+        return {"batch": 1}
+    monkeypatch.setattr(script, "one_batch", one_batch)
+    monkeypatch.setattr(script, "report", lambda row: "")
+    for kernels in ("as-loaded", "layers-attention"):
+        assert script.main(["--batch-sizes", "1", "--target-kernels", kernels,
+                            "--out", str(tmp_path / f"{kernels}.json")]) == 0
+    loaded, layers = seen
+    assert loaded is target and layers is not target
+    assert compiles_layers(layers.backend) and layers.backend.attention_kernels == "generated"
+    assert layers.lm_head[0] is target.lm_head[0]
+    assert json.loads((tmp_path / "layers-attention.json").read_text())["settings"][
+        "target_kernels"] == "layers-attention"
+    with pytest.raises(SystemExit):
+        script.main(["--target-kernels", "fused", "--out", str(tmp_path / "x.json")])
