@@ -21,10 +21,13 @@ def baseline_note(best: Program, ar_label: str, ar_fast_path: Optional[str]) -> 
     of speculation over plain decoding on the same path and the same batching."""
     notes = [_path_note(best, ar_label, ar_fast_path)]
     if best.kernels.attention_kernels != "model":
+        # The bench's greedy AR with the kernel, on the best Program's fast path.
+        ar_twin = ("mech:graphed_ar_layers_attention" if best.kernels.fast_path == "layers"
+                   else "mech:graphed_ar_attention")
         notes.append(f"Its attention runs by the {best.kernels.attention_kernels} kernel, which "
                      f"{ar_label} does not use: part of its ratio is that kernel's gain "
                      "(`specpilot bench --mechanisms` times plain decoding with it as "
-                     "mech:graphed_ar_attention).")
+                     f"{ar_twin}).")
     if best.batch.refill == "continuous":
         notes.append(f"It refills finished slots, which {ar_label}'s padded batches do not: part "
                      "of its ratio is refill's gain (`specpilot bench` times plain decoding with "

@@ -71,3 +71,7 @@ def test_the_generated_attention_is_named_with_speculation_off_and_on(graphed):
     both = baseline_note(replay(graphed, [SetMaxBatchSize(4), kernel, SetRefill("continuous")]),
                          AR, "ops")
     assert both.index("generated kernel") < both.index("refill's gain")
+    # on compiled layers, the bench's greedy AR with the kernel on that path is the one named
+    layers = baseline_note(replay(graphed, [SetFastPath("layers"), kernel]), AR, "ops")
+    assert "mech:graphed_ar_layers_attention" in layers and "'layers' fast path" in layers
+    assert "mech:graphed_ar_attention)" not in layers
