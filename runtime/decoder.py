@@ -133,26 +133,15 @@ def with_generated_attention(pair: "ModelPair", kernel_cache=None) -> "ModelPair
     a Program whose kernels.attention_kernels is "generated" runs it; a fused drafter keeps its
     own kernels (its unfused model, for long prefills, gets the generated attention too). A
     SpecPilotError says why a model cannot be."""
-    from .fused_forward import FusedForward
-
-    def swapped(model, role: str):
-        if model is None:
-            return None
-        if isinstance(model, FusedForward):
-            # Its fused kernels and weights stay; only the unfused model (long prefills) changes.
-            out = copy.copy(model)
-            out.model = swapped(model.model, role)
-            return out
+    def backend_for(model, role: str) -> TorchBackend:
         backend = getattr(model, "backend", None)
         if not isinstance(backend, TorchBackend):
             raise SpecPilotError(f"the generated attention replaces the torch backend's; this "
                                  f"model runs the {getattr(backend, 'name', backend)} backend")
         check_generated_attention(model, role)
-        # On compiled layers, blocks of its own: the original's keep calling SDPA.
-        return model.with_backend(backend.with_generated_attention(kernel_cache))
+        return backend.with_generated_attention(kernel_cache)
 
-    return replace(pair, target=swapped(pair.target, "target"),
-                   drafter=swapped(pair.drafter, "drafter"))
+    return _with_backends(pair, backend_for)
 
 
 def with_fast_path(pair: "ModelPair", fast_path: str) -> "ModelPair":
@@ -160,28 +149,37 @@ def with_fast_path(pair: "ModelPair", fast_path: str) -> "ModelPair":
     "layers"), as a Program whose kernels.fast_path says so loads them; each model keeps its
     attention kernels, and a fused drafter its kernels (its unfused model, for long prefills,
     changes path). The models must have been loaded on the fast path (projections fused)."""
-    from .fused_forward import FusedForward
-
     if fast_path not in (OPS, LAYERS):
         raise SpecPilotError(f"fast_path must be {OPS!r} or {LAYERS!r}, got {fast_path!r}")
 
-    def switched(model, role: str):
-        if model is None:
-            return None
-        if isinstance(model, FusedForward):
-            out = copy.copy(model)
-            out.model = switched(model.model, role)
-            return out
+    def backend_for(model, role: str) -> TorchBackend:
         backend = getattr(model, "backend", None)
         if not isinstance(backend, TorchBackend) or not backend.fast_ops:
             raise SpecPilotError(f"the {role} is not a torch-backend model on the fast path: "
                                  f"load the pair with the fast path first")
-        return model.with_backend(TorchBackend(
-            fast_ops=fast_path, attention_kernels=backend.attention_kernels,
-            kernel_cache=backend.attention_kernel_cache))
+        return TorchBackend(fast_ops=fast_path, attention_kernels=backend.attention_kernels,
+                            kernel_cache=backend.attention_kernel_cache)
 
-    return replace(pair, target=switched(pair.target, "target"),
-                   drafter=switched(pair.drafter, "drafter"))
+    return _with_backends(pair, backend_for)
+
+
+def _with_backends(pair: "ModelPair", backend_for) -> "ModelPair":
+    """`pair` with each model a weight-sharing copy that runs `backend_for(model, role)`
+    (`Transformer.with_backend`: on compiled layers, blocks of its own). A fused drafter keeps
+    its fused kernels and weights; only its unfused model (long prefills) changes."""
+    from .fused_forward import FusedForward
+
+    def rebuilt(model, role: str):
+        if model is None:
+            return None
+        if isinstance(model, FusedForward):
+            out = copy.copy(model)
+            out.model = rebuilt(model.model, role)
+            return out
+        return model.with_backend(backend_for(model, role))
+
+    return replace(pair, target=rebuilt(pair.target, "target"),
+                   drafter=rebuilt(pair.drafter, "drafter"))
 
 
 def check_generated_attention(model, role: str) -> None:

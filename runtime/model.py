@@ -222,12 +222,13 @@ class Transformer:
             mark_dims(m, 0, 1, 2)
         layer_fn, ops = blocks.get(decoder_layer, dt), self.backend.graph_ops
         dims = self._head_dims()
-        layer_masks = self._layer_masks(masks, windows)
-        if self.backend.attention_kernels == "generated":
-            # Each distinct mask bounded once a forward, outside the layers (two launches), as
-            # the per-op forward does; the compiled layer passes the pair to the kernel's op.
-            layer_masks = [BoundedMask(m.mask, mark_dims(m.kv_len, 0))
-                           for m in self.backend.attention_masks(layer_masks)]
+        # With the generated attention each distinct mask comes bounded, once a forward and
+        # outside the layers (two launches), as in the per-op forward; the compiled layer
+        # passes the pair to the kernel's op (runtime/compiled_attention.py).
+        layer_masks = self.backend.attention_masks(self._layer_masks(masks, windows))
+        for m in layer_masks:
+            if isinstance(m, BoundedMask):
+                mark_dims(m.kv_len, 0)
         for i, (layer, layer_mask) in enumerate(zip(self.layers, layer_masks)):
             x, delta = layer_fn(ops, layer, x, delta, cos, sin, layer_mask, slots,
                                 mark_dims(cache.k[i], 0, 1), mark_dims(cache.v[i], 0, 1), dims,

@@ -18,6 +18,7 @@ from specpilot.runtime.generated_attention import BoundedMask, GeneratedAttentio
 from specpilot.runtime.model import Transformer, compiles_layers
 from specpilot.runtime.torch_backend import TorchBackend
 
+from forward_cases import compare_forwards, tree_mask
 from hf_factory import (FUSABLE, hf_greedy, kernel_device, load_hf, make_checkpoint,
                         noisy_checkpoint, random_prompts)
 from torch_threads import single_thread_fixture
@@ -59,32 +60,6 @@ def kernel_calls(monkeypatch):
     return calls
 
 
-def _filled_cache(model, batch, seed):
-    """A cache of fresh random K/V, each slot's position its index."""
-    cache = model.new_cache(batch, CAPACITY)
-    gen = torch.Generator().manual_seed(seed)
-    for layer in range(len(cache.k)):
-        cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=gen))
-        cache.v[layer].copy_(torch.randn(cache.v[layer].shape, generator=gen))
-    cache.positions.copy_(torch.arange(CAPACITY).expand(batch, CAPACITY))
-    return cache
-
-
-def _tree_mask(starts, parents):
-    """Request b sees its starts[b] committed slots, then each new token itself and its
-    ancestors by `parents` (-1: the root's parent), placed right after the prefix."""
-    width = len(parents)
-    mask = torch.zeros(len(starts), width, CAPACITY, dtype=torch.bool)
-    for b, start in enumerate(starts):
-        for i in range(width):
-            mask[b, i, :start] = True
-            node = i
-            while node >= 0:
-                mask[b, i, start + node] = True
-                node = parents[node]
-    return mask
-
-
 @pytest.mark.parametrize("starts,parents", [
     ([17, 5, 30], [-1]),                          # an AR step
     ([11, 20, 3], [-1, 0, 1, 2, 3]),              # chain verification of k + 1 = 5 tokens
@@ -101,15 +76,10 @@ def test_compiled_layers_with_the_generated_attention_match_the_reference(
         depth[i] = 0 if p < 0 else depth[p] + 1
     positions = torch.tensor(starts)[:, None] + torch.tensor(depth)[None, :]
     slots = torch.tensor(starts)[:, None] + torch.arange(width)[None, :]
-    mask = _tree_mask(starts, parents)
-    caches = [_filled_cache(m, len(starts), seed=width) for m in (ref, fast)]
-    args = [t.to(DEVICE) for t in (tokens, positions, slots, mask)]
-    want = ref.forward(*args, caches[0])
+    mask = tree_mask(starts, [parents] * len(starts), CAPACITY)
     kernel_calls.clear()
-    got = fast.forward(*args, caches[1])
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
-    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
+    compare_forwards(ref, fast, *(t.to(DEVICE) for t in (tokens, positions, slots, mask)),
+                     capacity=CAPACITY, seed=width)
     # the kernel ran in each layer, on the forward's mask with each request's bound
     assert len(kernel_calls) == ref.config.num_layers
     for bounded in kernel_calls:

@@ -10,6 +10,7 @@ from specpilot.runtime.fast_ops import LAYERS, OFF, OPS, fast_ops_mode
 from specpilot.runtime.model import Transformer, compiles_layers
 from specpilot.runtime.torch_backend import TorchBackend
 
+from forward_cases import compare_forwards
 from hf_factory import make_checkpoint, random_prompts
 from torch_threads import single_thread_fixture
 
@@ -35,29 +36,6 @@ def llama(tmp_path_factory):
     return _models(make_checkpoint(tmp_path_factory.mktemp("llama"), "llama3", seed=21, **LLAMA))
 
 
-def _filled_cache(model, batch, capacity, seed):
-    """A cache holding fresh random K/V, each slot's position its index."""
-    cache = model.new_cache(batch, capacity)
-    gen = torch.Generator().manual_seed(seed)
-    for layer in range(len(cache.k)):
-        cache.k[layer].copy_(torch.randn(cache.k[layer].shape, generator=gen))
-        cache.v[layer].copy_(torch.randn(cache.v[layer].shape, generator=gen))
-    cache.positions.copy_(torch.arange(capacity).expand(batch, capacity))
-    return cache
-
-
-def _compare(ref, fast, tokens, positions, slots, mask, capacity=40, logits_at=None, seed=0):
-    """Run the same forward on both models over equal random caches; logits and caches agree."""
-    caches = [_filled_cache(m, tokens.shape[0], capacity, seed) for m in (ref, fast)]
-    want = ref.forward(tokens, positions, slots, mask, caches[0], logits_at)
-    got = fast.forward(tokens, positions, slots, mask, caches[1], logits_at)
-    torch.testing.assert_close(got, want, rtol=1e-5, atol=2e-5)
-    for a, b in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
-        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-5)
-    assert torch.equal(caches[0].positions, caches[1].positions)
-    return got
-
-
 def _inputs(model, starts, width, seed):
     """Random tokens appended causally after each row's `starts[b]` committed tokens."""
     gen = torch.Generator().manual_seed(seed)
@@ -70,10 +48,10 @@ def _inputs(model, starts, width, seed):
 def test_ar_step_and_chain_verification_match_the_reference(llama):
     ref, fast = llama
     tokens, slots, mask = _inputs(ref, [17], 1, seed=1)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=1)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=1)
     # Chain verification of k + 1 = 5 tokens, the mask as the graphed chain builds it.
     tokens, slots, mask = _inputs(ref, [11], 5, seed=2)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=2)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=2)
 
 
 def test_tree_verification_with_a_tree_mask_matches_the_reference(llama):
@@ -91,18 +69,18 @@ def test_tree_verification_with_a_tree_mask_matches_the_reference(llama):
     positions = 9 + torch.tensor([[0] + depth])
     tokens = torch.randint(0, ref.config.vocab_size, (1, 6),
                            generator=torch.Generator().manual_seed(3))
-    _compare(ref, fast, tokens, positions, slots, mask, seed=3)
+    compare_forwards(ref, fast, tokens, positions, slots, mask, seed=3)
 
 
 def test_batched_steps_at_different_positions_match_the_reference(llama):
     ref, fast = llama
     tokens, slots, mask = _inputs(ref, [5, 23, 12], 1, seed=4)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=4)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=4)
     tokens, slots, mask = _inputs(ref, [5, 23, 12], 4, seed=5)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=5)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=5)
     # Logits at picked rows (what a prefill asks for), positions passed as the slots tensor.
     picks = torch.tensor([[3], [0], [2]])
-    _compare(ref, fast, tokens, slots, slots, mask, logits_at=picks, seed=6)
+    compare_forwards(ref, fast, tokens, slots, slots, mask, logits_at=picks, seed=6)
 
 
 def test_prefill_and_greedy_decode_give_the_reference_tokens(llama):
@@ -119,14 +97,14 @@ def test_new_batch_token_and_cache_sizes_reuse_the_compiled_graphs(llama):
     ref, fast = llama
     for starts, width in (([17], 1), ([11], 5), ([5, 23, 12], 1), ([5, 23, 12], 4)):
         tokens, slots, mask = _inputs(ref, starts, width, seed=8)
-        _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=8)
+        compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=8)
     before = fast._blocks.graphs()
     # Other widths (a prefill bucket, another chain length), batches and cache capacities.
     for starts, width, capacity in (([3], 9, 40), ([2, 30], 1, 33), ([1, 2, 3, 4, 5], 7, 57),
                                     ([20, 1], 3, 40), ([0], 1, 21)):
         tokens, slots, _ = _inputs(ref, starts, width, seed=9)
         mask = torch.arange(capacity)[None, None, :] <= slots[:, :, None]
-        _compare(ref, fast, tokens, slots.clone(), slots, mask, capacity=capacity, seed=9)
+        compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, capacity=capacity, seed=9)
     assert fast._blocks.graphs() == before
     layer_graphs = [n for name, n in before.items() if name.startswith("decoder_layer")]
     # One graph per shape class at most: batch 1 or more, tokens 1 or more.
@@ -140,9 +118,9 @@ def test_windowed_qk_norm_unfused_model_matches_the_reference(tmp_path):
     assert "self_attn.q_proj" in fast.layers[0].linears
     # Rows far enough in that the window hides most of the cache: a verification and a step.
     tokens, slots, mask = _inputs(ref, [14, 30], 5, seed=10)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=10)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=10)
     tokens, slots, mask = _inputs(ref, [19, 33], 1, seed=11)
-    _compare(ref, fast, tokens, slots.clone(), slots, mask, seed=11)
+    compare_forwards(ref, fast, tokens, slots.clone(), slots, mask, seed=11)
 
 
 def test_a_backend_wrapper_runs_the_ops_one_by_one(llama):
@@ -166,7 +144,7 @@ def test_a_backend_wrapper_runs_the_ops_one_by_one(llama):
     wrapped.backend = CountingAttention(fast.backend)
     assert not compiles_layers(wrapped.backend)
     tokens, slots, mask = _inputs(ref, [7], 3, seed=12)
-    _compare(ref, wrapped, tokens, slots.clone(), slots, mask, seed=12)
+    compare_forwards(ref, wrapped, tokens, slots.clone(), slots, mask, seed=12)
     assert wrapped.backend.calls == ref.config.num_layers
 
 

@@ -17,6 +17,7 @@ from specpilot.runtime.fused_forward import FusedForward
 from specpilot.runtime.generated_attention import BoundedMask, GeneratedAttention, visible_end
 from specpilot.runtime.torch_backend import TorchBackend
 
+from forward_cases import tree_mask
 from hf_factory import (FUSABLE, hf_greedy, kernel_device, load_hf, make_checkpoint,
                         noisy_checkpoint, random_prompts)
 
@@ -33,16 +34,11 @@ def tree_case(batch, t, slots, heads, kv_heads, head_dim, seed, dtype=torch.floa
     q = torch.randn(batch, t, heads, head_dim, generator=g)
     k = torch.randn(batch, slots, kv_heads, head_dim, generator=g)
     v = torch.randn(batch, slots, kv_heads, head_dim, generator=g)
-    mask = torch.zeros(batch, t, slots, dtype=torch.bool)
+    prefixes, parents = [], []
     for b in range(batch):
-        prefix = int(torch.randint(1, slots - t - 4, (1,), generator=g))
-        parent = [-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, t)]
-        for i in range(t):
-            mask[b, i, :prefix] = True
-            node = i
-            while node >= 0:
-                mask[b, i, prefix + node] = True
-                node = parent[node]
+        prefixes.append(int(torch.randint(1, slots - t - 4, (1,), generator=g)))
+        parents.append([-1] + [int(torch.randint(0, i, (1,), generator=g)) for i in range(1, t)])
+    mask = tree_mask(prefixes, parents, slots)
     return [x.to(DEVICE, dtype) for x in (q, k, v)] + [mask.to(DEVICE)]
 
 
@@ -95,9 +91,9 @@ def test_the_bound_is_each_requests_last_visible_slot_and_is_read():
     mask[1, :, 8] = True                       # request 1: the last slot
     # request 2 sees nothing: 0
     assert visible_end(mask).tolist() == [7, 9, 0]
-    q, k, v, tree_mask = tree_case(2, 3, 24, 2, 1, 32, seed=4)
+    q, k, v, tree = tree_case(2, 3, 24, 2, 1, 32, seed=4)
     backend = TorchBackend(attention_kernels="generated")
-    bounded = backend.attention_masks([tree_mask])[0]
+    bounded = backend.attention_masks([tree])[0]
     short = BoundedMask(bounded.mask, bounded.kv_len - 1)
     # a bound one slot short drops each request's last token from its own attention
     assert not torch.allclose(backend.attention(q, k, v, short, 0.2),
