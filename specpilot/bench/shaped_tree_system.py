@@ -178,7 +178,7 @@ def shaped_tree_systems(stock: Program, pair, profile: HeldOutProfile,
                         pair_for=None) -> List[ShapedTreeSystem]:
     """Both pricings of the graphed stock Program's shaped tree, sharing `profile`, and, given
     `pair_for` (a Program -> (its pair, why it cannot run or None), as
-    mechanism_programs.SystemPairs.for_program answers), the timed one with the drafter in fused
+    system_pairs.SystemPairs.for_program answers), the timed one with the drafter in fused
     kernels.
     The profile's acceptance serves both drafters: the fused one drafts the same tokens up to
     rounding (tests/runtime/test_fused_forward.py)."""

@@ -6,7 +6,8 @@ from dataclasses import replace
 
 import pytest
 
-from specpilot.bench.mechanism_programs import fused_drafter_pair, mechanism_systems
+from specpilot.bench.mechanism_programs import mechanism_systems
+from specpilot.bench.system_pairs import fused_drafter_pair
 from specpilot.codegen.cache import triton_interpreting
 from specpilot.deploy import build_deployment
 from specpilot.ir import stock_program
