@@ -36,6 +36,8 @@
 #              length update eager, other smoothings and the fixed chains raced against plain AR
 #   fuseddrafter bench/fused_drafter_race.py on the trained pair: the drafter's step as its model
 #              runs it and in fused layer kernels, fixed chains and the adaptive decoder with each
+#   tilesweep  bench/fused_tile_sweep.py: the fused layer kernels' tiles at the drafter's decode
+#              shapes, and the drafter's forward with the fastest (random weights)
 #   attnsweep  bench/attention_sweep.py: the attention kernel's slot blocks and warps at the
 #              drafter's decode shapes, whole cache against bounded by the last visible slot
 #   breakdown  bench/round_breakdown.py: a chain round's pieces (drafter steps, verification,
@@ -158,6 +160,9 @@ phase() {
     overlap)
         step overlap timeout 300 python3 bench/overlap_probe.py ${OVERLAP_ARGS:-} \
             --out "$RESULTS/overlap-probe.json" ;;
+    tilesweep)
+        step tilesweep timeout 400 python3 bench/fused_tile_sweep.py \
+            --out "$RESULTS/fused-tile-sweep.json" ;;
     breakdown)
         step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
             --out "$RESULTS/round-breakdown.json" ;;

@@ -2,11 +2,15 @@
 layer norm_qkv_rope, attention, fused_linear for o_proj and down_proj with the residual and
 norm_gate_up_silu, and the LM head as fused_linear with the final norm and float32 logits.
 
-Tiles for a decode step's few rows (16 a program): full-width reduction steps up to 256, since
-each program of a small layer walks its K loop serially, a memory latency per step, so few wide
-steps beat many narrow ones (the RMSNorm's statistics pass walks it too); and the narrowest
-column block that keeps a launch within MAX_PROGRAMS programs per row block, since narrow
-blocks spread a small layer over more SMs.
+Tiles for a decode step's few rows (16 a program), chosen by bench/fused_tile_sweep.py on an
+H200 at the zoo drafter's shapes (BENCHMARKS.md, twenty-third set), where every kernel is bound
+by latency, not by the bytes it reads:
+- the q/k/v projection and the norms reduce in steps of up to 256 (their statistics pass walks
+  the same steps);
+- o_proj and down_proj, with no norm, in steps of up to 512, unpipelined (one or two steps);
+- the MLP's input and the LM head in steps of 128, with column blocks twice the narrowest that
+  keeps a launch within MAX_PROGRAMS programs per row block (the head with eight warps): fewer,
+  fuller programs, which held up best when a catch-up step brings five tokens a request.
 """
 from __future__ import annotations
 
@@ -20,9 +24,9 @@ MAX_PROGRAMS = 264
 ROWS_PER_PROGRAM = 16
 
 
-def reduction_block(k: int) -> int:
-    """The reduction step for a reduction of length k: all of it, within 16..256."""
-    return min(256, max(16, next_power_of_two(k)))
+def reduction_block(k: int, widest: int = 256) -> int:
+    """The reduction step for a reduction of length k: all of it, within 16..widest."""
+    return min(widest, max(16, next_power_of_two(k)))
 
 
 def column_block(n: int) -> int:
@@ -53,11 +57,12 @@ def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, interm
         "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8),
         # o_proj and down_proj: hidden columns plus the residual.
         "o_proj": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
-                       BLOCK_K=reduction_block(heads * head_dim)),
+                       BLOCK_K=reduction_block(heads * head_dim, 512), num_stages=1),
         "down": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
-                     BLOCK_K=reduction_block(intermediate)),
-        "mlp": spec("norm_gate_up_silu", BLOCK_N=column_block(intermediate),
-                    BLOCK_K=reduction_block(hidden)),
-        "head": spec("fused_linear", NORM=True, OUT_FP32=True, BLOCK_N=column_block(vocab),
-                     BLOCK_K=reduction_block(hidden)),
+                     BLOCK_K=reduction_block(intermediate, 512), num_stages=1),
+        "mlp": spec("norm_gate_up_silu", BLOCK_N=min(128, 2 * column_block(intermediate)),
+                    BLOCK_K=reduction_block(hidden, 128)),
+        "head": spec("fused_linear", NORM=True, OUT_FP32=True,
+                     BLOCK_N=min(128, 2 * column_block(vocab)),
+                     BLOCK_K=reduction_block(hidden, 128), num_warps=8),
     }

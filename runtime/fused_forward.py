@@ -84,7 +84,7 @@ class FusedForward:
     MAX_FUSED_TOKENS new tokens a call (the model's own forward beyond); every other attribute
     (config, dtype, new_cache, ...) is the model's."""
 
-    def __init__(self, model, kernel_cache=None):
+    def __init__(self, model, kernel_cache=None, specs=None):
         why = fused_forward_refusal(model)
         if why is not None:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
@@ -95,8 +95,11 @@ class FusedForward:
         self.model = model
         cfg = model.config
         self.fused_layers = [self._layer(layer) for layer in model.layers]
-        specs = fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
-                                  cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+        # `specs` replaces some of the six (by name): how a tile sweep times other tiles in a
+        # whole forward (bench/fused_tile_sweep.py).
+        specs = {**fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
+                                     cfg.head_dim, cfg.intermediate_size, cfg.vocab_size),
+                 **(specs or {})}
         # One cache for all six builds: o_proj's and down_proj's specs are often the same.
         cache = kernel_cache if kernel_cache is not None else KernelCache()
         self.qkv, self.attention, self.o_proj, self.down, self.mlp, self.head = (

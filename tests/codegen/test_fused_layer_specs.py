@@ -10,15 +10,18 @@ def _params(spec):
 def test_the_zoo_drafters_tiles():
     specs = fused_layer_specs("bf16", 384, 6, 64, 1024, 8192)
     assert set(specs) == {"qkv", "attention", "o_proj", "down", "mlp", "head"}
-    qkv, head = _params(specs["qkv"]), _params(specs["head"])
-    # reductions of 384 and 1024 in one step of 256 (the widest); 16 rows a program
+    qkv, head, mlp = _params(specs["qkv"]), _params(specs["head"]), _params(specs["mlp"])
+    o_proj, down = _params(specs["o_proj"]), _params(specs["down"])
+    # the q/k/v projection reduces 384 in steps of 256 (its widest); 16 rows a program
     assert qkv["BLOCK_K"] == 256 and qkv["BLOCK_M"] == 16 and qkv["USE_DOT"]
-    # 384 columns in blocks of 16 are 24 programs; 8192 need 32 (512 blocks of 16 > 264)
-    assert _params(specs["o_proj"])["BLOCK_N"] == 16 and head["BLOCK_N"] == 32
+    # o_proj reduces 384 in one step of 512, down_proj 1024 in two, unpipelined: one kernel
+    assert o_proj["BLOCK_K"] == 512 and o_proj["num_stages"] == 1 and specs["o_proj"] == specs["down"]
+    # 384 columns in blocks of 16 are 24 programs; 8192 in blocks of 16 would be 512 (> 264),
+    # of 32 are 256: the head takes twice that, 64, and the MLP's 1024 columns twice 16
+    assert o_proj["BLOCK_N"] == 16 and head["BLOCK_N"] == 64 and mlp["BLOCK_N"] == 32
+    assert head["BLOCK_K"] == 128 and mlp["BLOCK_K"] == 128 and head["num_warps"] == 8
     assert head["NORM"] and head["OUT_FP32"] and not head.get("RESIDUAL", False)
     assert _params(specs["attention"])["num_warps"] == 8
-    # o_proj (384 wide) and down_proj (1024 wide) reduce in the same steps: one kernel
-    assert specs["o_proj"] == specs["down"]
 
 
 def test_heads_too_narrow_for_tl_dot_multiply_add():
