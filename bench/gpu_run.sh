@@ -38,6 +38,8 @@
 #              runs it and in fused layer kernels, fixed chains and the adaptive decoder with each
 #   tilesweep  bench/fused_tile_sweep.py: the fused layer kernels' tiles at the drafter's decode
 #              shapes, and the drafter's forward with the fastest (random weights)
+#   ablation   bench/stage_ablation.py: the drafter's fused kernels timed with one stage left
+#              out each (random weights)
 #   attnsweep  bench/attention_sweep.py: the attention kernel's slot blocks and warps at the
 #              drafter's decode shapes, whole cache against bounded by the last visible slot
 #   breakdown  bench/round_breakdown.py: a chain round's pieces (drafter steps, verification,
@@ -163,6 +165,9 @@ phase() {
     tilesweep)
         step tilesweep timeout 400 python3 bench/fused_tile_sweep.py \
             --out "$RESULTS/fused-tile-sweep.json" ;;
+    ablation)
+        step ablation timeout 200 python3 bench/stage_ablation.py \
+            --out "$RESULTS/stage-ablation.json" ;;
     breakdown)
         step breakdown timeout 300 python3 bench/round_breakdown.py ${BREAKDOWN_ARGS:-} \
             --out "$RESULTS/round-breakdown.json" ;;
