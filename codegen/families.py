@@ -25,11 +25,13 @@ rope           launch(q, k, positions, q_out, k_out, inv_freq=None, cos=None, si
                COS_SIN=inv_freq: inv_freq [D/2] float32; COS_SIN=table: cos/sin [P, D] (HF
                layout, halves duplicated) indexed by positions. HF rotate-half convention with
                HF's rounding order (cos/sin and both products rounded to DTYPE).
-attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)
+attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None)
                q/out [B, T, Hq, D], caches [B, S, Hkv, D] with Hq % Hkv == 0 (GQA), mask
                [B, T, S] bool (True = visible), scale defaults to 1/sqrt(D), kv_len [B] int
-               optionally bounds the visible slots (slots >= kv_len[b] are skipped). Softmax in
-               float32; a query that sees no slot gets zeros.
+               optionally bounds the visible slots (slots >= kv_len[b] are skipped); or
+               kv_len_out [B] int32 receives each request's bound as the kernel finds it in the
+               mask (one past its last visible slot, 0 where it sees none), which the walk then
+               keeps. Softmax in float32; a query that sees no slot gets zeros.
 varlen_attention launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out,
                         scale=None, max_seqlen=None)
                Every request's new tokens packed without padding: q/out [N, Hq, D], request r
@@ -60,6 +62,9 @@ fused_linear   launch(x, w, out, residual=None, norm_weight=None, eps=0.0)
                numerics, norm_weight [K]); the product is rounded to DTYPE and, with RESIDUAL,
                added to residual [M, N] and rounded again (a bf16 add). OUT_FP32: out is float32
                holding the DTYPE values (logits). Torch reference: fused_linear_ref.
+               ARGMAX: launch(..., argmax_out, workspace) also writes argmax_out int64 [M], each
+               row's argmax of out (first column on ties, as torch.argmax); workspace is the
+               module's argmax_workspace(M, N, device), left as found.
 norm_gate_up_silu launch(x, norm_weight, w_gate, w_up, out, eps)
                gate_up_silu of rmsnorm(x, norm_weight, eps). Torch reference:
                norm_gate_up_silu_ref.
@@ -207,8 +212,13 @@ def _check_attention(p: Mapping[str, Value]) -> Optional[str]:
     return None
 
 
+# Mask slots a program reads per step when it finds its request's bound itself (kv_len_out):
+# wide, so that a decode cache's mask row takes one or two steps.
+SCAN_S = 256
+
+
 def _attention_constants(p: Mapping[str, Value]) -> Dict[str, Value]:
-    return {**_dtype_constants(p), "BLOCK_D": next_power_of_two(p["HEAD_DIM"])}
+    return {**_dtype_constants(p), "BLOCK_D": next_power_of_two(p["HEAD_DIM"]), "SCAN_S": SCAN_S}
 
 
 def _attention_params(rows_doc: str) -> tuple:
@@ -224,7 +234,7 @@ ATTENTION = FamilySchema(
     name="attention", backend="triton",
     summary="attention of T new queries per request over a static KV cache with an explicit "
             "visibility mask (decode, causal and tree verification), GQA",
-    launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None)",
+    launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None)",
     params=_attention_params("query rows (token, head-in-group) per program"),
     check=_check_attention, derive=_attention_constants)
 
@@ -301,6 +311,8 @@ FUSED_LINEAR = FamilySchema(
         BoolParam("NORM", False, doc="RMS-normalise x's rows first"),
         BoolParam("RESIDUAL", False, doc="add the residual after the product"),
         BoolParam("OUT_FP32", False, doc="write float32 (logits) rather than DTYPE"),
+        BoolParam("ARGMAX", False, doc="each row's argmax over all columns too (a drafter's "
+                                       "next token), reduced by the last program of a row block"),
         _warps(4), _stages(2)),
     check=check_matmul_tiles, derive=_dtype_constants)
 

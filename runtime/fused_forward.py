@@ -1,5 +1,4 @@
-"""A small model's forward in fused kernels: five launches a layer, one for the LM head and two
-for the attention's bound.
+"""A small model's forward in fused kernels: five launches a layer and one for the LM head.
 
 A decode step of a small model is bound by how many kernels it launches, not by the bytes it
 reads (runtime/fast_ops.py). The zoo's drafter (4 layers of 384) reads 25 MB, a few microseconds
@@ -9,7 +8,8 @@ drafted token. Here each layer is
 
     norm_qkv_rope      RMSNorm, the q/k/v projection, RoPE, k/v written into the cache
     attention          over the cache with the caller's mask, up to each request's last
-                       visible slot (found once a forward, two launches)
+                       visible slot (the first layer's kernel finds it in the mask and
+                       hands it on to the others)
     fused_linear       o_proj plus the residual
     norm_gate_up_silu  RMSNorm and the MLP's gate/up with SiLU
     fused_linear       down_proj plus the residual
@@ -33,7 +33,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
-from .generated_attention import DTYPE_NAMES, SlotEnds, attention_head_dims
+from .generated_attention import DTYPE_NAMES, attention_head_dims
 from .torch_backend import TorchBackend
 
 # New tokens per call (batch x width) past which the model's own forward runs instead: the fused
@@ -91,6 +91,7 @@ class FusedForward:
         # Imported here: only a Program that asks for fused kernels needs codegen.
         from specpilot.codegen.cache import KernelCache, build_triton_module
         from specpilot.codegen.fused_layer import fused_layer_specs
+        from specpilot.codegen.kernel_spec import KernelSpec
 
         self.model = model
         cfg = model.config
@@ -106,7 +107,12 @@ class FusedForward:
             build_triton_module(specs[name], cache)
             for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
         self.lm_head_weight = model.lm_head[0]
-        self._slot_ends = SlotEnds()        # for `_visible_end`
+        # The head again, with each row's argmax in the kernel (`greedy`), and its workspace.
+        head = specs["head"]
+        self.head_argmax = build_triton_module(
+            KernelSpec(head.family, tuple({**dict(head.params), "ARGMAX": True}.items())), cache)
+        self._argmax_workspace = self.head_argmax.argmax_workspace(
+            MAX_FUSED_TOKENS, cfg.vocab_size, model.device)
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -122,15 +128,6 @@ class FusedForward:
             w_gate, w_up = weight("mlp.gate_proj"), weight("mlp.up_proj")
         return FusedLayer(layer.input_norm, layer.post_norm, w_qkv,
                           weight("self_attn.o_proj"), w_gate, w_up, weight("mlp.down_proj"))
-
-    def _visible_end(self, mask: torch.Tensor) -> torch.Tensor:
-        """Per request, one past the last cache slot any of its queries sees (0 where none
-        does): the attention walks no further. A decoder's cache is sized for its whole run, so
-        a step early in it would otherwise walk slots nothing sees (on an H200, at batch 16 with
-        192 of 457 slots in use, the attention was 38 % of the drafter's kernel time). Read from
-        the mask itself, so it holds for any caller's layout: a multiply and a max, two
-        launches a forward, not a layer."""
-        return self._slot_ends(mask)
 
     @property
     def unfused(self):
@@ -152,10 +149,40 @@ class FusedForward:
                 mask: torch.Tensor, cache, logits_at: Optional[torch.Tensor] = None) -> torch.Tensor:
         """As `Transformer.forward`: tokens [B, T] written at `slots`, mask [B, T, S], float32
         logits [B, T, V] (or [B, R, V] at the rows logits_at [B, R] picks)."""
-        model, cfg = self.model, self.model.config
         b, t = tokens.shape
         if b * t > MAX_FUSED_TOKENS:
-            return model.forward(tokens, positions, slots, mask, cache, logits_at)
+            return self.model.forward(tokens, positions, slots, mask, cache, logits_at)
+        rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
+        logits = torch.empty((rows.shape[0], self.config.vocab_size), dtype=torch.float32,
+                             device=tokens.device)
+        self.head.launch(rows, self.lm_head_weight, logits, norm_weight=self.model.final_norm,
+                         eps=self.config.rms_norm_eps)
+        return logits.view(b, -1, self.config.vocab_size)
+
+    @torch.no_grad()
+    def greedy(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+               mask: torch.Tensor, cache, logits_at: Optional[torch.Tensor] = None) -> torch.Tensor:
+        """torch.argmax over the vocabulary of `forward`'s logits, [B, T] (or [B, R]) int64,
+        found by the LM head's kernel itself: a drafter's step without an argmax launch. One
+        call at a time (the kernel's workspace is this object's)."""
+        b, t = tokens.shape
+        if b * t > MAX_FUSED_TOKENS:
+            return torch.argmax(self.forward(tokens, positions, slots, mask, cache, logits_at),
+                                dim=-1)
+        rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
+        logits = torch.empty((rows.shape[0], self.config.vocab_size), dtype=torch.float32,
+                             device=tokens.device)
+        best = torch.empty(rows.shape[0], dtype=torch.int64, device=tokens.device)
+        self.head_argmax.launch(rows, self.lm_head_weight, logits,
+                                norm_weight=self.model.final_norm, eps=self.config.rms_norm_eps,
+                                argmax_out=best, workspace=self._argmax_workspace)
+        return best.view(b, -1)
+
+    def _layers(self, tokens, positions, slots, mask, cache, logits_at) -> torch.Tensor:
+        """The decoder layers' output rows [B*T, H] (or the [B*R, H] rows logits_at picks),
+        before the final norm."""
+        model, cfg = self.model, self.model.config
+        b, t = tokens.shape
         m, hidden, dev, dt = b * t, cfg.hidden_size, tokens.device, model.dtype
         x = torch.empty((m, hidden), dtype=dt, device=dev)
         mid = torch.empty_like(x)
@@ -165,7 +192,14 @@ class FusedForward:
         positions, slots = positions.contiguous(), slots.contiguous()
         if mask.stride(-1) != 1:     # the kernels take row strides: a tree level's rows of
             mask = mask.contiguous()  # its round's mask need no copy
-        kv_len = self._visible_end(mask)
+        # Per request, one past the last slot any of its queries sees: the attention walks no
+        # further. A decoder's cache is sized for its whole run, so a step early in it would
+        # otherwise walk slots nothing sees (on an H200, at batch 16 with 192 of 457 slots in
+        # use, the attention was 38 % of the drafter's kernel time). The first layer's kernel
+        # reads it from the mask itself, so it holds for any caller's layout, and writes it here
+        # for the other layers: no launches of its own (two a step when a separate multiply
+        # and max found it, some 7 us of a 110 us drafter step; BENCHMARKS.md, 23rd set).
+        kv_len = torch.empty(b, dtype=torch.int32, device=dev)
         eps = cfg.rms_norm_eps
         for i, layer in enumerate(self.fused_layers):
             first = i == 0
@@ -174,16 +208,11 @@ class FusedForward:
                             tokens=tokens if first else None, x_out=x if first else None,
                             cache_positions=cache.positions if first else None)
             self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
-                                  kv_len=kv_len)
+                                  **({"kv_len_out": kv_len} if first else {"kv_len": kv_len}))
             self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
             self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
             self.down.launch(act, layer.w_down, x, residual=mid)
         rows = x.view(b, t, hidden)
         if logits_at is not None:
             rows = torch.gather(rows, 1, logits_at[:, :, None].expand(-1, -1, hidden))
-        r = rows.shape[1]
-        logits = torch.empty((b * r, cfg.vocab_size), dtype=torch.float32, device=dev)
-        self.head.launch(rows.reshape(b * r, hidden), self.lm_head_weight, logits,
-                         norm_weight=model.final_norm, eps=eps)
-        return logits.view(b, r, cfg.vocab_size)
-
+        return rows.reshape(-1, hidden)

@@ -47,7 +47,7 @@ from .graphed_loop import read_result, read_tokens, replay_until_done, request_l
 from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
-from .steps import append_step, check_capacity, top2_margin
+from .steps import append_step, check_capacity, greedy_tokens, top2_margin
 
 
 def timing_room(span: int) -> int:
@@ -214,13 +214,12 @@ class GraphedChainDecoder:
         base = self._base()
         pos = base[:, None] + self.catch_up_offsets
         tokens = torch.stack([self.prev, self.last], dim=1)
-        logits = self.drafter.forward(tokens, pos, pos, self._mask(pos), self.dcache,
-                                      self.catch_up_logit)
-        drafts = [torch.argmax(logits[:, 0], dim=-1)]
+        drafts = [greedy_tokens(self.drafter, tokens, pos, pos, self._mask(pos), self.dcache,
+                                self.catch_up_logit)[:, 0]]
         for i in range(1, k):
             pos = (base + i)[:, None]
-            logits = self.drafter.forward(drafts[-1][:, None], pos, pos, self._mask(pos), self.dcache)
-            drafts.append(torch.argmax(logits[:, 0], dim=-1))
+            drafts.append(greedy_tokens(self.drafter, drafts[-1][:, None], pos, pos,
+                                        self._mask(pos), self.dcache)[:, 0])
         return torch.stack(drafts, dim=1)
 
     def _verify(self, drafts: torch.Tensor) -> torch.Tensor:

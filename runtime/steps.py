@@ -64,3 +64,13 @@ def top2_margin(logits: torch.Tensor) -> torch.Tensor:
     """top-1 minus top-2 logit along the last dim (the near-tie measure of token forcing)."""
     top = torch.topk(logits, 2, dim=-1).values
     return top[..., 0] - top[..., 1]
+
+
+def greedy_tokens(model, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                  mask: torch.Tensor, cache, logits_at=None) -> torch.Tensor:
+    """The argmax over the vocabulary of `model.forward`'s logits, [B, T] (or [B, R]) int64:
+    by the model's own `greedy` where its class has one (a fused forward finds it in its LM
+    head's kernel, runtime/fused_forward.py), else torch.argmax of the logits."""
+    if hasattr(type(model), "greedy"):
+        return model.greedy(tokens, positions, slots, mask, cache, logits_at)
+    return torch.argmax(model.forward(tokens, positions, slots, mask, cache, logits_at), dim=-1)

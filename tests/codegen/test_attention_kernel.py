@@ -86,3 +86,37 @@ def test_random_mask_and_fully_masked_rows_give_zeros(kernel_cache, device):
                                   mask=mask, device=device)
     assert_matches(out, expected, "fp32")
     assert torch.equal(out[1, 2].cpu(), torch.zeros(2, 16))
+
+
+def test_the_kernel_finds_each_requests_bound_in_the_mask_and_stops_there(kernel_cache, device):
+    """kv_len_out: each request's bound as the kernel reads it from the mask, checked by hand
+    (causal rows, a tree node's holes, a request that sees nothing, more query rows than one
+    program holds), written once per request. Slots past a bound hold NaN: a walk over them
+    would multiply a zero weight by NaN, so matching the reference shows the walk stopped."""
+    # 6 heads over 2 kv heads and 7 tokens: 21 rows a kv head, two programs of 16 rows each
+    module = build_triton_module(kernel_spec("attention", DTYPE="fp32", HEAD_DIM=16, BLOCK_S=16),
+                                 kernel_cache)
+    B, T, S, HQ, HKV, D = 3, 7, 300, 6, 2, 16
+    mask = torch.zeros(B, T, S, dtype=torch.bool)
+    for t in range(T):
+        mask[0, t, :40 + t] = True                    # causal: the last row sees 46 slots
+    mask[1, :, [0, 1, 2]] = True                      # tree nodes: ancestors, then themselves
+    mask[1, 3, 261] = True                            # past the first 256-slot scan step
+    mask[1, 5, 130] = True
+    ends = torch.tensor([46, 262, 0], dtype=torch.int32)
+    q = randn(B, T, HQ, D, dtype=torch.float32, device=device)
+    k_cache, v_cache = (randn(B, S, HKV, D, dtype=torch.float32, device=device) for _ in range(2))
+    k_nan, v_nan = k_cache.clone(), v_cache.clone()
+    for b, end in enumerate(ends.tolist()):
+        k_nan[b, end:] = float("nan")
+        v_nan[b, end:] = float("nan")
+    out = poisoned((B, T, HQ, D), torch.float32, device)
+    found = poisoned((B,), torch.int32, device)
+    module.launch(q, k_nan, v_nan, mask.to(device), out, kv_len_out=found)
+    assert found.cpu().tolist() == ends.tolist()
+    expected = attention_ref(q, k_cache, v_cache, mask.to(device))
+    assert_matches(out, expected, "fp32")
+    assert torch.equal(out[2].cpu(), torch.zeros(T, HQ, D))       # sees nothing: zeros
+    with pytest.raises(ValueError, match="not both"):
+        module.launch(q, k_cache, v_cache, mask.to(device), out, kv_len=ends.to(device),
+                      kv_len_out=found)

@@ -36,6 +36,40 @@ def test_fused_linear_matches_reference(params, M, N, K, kernel_cache, device):
     assert_matches(out, expected, spec.get("DTYPE"))
 
 
+@pytest.mark.parametrize("dtype,M,N,block_n", [
+    ("bf16", 20, 1100, 16),     # 69 column blocks: past the reducer's 64 a step; 2 row blocks
+    ("fp32", 5, 300, 32),
+])
+def test_fused_linear_argmax_is_each_rows_first_best_column(dtype, M, N, block_n, kernel_cache,
+                                                            device):
+    """ARGMAX: argmax_out is torch.argmax of the logits the kernel wrote, first column on ties,
+    with ties planted in one column block and across blocks (w rows copied), over two launches
+    (the counts the first leaves must serve the second)."""
+    spec = kernel_spec("fused_linear", DTYPE=dtype, NORM=True, OUT_FP32=True, ARGMAX=True,
+                       BLOCK_N=block_n, BLOCK_K=32)
+    torch_dtype = TORCH_DTYPES[dtype]
+    module = build_triton_module(spec, kernel_cache)
+    workspace = module.argmax_workspace(M, N, device)
+    for launch in range(2):
+        x = randn(M, 48, dtype=torch_dtype, device=device)
+        w = randn(N, 48, dtype=torch_dtype, device=device) / 4
+        norm_weight = randn(48, dtype=torch_dtype, device=device)
+        expected = fused_linear_ref(x, w, None, norm_weight, 1e-5, True)
+        best = expected.argmax(dim=1)
+        # copies of row 0's best column: one later in its block, one in the last block
+        w[N - 1] = w[best[0]]
+        w[best[0] + 1 if (best[0] + 1) % block_n else best[0] - 1] = w[best[0]]
+        expected = fused_linear_ref(x, w, None, norm_weight, 1e-5, True)
+        out = poisoned((M, N), torch.float32, device)
+        found = poisoned((M,), torch.int64, device)
+        module.launch(x, w, out, norm_weight=norm_weight, eps=1e-5, argmax_out=found,
+                      workspace=workspace)
+        assert_matches(out, expected, dtype)
+        assert torch.equal(found, out.argmax(dim=1)), f"launch {launch}"
+        assert int((out[0] == out[0].max()).sum()) >= 2      # the planted tie is a tie
+        assert int(workspace[0].abs().sum()) == 0            # counts left for the next launch
+
+
 def test_fused_linear_refuses_operands_its_spec_does_not_take(kernel_cache, device):
     plain = build_triton_module(kernel_spec("fused_linear", DTYPE="bf16"), kernel_cache)
     normed = build_triton_module(kernel_spec("fused_linear", DTYPE="bf16", NORM=True,

@@ -127,20 +127,41 @@ def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overri
         FusedForward(model)
 
 
+@pytest.mark.parametrize("logits_at", [False, True])
+def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path):
+    """`greedy` (the argmax in the LM head's kernel) against torch.argmax of `forward`'s logits
+    for the same call on a copy of the cache: 18 rows (two row blocks of the head), and the rows
+    logits_at picks; and through `greedy_tokens`, which a model without `greedy` serves by
+    torch.argmax."""
+    from specpilot.runtime.steps import greedy_tokens
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=5, **FUSABLE)
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    g = torch.Generator().manual_seed(11)
+    b, t, capacity = 6, 3, 12
+    tokens = torch.randint(0, model.config.vocab_size, (b, t), generator=g).to(DEVICE)
+    pos = (torch.arange(b)[:, None] + torch.arange(t)[None, :]).to(DEVICE)
+    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    at = torch.randint(0, t, (b, 2), generator=g).to(DEVICE) if logits_at else None
+    logits = fused.forward(tokens, pos, pos, mask, model.new_cache(b, capacity), at)
+    found = greedy_tokens(fused, tokens, pos, pos, mask, model.new_cache(b, capacity), at)
+    assert found.shape == logits.shape[:2] and found.dtype == torch.int64
+    assert torch.equal(found, logits.argmax(-1))
+    again = fused.greedy(tokens, pos, pos, mask, model.new_cache(b, capacity), at)
+    assert torch.equal(again, found)                     # the workspace served a second call
+    per_op = greedy_tokens(model, tokens, pos, pos, mask, model.new_cache(b, capacity), at)
+    expected = model.forward(tokens, pos, pos, mask, model.new_cache(b, capacity), at)
+    assert torch.equal(per_op, expected.argmax(-1))
+
+
 def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):
-    """`_visible_end` by hand: one past the last slot any of a request's queries sees, holes in
-    a tree's mask included, 0 for a request that sees nothing. And the forward stops there: with
-    NaN in every cache slot past it (masked, but a walk over them would multiply a zero weight
-    by NaN), its logits are the model's on a clean cache."""
+    """The first layer's attention finds each request's bound in the mask and every layer stops
+    there (the kernel's own test checks the bounds by hand): with NaN in every cache slot past
+    it (masked, but a walk over them would multiply a zero weight by NaN), the forward's logits
+    are the model's on a clean cache."""
     folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
     fused = FusedForward(Transformer.from_checkpoint(folder, device=DEVICE))
-    mask = torch.zeros((3, 2, 12), dtype=torch.bool)
-    mask[0, 0, :4] = True                           # causal rows: the second sees one more
-    mask[0, 1, :5] = True
-    mask[1, 0, [0, 1, 2, 9]] = True                 # a tree node: its ancestors, then itself
-    mask[1, 1, [0, 1, 2, 7]] = True
-    ends = fused._visible_end(mask.to(DEVICE))      # request 2 sees nothing
-    assert ends.tolist() == [5, 10, 0]
     model = fused.model
     prompt = torch.randint(0, model.config.vocab_size, (2, 5), generator=torch.Generator()
                            .manual_seed(3)).to(DEVICE)
