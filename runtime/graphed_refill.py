@@ -232,6 +232,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self._start([prompts[i] for i in first], [limits[i] for i in first],
                     None if references is None else [references[i] for i in first], requests=n)
         queue = deque(range(len(first), n))
+        # The queue's next newcomer is prefilled ahead of its admission, beside the rounds
+        # (runtime/row_prefill.py), each time the one before it is admitted.
+        self._row_prefill.forget()
+        if queue:
+            self._row_prefill.prefetch(prompts[queue[0]])
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         # Rounds queued so far; per drain replay (its counts copied back), the rounds queued
@@ -305,6 +310,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
+            if done and queue:
+                self._row_prefill.prefetch(prompts[queue[0]])
             if all(h is None for h in held):
                 break
             # Each request holds its slot for at most its rounds' replays and two more (the

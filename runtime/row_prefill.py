@@ -22,7 +22,7 @@ scratch set), to measure what running beside the round gains.
 from __future__ import annotations
 
 import os
-from typing import List, Sequence, Tuple
+from typing import List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,19 +31,29 @@ from specpilot.ir.errors import SpecPilotError
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
 
-SCRATCH_SETS = 2     # with a stream of its own; one without
+SCRATCH_SETS = 2     # beside the rounds or ahead of the admission; one after the round
 PLACEMENT_ENV = "SPECPILOT_REFILL_PREFILL"
-PLACEMENTS = ("beside", "after")
+PLACEMENTS = ("ahead", "beside", "after")
 
 
 def prefill_placement() -> str:
-    """Where a captured newcomer's prefill runs: `beside` the queued round (its own stream, the
-    default) or `after` it on the batch's stream (set by the environment variable
+    """When and where a newcomer's prefill runs: `ahead` of its admission, beside the rounds
+    (the default); at its admission, `beside` the queued round (its own stream, where captured);
+    or `after` the round on the batch's stream (set by the environment variable
     SPECPILOT_REFILL_PREFILL)."""
-    value = os.environ.get(PLACEMENT_ENV, "beside")
+    value = os.environ.get(PLACEMENT_ENV, "ahead")
     if value not in PLACEMENTS:
         raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
     return value
+
+
+class _Ahead(NamedTuple):
+    """A newcomer prefilled ahead of its admission: its prompt, the scratch set holding it, the
+    bucket width and the logits at its last token (the set's own output buffer)."""
+    prompt: Tuple[int, ...]
+    set: int
+    width: int
+    logits: torch.Tensor
 
 
 class RowPrefill:
@@ -55,10 +65,13 @@ class RowPrefill:
         # Beside the batch's stream only where the prefill is a graph: its graphs are captured
         # on this stream (cuda_graphs.capture_graph says why). High priority: the pool of
         # high-priority streams is apart from the one every other capture draws from.
-        beside = prefill_placement() == "beside"
+        placement = prefill_placement()
+        self.ahead = placement == "ahead"
         self.stream = (torch.cuda.Stream(device=self.device, priority=-1)
-                       if capture and self.device.type == "cuda" and beside else None)
-        sets = SCRATCH_SETS if self.stream is not None else 1
+                       if capture and self.device.type == "cuda" and placement != "after"
+                       else None)
+        # A set held by a newcomer prefilled ahead leaves another for the rest.
+        sets = SCRATCH_SETS if self.stream is not None or self.ahead else 1
         # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
         self.caches: List[Tuple[KVCache, List[KVCache]]] = [
             (cache, [model.new_cache(1, capacity) for _ in range(sets)]) for model, cache in models]
@@ -70,6 +83,7 @@ class RowPrefill:
             self._prefilled = [torch.cuda.Event() for _ in range(sets)]
             self._read = [torch.cuda.Event() for _ in range(sets)]    # the set's scratch is free
         self._next = 0
+        self._held: Optional[_Ahead] = None
 
     def prepare(self, lengths: Sequence[int]) -> None:
         """Build (capture) the buckets of these prompt lengths now, e.g. before timing."""
@@ -87,23 +101,55 @@ class RowPrefill:
             cache.positions[row, :width].copy_(scratch[s].positions[0, :width])
         torch._foreach_copy_(dst, src)
 
+    def _take_set(self) -> int:
+        """The next scratch set in turn that no newcomer prefilled ahead holds."""
+        held = None if self._held is None else self._held.set
+        s = self._next
+        if s == held:
+            s = (s + 1) % len(self._prefills)
+        self._next = (s + 1) % len(self._prefills)
+        return s
+
+    def _prefill(self, s: int, prompt: Sequence[int]) -> Tuple[torch.Tensor, int]:
+        """Prefill `prompt` into scratch set `s` (on the prefill's stream, once the set's last
+        copy is done); (the set's logits buffer, the bucket width)."""
+        prefill = self._prefills[s]
+        if self.stream is None:
+            return prefill.run([list(prompt)]), prefill.width_for(len(prompt))
+        self.stream.wait_event(self._read[s])      # the set's last copy and logits are read
+        with torch.cuda.stream(self.stream):
+            logits = prefill.run([list(prompt)])
+            self._prefilled[s].record()
+        return logits, prefill.width_for(len(prompt))
+
+    def forget(self) -> None:
+        """Drop a newcomer prefilled ahead (a call's end or start: the next call's queue is
+        another)."""
+        self._held = None
+
+    def prefetch(self, prompt: Sequence[int]) -> None:
+        """Prefill `prompt`, the next newcomer, ahead of its admission, where the placement is
+        `ahead` and no other is held: its `run` then only copies it into its row."""
+        if not self.ahead or self._held is not None:
+            return
+        s = self._take_set()
+        logits, width = self._prefill(s, prompt)
+        self._held = _Ahead(tuple(prompt), s, width, logits)
+
     def run(self, row: int, prompt: Sequence[int]) -> torch.Tensor:
         """Prefill `prompt` into `row` of every cache; the logits at its last token (a tensor
         of its own). On the batch's stream, the row is written after everything queued there
-        before this call, and the logits are ready for what is queued after it."""
-        s = self._next
-        self._next = (s + 1) % len(self._prefills)
-        prefill = self._prefills[s]
-        width = prefill.width_for(len(prompt))
-        if self.stream is None:
-            logits = prefill.run([list(prompt)])
+        before this call, and the logits are ready for what is queued after it. A prompt
+        prefilled ahead (`prefetch`) is only copied."""
+        held = self._held
+        if held is not None and held.prompt == tuple(prompt):
+            self._held = None
+            s, width, logits = held.set, held.width, held.logits
         else:
-            batch_stream = torch.cuda.current_stream(self.device)
-            self.stream.wait_event(self._read[s])      # the set's last copy and logits are read
-            with torch.cuda.stream(self.stream):
-                logits = prefill.run([list(prompt)])
-                self._prefilled[s].record()
-            batch_stream.wait_event(self._prefilled[s])
+            s = self._take_set()
+            logits, width = self._prefill(s, prompt)
+        if self.stream is not None:
+            torch.cuda.current_stream(self.device).wait_event(self._prefilled[s])
         self._copy(s, row, width)
         logits = logits.clone()
         if self.stream is not None:

@@ -38,6 +38,38 @@ def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
     assert decoder.generate(prompts[:4], MAX_NEW).tokens == reference.tokens[:4]
 
 
+@pytest.mark.parametrize("placement", ["ahead", "beside"])
+def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, monkeypatch):
+    """With the default placement the decoder prefills the queue's next newcomer before a row
+    is free for it: every newcomer is prefilled once, all but those admitted in the same gap as
+    another ahead of their admission, and none is left held at the call's end. Placed beside,
+    each is prefilled at its admission. The output is greedy AR's either way."""
+    monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
+    s, prompts, reference = mixed_requests(11)
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False)
+    prefill = decoder._row_prefill
+    prefilled, copied_only = [], []
+    plain_prefill, plain_run = prefill._prefill, prefill.run
+
+    def counted_prefill(slot, prompt):
+        prefilled.append(tuple(prompt))
+        return plain_prefill(slot, prompt)
+
+    def counted_run(row, prompt):
+        copied_only.append(prefill._held is not None and prefill._held.prompt == tuple(prompt))
+        return plain_run(row, prompt)
+
+    monkeypatch.setattr(prefill, "_prefill", counted_prefill)
+    monkeypatch.setattr(prefill, "run", counted_run)
+    assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
+    newcomers = [tuple(p) for p in prompts[2:]]
+    assert sorted(prefilled) == sorted(newcomers)          # each newcomer once, none wasted
+    if placement == "ahead":
+        assert sum(copied_only) >= len(newcomers) // 2 and prefill._held is None
+    else:
+        assert not any(copied_only)
+
+
 @pytest.mark.parametrize("k", [0, 3])
 def test_forcing_with_refill_is_clean(k):
     s, prompts, reference = mixed_requests(11)

@@ -54,8 +54,40 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
     monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "sideways")
     with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_PREFILL='sideways'"):
         RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
-    for placement in ("beside", "after"):
+    for placement, sets in (("beside", 1), ("after", 1), ("ahead", 2)):
         monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
         prefill = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
-        # uncaptured, the prefill is the caller's own work, on the caller's stream
-        assert prefill.stream is None and len(prefill.caches[0][1]) == 1
+        # uncaptured, the prefill is the caller's own work, on the caller's stream; ahead, a
+        # newcomer prefilled early holds a scratch set and leaves the other for the rest
+        assert prefill.stream is None and len(prefill.caches[0][1]) == sets
+        assert prefill.ahead == (placement == "ahead")
+
+
+def test_a_newcomer_prefilled_ahead_keeps_its_set_while_others_come_and_go(monkeypatch):
+    """`prefetch` prefills the queue's next newcomer before a row is free for it. Two other
+    newcomers are admitted meanwhile (each prefilled at its admission, in the set the held one
+    leaves free); then the held one's `run` only copies: every row ends with what an eager
+    prefill of its own prompt writes, and the logits are its own. A second `prefetch` while one
+    is held does nothing, and `forget` drops the held one (its `run` then prefills anew)."""
+    monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "ahead")
+    s = pair_setup(7)
+    target, drafter = s["target"], s["drafter"]
+    caches = [_filled(target, 3, 96, 1), _filled(drafter, 3, 96, 2)]
+    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], 96, capture=False)
+    ahead, others = s["prompts"][2], (s["prompts"][0], s["prompts"][3])
+    prefill.prefetch(ahead)
+    prefill.prefetch(others[0])                      # one is held: nothing happens
+    got = {0: prefill.run(0, others[0]), 2: prefill.run(2, others[1]), 1: prefill.run(1, ahead)}
+    prefill.prefetch(others[1])
+    prefill.forget()
+    got[0] = prefill.run(0, others[1])               # dropped: prefilled again, same result
+    for row, prompt in ((0, others[1]), (1, ahead), (2, others[1])):
+        eager = [target.new_cache(1, 96), drafter.new_cache(1, 96)]
+        zero = torch.zeros(1, dtype=torch.int64)
+        want = append_step(target, eager[0], zero, [list(prompt)])
+        append_step(drafter, eager[1], zero, [list(prompt)])
+        torch.testing.assert_close(got[row], want, rtol=1e-5, atol=1e-5)
+        n = len(prompt)
+        for cache, ref in zip(caches, eager):
+            for mine, theirs in zip(cache.k + cache.v, ref.k + ref.v):
+                torch.testing.assert_close(mine[row, :n], theirs[0, :n], rtol=1e-5, atol=1e-5)
