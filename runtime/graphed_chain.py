@@ -216,10 +216,14 @@ class GraphedChainDecoder:
         tokens = torch.stack([self.prev, self.last], dim=1)
         drafts = [greedy_tokens(self.drafter, tokens, pos, pos, self._mask(pos), self.dcache,
                                 self.catch_up_logit)[:, 0]]
+        # The later steps' positions and masks at once, [k - 1, B] and [k - 1, B, S]: each
+        # step's is then a contiguous view, not two launches of its own.
+        ahead = base[None, :] + self.chain[1:k, None]
+        masks = self._mask(ahead)
         for i in range(1, k):
-            pos = (base + i)[:, None]
+            pos = ahead[i - 1][:, None]
             drafts.append(greedy_tokens(self.drafter, drafts[-1][:, None], pos, pos,
-                                        self._mask(pos), self.dcache)[:, 0])
+                                        masks[i - 1][:, None], self.dcache)[:, 0])
         return torch.stack(drafts, dim=1)
 
     def _verify(self, drafts: torch.Tensor) -> torch.Tensor:
