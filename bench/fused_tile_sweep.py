@@ -21,52 +21,21 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import statistics
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Tuple
+from typing import List
 
 import torch
 
 from specpilot.bench.environment import environment
+from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
 from specpilot.bench.shapes import build_preset
 from specpilot.bench.step_costs import measure_forwards
 from specpilot.codegen.cache import KernelCache, build_triton_module
 from specpilot.codegen.fused_layer import fused_layer_specs
 from specpilot.codegen.kernel_spec import KernelSpec
-from specpilot.runtime.cuda_graphs import capture_graph
 from specpilot.runtime.fused_forward import FusedForward
 from specpilot.search.run_folder import write_json_atomic
-
-LAUNCHES_PER_GRAPH, REPLAYS = 20, 30
-
-
-def kernel_cases(cfg, rows: int, device) -> Dict[str, Tuple[tuple, dict, torch.Tensor]]:
-    """Per kernel name: (launch args, launch kwargs, the output tensor), random bf16 operands at
-    `cfg`'s shapes for `rows` tokens (one a request, so rows requests)."""
-    bf = dict(dtype=torch.bfloat16, device=device)
-    h, i, v, d = cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size, cfg.head_dim
-    hq, hkv, capacity = cfg.num_heads, cfg.num_kv_heads, 256
-    rand = lambda *shape: torch.randn(*shape, **bf) / 4                       # noqa: E731
-    positions = torch.randint(0, capacity, (rows, 1), device=device)
-    qkv_out = torch.empty((rows, 1, hq, d), **bf)
-    cases = {
-        "qkv": ((rand(rows, h), rand(h) + 1, rand((hq + 2 * hkv) * d, h), positions, positions,
-                 torch.rand(d // 2, device=device), qkv_out, rand(rows, capacity, hkv, d),
-                 rand(rows, capacity, hkv, d), 1e-5), {}, qkv_out),
-    }
-    o_out, down_out, mlp_out = (torch.empty((rows, h), **bf), torch.empty((rows, h), **bf),
-                                torch.empty((rows, i), **bf))
-    head_out = torch.empty((rows, v), dtype=torch.float32, device=device)
-    cases["o_proj"] = ((rand(rows, hq * d), rand(h, hq * d), o_out), dict(residual=rand(rows, h)),
-                       o_out)
-    cases["mlp"] = ((rand(rows, h), rand(h) + 1, rand(i, h), rand(i, h), mlp_out, 1e-5), {},
-                    mlp_out)
-    cases["down"] = ((rand(rows, i), rand(h, i), down_out), dict(residual=rand(rows, h)),
-                     down_out)
-    cases["head"] = ((rand(rows, h), rand(v, h), head_out),
-                     dict(norm_weight=rand(h) + 1, eps=1e-5), head_out)
-    return cases
 
 
 def variants(name: str, default: KernelSpec, k: int) -> List[KernelSpec]:
@@ -85,23 +54,6 @@ def variants(name: str, default: KernelSpec, k: int) -> List[KernelSpec]:
         except Exception:     # a tile its family refuses (e.g. a register budget)
             continue
     return out
-
-
-def time_launches(launch: Callable[[], None], device) -> float:
-    """Median microseconds of one launch: LAUNCHES_PER_GRAPH launches in one graph."""
-    def body():
-        for _ in range(LAUNCHES_PER_GRAPH):
-            launch()
-    graph, _ = capture_graph(body, device)
-    times = []
-    for _ in range(REPLAYS):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / LAUNCHES_PER_GRAPH)
-    return statistics.median(times)
 
 
 def sweep_kernel(name, default, cases_by_rows, k, cache, device) -> List[dict]:

@@ -19,11 +19,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 
 import torch
 import triton
 import triton.language as tl
+
+from specpilot.bench.step_costs import time_median
+from specpilot.runtime.cuda_graphs import capture_graph
 
 
 @triton.jit
@@ -71,23 +73,10 @@ def _one_phase_kernel(buf_ptr, G, p, WIDTH: tl.constexpr):
 
 
 def _graph_time(fn, replays=20):
-    stream = torch.cuda.Stream()
-    with torch.cuda.stream(stream):
-        fn()
-        fn()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph, stream=stream):
-        fn()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        torch.cuda.synchronize()
-        times.append(start.elapsed_time(end))
-    return graph, statistics.median(times)
+    """(a CUDA graph of `fn`, the median ms of its replays)."""
+    device = torch.device("cuda")
+    graph, _ = capture_graph(fn, device)
+    return graph, time_median(graph.replay, device, 2, replays) * 1e3
 
 
 def probe(programs: int, phases: int, width: int = 128) -> dict:

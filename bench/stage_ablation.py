@@ -37,9 +37,8 @@ from specpilot.bench.environment import environment
 from specpilot.bench.shapes import build_preset
 from specpilot.codegen.cache import KernelCache, build_triton_module
 from specpilot.codegen.fused_layer import fused_layer_specs
+from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
 from specpilot.search.run_folder import write_json_atomic
-
-from fused_tile_sweep import kernel_cases, time_launches
 
 STATS = "inv = _inv_rms(x_rows, m_mask, K, eps, BLOCK_M, BLOCK_K)"
 NO_STATS = "inv = tl.full((BLOCK_M,), 1.0, tl.float32)"
