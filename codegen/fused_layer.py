@@ -10,7 +10,7 @@ by latency, not by the bytes it reads:
 - o_proj and down_proj, with no norm, in steps of up to 512, unpipelined (one or two steps);
 - the MLP's input and the LM head in steps of 128, with column blocks twice the narrowest that
   keeps a launch within MAX_PROGRAMS programs per row block (the head with eight warps): fewer,
-  fuller programs, which held up best when a catch-up step brings five tokens a request.
+  fuller programs, which held up best at five tokens a request (80 rows).
 """
 from __future__ import annotations
 
