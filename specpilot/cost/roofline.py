@@ -26,11 +26,11 @@ MLP_OPS = 6
 HEAD_OPS = 2          # final norm + lm_head
 # A drafter in fused layer kernels (kernels.drafter_kernels "fused", runtime/fused_forward.py):
 # five launches a layer (norm + q/k/v + RoPE + cache write, attention, o_proj + residual,
-# norm + gate/up + SiLU, down_proj + residual), one for the final norm with the LM head, and
-# two a forward for the attention's bound (each request's last visible slot).
+# norm + gate/up + SiLU, down_proj + residual) and one for the final norm with the LM head,
+# which also finds each row's next token when drafting. The attention's bound (each request's
+# last visible slot) costs no launch: the first layer's attention finds it in the mask.
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
-FUSED_BOUND_OPS = 2
 # The torch backend's attention by the generated kernel (kernels.attention_kernels "generated",
 # runtime/generated_attention.py): two launches a forward for its bound. Its attention launch
 # is counted as SDPA's is (one in ATTENTION_OPS), its bytes as the context's either way: what it
@@ -137,7 +137,7 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
     flops = (2.0 * rows * _linear_params(model, model.linears)
              + model.num_layers * attention_flops(model, rows, keys))
     if fused:
-        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS + FUSED_BOUND_OPS
+        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
     else:
         launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
                                         + (QK_NORM_OPS if model.qk_norm else 0))

@@ -232,3 +232,36 @@ def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology, slots):
     assert b.tokens == a.tokens == reference.tokens
     assert b.accepted_lengths == a.accepted_lengths
     assert sum(map(sum, b.accepted_lengths)) > 0
+
+
+def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkeypatch):
+    """A drafting step of the fused forward (`greedy`) launches five kernels a layer and the
+    LM head, nothing for the attention's bound or the argmax, as counted by wrapping every
+    module's `launch`; the cost model's fused forward counts the same."""
+    from specpilot.cost.gpu_specs import gpu_spec
+    from specpilot.cost.roofline import forward_cost
+    from specpilot.deploy import model_spec_from_config
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=5, **FUSABLE)
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    launched = []
+    modules = {}      # o_proj and down_proj share one module where their tiles are the same
+    for name in ("qkv", "attention", "o_proj", "mlp", "down", "head", "head_argmax"):
+        modules.setdefault(id(getattr(fused, name)), (name, getattr(fused, name)))
+    for name, module in modules.values():
+        plain = module.launch
+        monkeypatch.setattr(module, "launch",
+                            lambda *a, _plain=plain, _name=name, **k: (launched.append(_name),
+                                                                        _plain(*a, **k))[1])
+    b, capacity = 3, 8
+    pos = torch.tensor([[2], [4], [1]], device=DEVICE)
+    tokens = torch.randint(0, model.config.vocab_size, (b, 1), generator=torch.Generator()
+                           .manual_seed(1)).to(DEVICE)
+    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    fused.greedy(tokens, pos, pos, mask, model.new_cache(b, capacity))
+    layers = model.config.num_layers
+    assert len(launched) == 5 * layers + 1 and launched[-1] == "head_argmax"
+    spec = model_spec_from_config(model.config, "drafter", "bfloat16", str(folder))
+    cost = forward_cost("draft", "draft", spec, b, 1, 4, gpu_spec("h100"), fused=True)
+    assert cost.launches == len(launched)
