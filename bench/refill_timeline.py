@@ -18,9 +18,10 @@ replay and every admission:
   replays, refills, replays_by_length (by chain length; "0x4": the drain's plain blocks of
   four rounds), new tokens and tokens/s
 
-per batch size, decoder and rounds a replay (--rounds-per-replay: a finished request's slot
+per batch size, decoder, rounds a replay (--rounds-per-replay: a finished request's slot
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
-host work a round).
+host work a round) and newcomer prefill placement (--prefill-placements: `ahead` of the
+admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py).
 
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
 
@@ -51,6 +52,7 @@ from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (GraphedRefillDecoder,  # noqa: E402
                                               refill_rounds_per_replay)
+from specpilot.runtime.row_prefill import PLACEMENT_ENV, PLACEMENTS  # noqa: E402
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
@@ -124,11 +126,21 @@ class Timeline:
                 "new_tokens": tokens, "tokens_per_s": tokens / wall * 1e3}
 
 
-def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int, args) -> dict:
+def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
+             placement: str, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
-    decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
-                                   capture=target.device.type == "cuda", adaptive=adaptive,
-                                   rounds_per_replay=per)
+    # The placement is read where the decoder makes its row prefill, from the environment.
+    before = os.environ.get(PLACEMENT_ENV)
+    os.environ[PLACEMENT_ENV] = placement
+    try:
+        decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
+                                       capture=target.device.type == "cuda", adaptive=adaptive,
+                                       rounds_per_replay=per)
+    finally:
+        if before is None:
+            del os.environ[PLACEMENT_ENV]
+        else:
+            os.environ[PLACEMENT_ENV] = before
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -139,7 +151,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
             "tokens_per_s")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
-            "rounds_per_replay": decoder.rounds_per_replay,
+            "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
 
@@ -148,7 +160,7 @@ def report(cell: dict) -> str:
     m = cell["median"]
     last = cell["calls"][-1]
     return (f"batch {cell['batch']} {cell['decoder']}, {cell['rounds_per_replay']} rounds a "
-            f"replay: {m['wall_ms']:.1f} ms "
+            f"replay, prefill {cell['prefill_placement']}: {m['wall_ms']:.1f} ms "
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
             f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
@@ -171,8 +183,18 @@ def main(argv=None) -> int:
                          "decoder's, SPECPILOT_REFILL_ROUNDS included)")
     ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
                     help="the drafter in fused layer kernels or as its model runs it")
+    ap.add_argument("--prefill-placements", default=None,
+                    help=f"newcomer prefill placements, one cell each, of {', '.join(PLACEMENTS)} "
+                         f"(default: the decoder's, {PLACEMENT_ENV} included)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
+    if args.prefill_placements is None:
+        placements = [os.environ.get(PLACEMENT_ENV, PLACEMENTS[0])]
+    else:
+        placements = [p.strip() for p in args.prefill_placements.split(",") if p.strip()]
+    if not placements or any(p not in PLACEMENTS for p in placements):
+        ap.error(f"--prefill-placements takes {', '.join(PLACEMENTS)}, got "
+                 f"{args.prefill_placements!r}")
     kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
     if not kinds or any(d not in ("chain", "adaptive") for d in kinds):
         ap.error(f"--decoders takes chain and/or adaptive, got {args.decoders!r}")
@@ -185,8 +207,10 @@ def main(argv=None) -> int:
     except SpecPilotError as exc:
         ap.error(str(exc))
     cells, started = [], time.perf_counter()
-    for batch, per, kind in itertools.product(args.batch_sizes, args.rounds_per_replay, kinds):
-        cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per, args))
+    for batch, per, kind, placement in itertools.product(args.batch_sizes, args.rounds_per_replay,
+                                                          kinds, placements):
+        cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
+                              placement, args))
         print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
         write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
                                            "settings": vars(args), "cells": cells})

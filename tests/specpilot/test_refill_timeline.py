@@ -23,6 +23,7 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
     cells = json.loads(out.read_text())["cells"]
     assert [(c["decoder"], c["rounds_per_replay"]) for c in cells] == [
         ("chain(2)", 1), ("adaptive", 1), ("chain(2)", 3), ("adaptive", 3)]
+    assert {c["prefill_placement"] for c in cells} == {"ahead"}     # the default
     # three rounds a replay take fewer replays than one (the decoder got the setting)
     assert cells[2]["calls"][0]["replays"] < cells[0]["calls"][0]["replays"]
     for cell in cells:
@@ -38,7 +39,34 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
         assert set(cell["calls"][0]["replays_by_length"]) <= {"0", "1", "2"}
 
 
+def test_each_prefill_placement_is_a_cell_of_its_own(tmp_path, monkeypatch):
+    """--prefill-placements: one cell per placement, each decoder made with it (its row prefill
+    says so), and the environment left as it was."""
+    script = load_bench_script("refill_timeline")
+    made = []
+    plain_init = script.GraphedRefillDecoder.__init__
+
+    def recording_init(self, *args, **kwargs):
+        plain_init(self, *args, **kwargs)
+        made.append(self._row_prefill.ahead)
+
+    monkeypatch.setattr(script.GraphedRefillDecoder, "__init__", recording_init)
+    monkeypatch.delenv("SPECPILOT_REFILL_PREFILL", raising=False)
+    out = tmp_path / "timeline.json"
+    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "4",
+                        "--max-new-tokens", "4", "--k", "2", "--calls", "1",
+                        "--decoders", "chain", "--prefill-placements", "beside,ahead",
+                        "--drafter-kernels", "model", "--out", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["prefill_placement"] for c in cells] == ["beside", "ahead"]
+    assert made == [False, True]
+    assert "SPECPILOT_REFILL_PREFILL" not in os.environ
+    for cell in cells:
+        assert cell["calls"][0]["refills"] == 4 - 2
+
+
 @pytest.mark.parametrize("args,message", [
+    (["--prefill-placements", "sideways"], "--prefill-placements takes"),
     (["--decoders", "tree"], "chain and/or adaptive"),
     (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
