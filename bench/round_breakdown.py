@@ -16,7 +16,9 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
 - a refill's admission of a newcomer into one row (its results taken, both caches prefilled
   in the bucket's graph and copied into the row, the row's state set): host clock alone, and
   device time added to the round it is queued after (`added_ms`): what each of a refill
-  decoder's newcomers costs besides its rounds.
+  decoder's newcomers costs besides its rounds; and, where the newcomer is prefilled ahead
+  (the default placement, runtime/row_prefill.py), the same with its prefill queued beside the
+  round and the admission only copying it (`added_ahead_ms`).
 
   python3 bench/round_breakdown.py --out bench/results/round-breakdown.json
   python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
@@ -121,8 +123,19 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
         admit()
 
     beside = time_median(round_then_admit, dec.device, *runs) * 1e3
-    return {"prompt_tokens": len(prompt), "host_ms": ms, "kernels": kernels,
-            "round_ms": alone, "round_and_admission_ms": beside, "added_ms": beside - alone}
+    out = {"prompt_tokens": len(prompt), "host_ms": ms, "kernels": kernels,
+           "round_ms": alone, "round_and_admission_ms": beside, "added_ms": beside - alone}
+    if dec._row_prefill.ahead:
+        # As the refill's loop does by default: the newcomer prefilled ahead, beside the round
+        # before its admission, which then only copies it into the row.
+        def ahead_round_then_admit():
+            dec._row_prefill.prefetch(prompt)
+            round_()
+            admit()
+
+        ahead = time_median(ahead_round_then_admit, dec.device, *runs) * 1e3
+        out.update(round_and_admission_ahead_ms=ahead, added_ahead_ms=ahead - alone)
+    return out
 
 
 def one_batch(args, target, drafter, fused, fused_target, prompts, graphs) -> dict:
@@ -199,7 +212,9 @@ def report(row: dict) -> str:
     adm = row["admission"]
     lines.append(f"  admission of {adm['prompt_tokens']} tokens: {adm['host_ms']:.3f} ms host; "
                  f"a round {adm['round_ms']:.3f} ms, with an admission after it "
-                 f"{adm['round_and_admission_ms']:.3f} (+{adm['added_ms']:.3f})")
+                 f"{adm['round_and_admission_ms']:.3f} (+{adm['added_ms']:.3f})"
+                 + (f", prefilled ahead {adm['round_and_admission_ahead_ms']:.3f} "
+                    f"(+{adm['added_ahead_ms']:.3f})" if "added_ahead_ms" in adm else ""))
     return "\n".join(lines)
 
 
