@@ -32,6 +32,7 @@ from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
 from specpilot.bench.shapes import build_preset
 from specpilot.bench.step_costs import measure_forwards
 from specpilot.codegen.cache import KernelCache, build_triton_module
+from specpilot.codegen.errors import KernelSpecError
 from specpilot.codegen.fused_layer import fused_layer_specs
 from specpilot.codegen.kernel_spec import KernelSpec
 from specpilot.runtime.fused_forward import FusedForward
@@ -45,13 +46,12 @@ def variants(name: str, default: KernelSpec, k: int) -> List[KernelSpec]:
     columns = {"qkv": [None], "head": [16, 32, 64, 128]}.get(name, [16, 32])
     out = []
     for step, cols, warps, stages in itertools.product(steps, columns, (2, 4, 8), (1, 2)):
-        params = dict(default.params)
-        params.update(BLOCK_K=step, num_warps=warps, num_stages=stages)
+        tiles = dict(BLOCK_K=step, num_warps=warps, num_stages=stages)
         if cols is not None:
-            params["BLOCK_N"] = cols
+            tiles["BLOCK_N"] = cols
         try:
-            out.append(KernelSpec(default.family, tuple(params.items())))
-        except Exception:     # a tile its family refuses (e.g. a register budget)
+            out.append(default.with_params(**tiles))
+        except KernelSpecError:     # a tile its family refuses (e.g. a register budget)
             continue
     return out
 

@@ -52,7 +52,8 @@ from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (GraphedRefillDecoder,  # noqa: E402
                                               refill_rounds_per_replay)
-from specpilot.runtime.row_prefill import PLACEMENT_ENV, PLACEMENTS  # noqa: E402
+from specpilot.runtime.row_prefill import (PLACEMENT_ENV, PLACEMENTS,  # noqa: E402
+                                           prefill_placement)
 from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
@@ -129,18 +130,9 @@ class Timeline:
 def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
              placement: str, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
-    # The placement is read where the decoder makes its row prefill, from the environment.
-    before = os.environ.get(PLACEMENT_ENV)
-    os.environ[PLACEMENT_ENV] = placement
-    try:
-        decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
-                                       capture=target.device.type == "cuda", adaptive=adaptive,
-                                       rounds_per_replay=per)
-    finally:
-        if before is None:
-            del os.environ[PLACEMENT_ENV]
-        else:
-            os.environ[PLACEMENT_ENV] = before
+    decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
+                                   capture=target.device.type == "cuda", adaptive=adaptive,
+                                   rounds_per_replay=per, prefill_placement=placement)
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -188,11 +180,10 @@ def main(argv=None) -> int:
                          f"(default: the decoder's, {PLACEMENT_ENV} included)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    if args.prefill_placements is None:
-        placements = [os.environ.get(PLACEMENT_ENV, PLACEMENTS[0])]
-    else:
-        placements = [p.strip() for p in args.prefill_placements.split(",") if p.strip()]
-    if not placements or any(p not in PLACEMENTS for p in placements):
+    placements = ([p.strip() for p in args.prefill_placements.split(",") if p.strip()]
+                  if args.prefill_placements is not None else None)
+    if placements is not None and (not placements or any(p not in PLACEMENTS
+                                                          for p in placements)):
         ap.error(f"--prefill-placements takes {', '.join(PLACEMENTS)}, got "
                  f"{args.prefill_placements!r}")
     kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
@@ -201,6 +192,8 @@ def main(argv=None) -> int:
     try:
         if args.rounds_per_replay is None:
             args.rounds_per_replay = [refill_rounds_per_replay()]
+        if placements is None:
+            placements = [prefill_placement()]
         target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
         if args.drafter_kernels == "fused":
             drafter = FusedForward(drafter)

@@ -80,6 +80,10 @@ class KernelSpec:
                 return value
         raise KernelSpecError(f"kernel family {self.family!r} has no parameter {name!r}")
 
+    def with_params(self, **changes: Value) -> "KernelSpec":
+        """This spec with `changes` to its parameters, validated as any spec is."""
+        return KernelSpec(self.family, tuple({**dict(self.params), **changes}.items()))
+
     def as_dict(self) -> Dict[str, Any]:
         """Plain JSON-able form; `KernelSpec.from_dict` inverts it."""
         return {"family": self.family, "params": dict(self.params)}

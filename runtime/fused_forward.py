@@ -91,7 +91,6 @@ class FusedForward:
         # Imported here: only a Program that asks for fused kernels needs codegen.
         from specpilot.codegen.cache import KernelCache, build_triton_module
         from specpilot.codegen.fused_layer import fused_layer_specs
-        from specpilot.codegen.kernel_spec import KernelSpec
 
         self.model = model
         cfg = model.config
@@ -108,9 +107,7 @@ class FusedForward:
             for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
         self.lm_head_weight = model.lm_head[0]
         # The head again, with each row's argmax in the kernel (`greedy`), and its workspace.
-        head = specs["head"]
-        self.head_argmax = build_triton_module(
-            KernelSpec(head.family, tuple({**dict(head.params), "ARGMAX": True}.items())), cache)
+        self.head_argmax = build_triton_module(specs["head"].with_params(ARGMAX=True), cache)
         self._argmax_workspace = self.head_argmax.argmax_workspace(
             MAX_FUSED_TOKENS, cfg.vocab_size, model.device)
 
@@ -153,11 +150,7 @@ class FusedForward:
         if b * t > MAX_FUSED_TOKENS:
             return self.model.forward(tokens, positions, slots, mask, cache, logits_at)
         rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
-        logits = torch.empty((rows.shape[0], self.config.vocab_size), dtype=torch.float32,
-                             device=tokens.device)
-        self.head.launch(rows, self.lm_head_weight, logits, norm_weight=self.model.final_norm,
-                         eps=self.config.rms_norm_eps)
-        return logits.view(b, -1, self.config.vocab_size)
+        return self._head(rows, greedy=False).view(b, -1, self.config.vocab_size)
 
     @torch.no_grad()
     def greedy(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
@@ -167,16 +160,24 @@ class FusedForward:
         call at a time (the kernel's workspace is this object's)."""
         b, t = tokens.shape
         if b * t > MAX_FUSED_TOKENS:
-            return torch.argmax(self.forward(tokens, positions, slots, mask, cache, logits_at),
-                                dim=-1)
+            return torch.argmax(self.model.forward(tokens, positions, slots, mask, cache,
+                                                   logits_at), dim=-1)
         rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
+        return self._head(rows, greedy=True).view(b, -1)
+
+    def _head(self, rows: torch.Tensor, greedy: bool) -> torch.Tensor:
+        """The final norm and LM head of `rows` [R, H]: float32 logits [R, V], or with
+        `greedy` each row's argmax [R] (int64), found in the same kernel."""
         logits = torch.empty((rows.shape[0], self.config.vocab_size), dtype=torch.float32,
-                             device=tokens.device)
-        best = torch.empty(rows.shape[0], dtype=torch.int64, device=tokens.device)
-        self.head_argmax.launch(rows, self.lm_head_weight, logits,
-                                norm_weight=self.model.final_norm, eps=self.config.rms_norm_eps,
-                                argmax_out=best, workspace=self._argmax_workspace)
-        return best.view(b, -1)
+                             device=rows.device)
+        norm = dict(norm_weight=self.model.final_norm, eps=self.config.rms_norm_eps)
+        if not greedy:
+            self.head.launch(rows, self.lm_head_weight, logits, **norm)
+            return logits
+        best = torch.empty(rows.shape[0], dtype=torch.int64, device=rows.device)
+        self.head_argmax.launch(rows, self.lm_head_weight, logits, **norm, argmax_out=best,
+                                workspace=self._argmax_workspace)
+        return best
 
     def _layers(self, tokens, positions, slots, mask, cache, logits_at) -> torch.Tensor:
         """The decoder layers' output rows [B*T, H] (or the [B*R, H] rows logits_at picks),

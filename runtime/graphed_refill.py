@@ -116,14 +116,17 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     batch's `batch` slots busy: a slot whose request is done takes the next one. Its host loop
     and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py).
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
-    (`refill_rounds_per_replay`)."""
+    (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
+    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default ahead of its
+    admission)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
     length_objective = "throughput"
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
-                 eos_ids: Sequence[int] = (), capture: bool = True, **options):
+                 eos_ids: Sequence[int] = (), capture: bool = True,
+                 prefill_placement: Optional[str] = None, **options):
         if options.get("record_margins"):
             raise SpecPilotError("continuous refill does not record margins: build the "
                                  "reference with the padded decoder")
@@ -137,7 +140,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
         self.host_next = torch.zeros((3, 2), dtype=torch.int64, pin_memory=cuda)
         self.host_count = torch.zeros((3, batch), dtype=torch.int64, pin_memory=cuda)
-        self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture)
+        self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture,
+                                       prefill_placement)
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 
@@ -310,7 +314,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
-            if done and queue:
+            if queue:
                 self._row_prefill.prefetch(prompts[queue[0]])
             if all(h is None for h in held):
                 break

@@ -36,11 +36,16 @@ PLACEMENT_ENV = "SPECPILOT_REFILL_PREFILL"
 PLACEMENTS = ("ahead", "beside", "after")
 
 
-def prefill_placement() -> str:
+def prefill_placement(placement: Optional[str] = None) -> str:
     """When and where a newcomer's prefill runs: `ahead` of its admission, beside the rounds
     (the default); at its admission, `beside` the queued round (its own stream, where captured);
-    or `after` the round on the batch's stream (set by the environment variable
-    SPECPILOT_REFILL_PREFILL)."""
+    or `after` the round on the batch's stream. `placement` as given, else the environment
+    variable SPECPILOT_REFILL_PREFILL's."""
+    if placement is not None:
+        if placement not in PLACEMENTS:
+            raise SpecPilotError(f"prefill placement {placement!r}: expected one of "
+                                 f"{', '.join(PLACEMENTS)}")
+        return placement
     value = os.environ.get(PLACEMENT_ENV, "ahead")
     if value not in PLACEMENTS:
         raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
@@ -58,14 +63,16 @@ class _Ahead(NamedTuple):
 
 class RowPrefill:
     """Prefill of one prompt into a chosen row of each (model, cache) of `models`; `run`
-    returns the first model's float32 logits at the prompt's last token, [1, V]."""
+    returns the first model's float32 logits at the prompt's last token, [1, V]. `placement`:
+    `prefill_placement`'s (None: the environment's)."""
 
-    def __init__(self, models: Sequence[Tuple[object, KVCache]], capacity: int, capture: bool):
+    def __init__(self, models: Sequence[Tuple[object, KVCache]], capacity: int, capture: bool,
+                 placement: Optional[str] = None):
         self.device = models[0][0].device
         # Beside the batch's stream only where the prefill is a graph: its graphs are captured
         # on this stream (cuda_graphs.capture_graph says why). High priority: the pool of
         # high-priority streams is apart from the one every other capture draws from.
-        placement = prefill_placement()
+        placement = prefill_placement(placement)
         self.ahead = placement == "ahead"
         self.stream = (torch.cuda.Stream(device=self.device, priority=-1)
                        if capture and self.device.type == "cuda" and placement != "after"

@@ -114,10 +114,8 @@ def legal_values(family: str, param: str, current) -> List:
 
 
 def _spec_accepts(group: _Group, param: str, value) -> bool:
-    from specpilot.codegen.kernel_spec import KernelSpec
-
     try:
-        KernelSpec(group.spec.family, {**dict(group.spec.params), param: value})
+        group.spec.with_params(**{param: value})
     except SpecPilotError:
         return False
     return True

@@ -114,3 +114,17 @@ def test_any_value_is_either_accepted_exactly_or_refused_clearly(block_n, block_
     else:
         assert valid
         assert (spec.get("BLOCK_N"), spec.get("BLOCK_K"), spec.get("SPLIT_K")) == (block_n, block_k, split_k)
+
+
+def test_with_params_changes_some_parameters_and_validates_the_result():
+    spec = kernel_spec("fused_linear", DTYPE="bf16", NORM=True, BLOCK_N=32)
+    argmax = spec.with_params(ARGMAX=True, num_warps=8)
+    assert argmax.get("ARGMAX") is True and argmax.get("num_warps") == 8
+    assert argmax.get("NORM") is True and argmax.get("BLOCK_N") == 32     # the rest kept
+    assert spec.get("ARGMAX") is False                                   # the original unchanged
+    assert argmax == kernel_spec("fused_linear", DTYPE="bf16", NORM=True, BLOCK_N=32,
+                                 ARGMAX=True, num_warps=8)
+    with pytest.raises(KernelSpecError):
+        spec.with_params(BLOCK_N=3)                                      # not a power of two
+    with pytest.raises(KernelSpecError):
+        spec.with_params(NO_SUCH_PARAM=1)

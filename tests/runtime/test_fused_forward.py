@@ -128,7 +128,7 @@ def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overri
 
 
 @pytest.mark.parametrize("logits_at", [False, True])
-def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path):
+def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path, monkeypatch):
     """`greedy` (the argmax in the LM head's kernel) against torch.argmax of `forward`'s logits
     for the same call on a copy of the cache: 18 rows (two row blocks of the head), and the rows
     logits_at picks; and through `greedy_tokens`, which a model without `greedy` serves by
@@ -153,6 +153,11 @@ def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path):
     per_op = greedy_tokens(model, tokens, pos, pos, mask, model.new_cache(b, capacity), at)
     expected = model.forward(tokens, pos, pos, mask, model.new_cache(b, capacity), at)
     assert torch.equal(per_op, expected.argmax(-1))
+    # past MAX_FUSED_TOKENS new tokens a call, the model's own forward answers, as `forward`
+    from specpilot.runtime import fused_forward
+    monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", b * t - 1)
+    assert torch.equal(fused.greedy(tokens, pos, pos, mask, model.new_cache(b, capacity), at),
+                       per_op)
 
 
 def test_the_attention_walks_each_request_up_to_its_last_visible_slot(tmp_path):

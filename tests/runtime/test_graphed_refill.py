@@ -44,9 +44,9 @@ def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, monkey
     is free for it: every newcomer is prefilled once, all but those admitted in the same gap as
     another ahead of their admission, and none is left held at the call's end. Placed beside,
     each is prefilled at its admission. The output is greedy AR's either way."""
-    monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
     s, prompts, reference = mixed_requests(11)
-    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False)
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                                   prefill_placement=placement)
     prefill = decoder._row_prefill
     prefilled, copied_only = [], []
     plain_prefill, plain_run = prefill._prefill, prefill.run
