@@ -16,9 +16,10 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
 - a refill's admission of a newcomer into one row (its results taken, both caches prefilled
   in the bucket's graph and copied into the row, the row's state set): host clock alone, and
   device time added to the round it is queued after (`added_ms`): what each of a refill
-  decoder's newcomers costs besides its rounds; and, where the newcomer is prefilled ahead
-  (the default placement, runtime/row_prefill.py), the same with its prefill queued beside the
-  round and the admission only copying it (`added_ahead_ms`).
+  decoder's newcomers costs besides its rounds, the newcomer prefilled beside the round at its
+  admission (the default placement, runtime/row_prefill.py); and the same with the newcomer
+  prefilled ahead, its prefill queued before the round and the admission only copying it
+  (`added_ahead_ms`).
 
   python3 bench/round_breakdown.py --out bench/results/round-breakdown.json
   python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
@@ -126,8 +127,8 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
     out = {"prompt_tokens": len(prompt), "host_ms": ms, "kernels": kernels,
            "round_ms": alone, "round_and_admission_ms": beside, "added_ms": beside - alone}
     if dec._row_prefill.ahead:
-        # As the refill's loop does by default: the newcomer prefilled ahead, beside the round
-        # before its admission, which then only copies it into the row.
+        # As the refill's loop does with the placement `ahead`: the newcomer prefilled ahead,
+        # beside the round before its admission, which then only copies it into the row.
         def ahead_round_then_admit():
             dec._row_prefill.prefetch(prompt)
             round_()
@@ -180,7 +181,10 @@ def one_batch(args, target, drafter, fused, fused_target, prompts, graphs) -> di
     ms["round_adaptive"] = round_ms(adaptive, context, graphs)
     out["kernels"]["commit_adaptive"] = piece_kernels(adaptive, k, context, ["commit"])["commit"]
     del adaptive
-    refill = GraphedRefillDecoder(target, fused, b, capacity, k, capture=graphs)
+    # Placed ahead, the decoder can prefill a newcomer either way: at its admission (as the
+    # default `beside` does) and ahead of it (prefetch), so both admissions are timed.
+    refill = GraphedRefillDecoder(target, fused, b, capacity, k, capture=graphs,
+                                  prefill_placement="ahead")
     ms["round_refill"] = round_ms(refill, context, graphs)
     out["kernels"]["commit_refill"] = piece_kernels(refill, k, context, ["commit"])["commit"]
     out["admission"] = admission(refill, prompts[0], context, graphs)

@@ -117,8 +117,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py).
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
     (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
-    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default ahead of its
-    admission)."""
+    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default beside the
+    round at its admission)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
@@ -236,8 +236,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self._start([prompts[i] for i in first], [limits[i] for i in first],
                     None if references is None else [references[i] for i in first], requests=n)
         queue = deque(range(len(first), n))
-        # The queue's next newcomer is prefilled ahead of its admission, beside the rounds
-        # (runtime/row_prefill.py), each time the one before it is admitted.
+        # Where the placement is `ahead`, the queue's next newcomer is prefilled ahead of its
+        # admission, beside the rounds (runtime/row_prefill.py), each time the one before it is
+        # admitted; otherwise prefetch does nothing.
         self._row_prefill.forget()
         if queue:
             self._row_prefill.prefetch(prompts[queue[0]])

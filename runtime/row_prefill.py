@@ -37,16 +37,18 @@ PLACEMENTS = ("ahead", "beside", "after")
 
 
 def prefill_placement(placement: Optional[str] = None) -> str:
-    """When and where a newcomer's prefill runs: `ahead` of its admission, beside the rounds
-    (the default); at its admission, `beside` the queued round (its own stream, where captured);
-    or `after` the round on the batch's stream. `placement` as given, else the environment
-    variable SPECPILOT_REFILL_PREFILL's."""
+    """When and where a newcomer's prefill runs: at its admission, `beside` the queued round
+    (its own stream, where captured; the default); `ahead` of its admission, beside the rounds
+    before it; or `after` the round on the batch's stream. `placement` as given, else the
+    environment variable SPECPILOT_REFILL_PREFILL's. Ahead was no faster on an H200 (a
+    newcomer's admission got cheaper, the gaps between replays longer: BENCHMARKS.md,
+    twenty-fourth set), so it is not the default."""
     if placement is not None:
         if placement not in PLACEMENTS:
             raise SpecPilotError(f"prefill placement {placement!r}: expected one of "
                                  f"{', '.join(PLACEMENTS)}")
         return placement
-    value = os.environ.get(PLACEMENT_ENV, "ahead")
+    value = os.environ.get(PLACEMENT_ENV, "beside")
     if value not in PLACEMENTS:
         raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
     return value

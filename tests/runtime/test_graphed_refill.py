@@ -40,10 +40,10 @@ def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
 
 @pytest.mark.parametrize("placement", ["ahead", "beside"])
 def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, monkeypatch):
-    """With the default placement the decoder prefills the queue's next newcomer before a row
-    is free for it: every newcomer is prefilled once, all but those admitted in the same gap as
-    another ahead of their admission, and none is left held at the call's end. Placed beside,
-    each is prefilled at its admission. The output is greedy AR's either way."""
+    """Placed ahead, the decoder prefills the queue's next newcomer before a row is free for
+    it: every newcomer is prefilled once, all but those admitted in the same gap as
+    another ahead of their admission, and none is left held at the call's end. Placed beside
+    (the default), each is prefilled at its admission. The output is greedy AR's either way."""
     s, prompts, reference = mixed_requests(11)
     decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
                                    prefill_placement=placement)

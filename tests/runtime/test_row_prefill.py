@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.row_prefill import RowPrefill
+from specpilot.runtime.row_prefill import RowPrefill, prefill_placement
 from specpilot.runtime.steps import append_step
 
 from mechanism_setup import pair_setup
@@ -61,6 +61,8 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
     monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "sideways")
     with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_PREFILL='sideways'"):
         RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
+    monkeypatch.delenv("SPECPILOT_REFILL_PREFILL")
+    assert prefill_placement() == "beside"      # the default: ahead was no faster on the GPU
     for placement, sets in (("beside", 1), ("after", 1), ("ahead", 2)):
         monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
         prefill = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)

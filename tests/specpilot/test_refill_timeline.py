@@ -23,7 +23,7 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
     cells = json.loads(out.read_text())["cells"]
     assert [(c["decoder"], c["rounds_per_replay"]) for c in cells] == [
         ("chain(2)", 1), ("adaptive", 1), ("chain(2)", 3), ("adaptive", 3)]
-    assert {c["prefill_placement"] for c in cells} == {"ahead"}     # the default
+    assert {c["prefill_placement"] for c in cells} == {"beside"}    # the default
     # three rounds a replay take fewer replays than one (the decoder got the setting)
     assert cells[2]["calls"][0]["replays"] < cells[0]["calls"][0]["replays"]
     for cell in cells:

@@ -83,7 +83,7 @@ def test_the_script_times_every_piece_and_admission(models, tmp_path, monkeypatc
                                      "commit_refill"}
         assert b["admission"]["prompt_tokens"] == 4
         assert {"round_ms", "round_and_admission_ms", "added_ms"} <= set(b["admission"])
-        # the default placement prefills a newcomer ahead: timed that way too
+        # a newcomer prefilled at its admission and ahead of it: both timed
         assert {"round_and_admission_ahead_ms", "added_ahead_ms"} <= set(b["admission"])
 
 
