@@ -15,6 +15,10 @@ replay and every admission:
                    between them (a wait inside an admission's interval, for the host or for
                    the newcomer's prefill on its own stream, counts as admission time)
   after_ms         the last replay to the call's end (results read back)
+  host_admit_ms    the host's own time in the admissions, summed (and the median one): where
+                   an admission's host work outlasts the replay queued before it, the GPU waits
+  host_prefetch_ms the host's time prefilling newcomers ahead (placement `ahead`), summed
+  crowded_gaps     gaps between two replays with more than one admission in them
   replays, refills, replays_by_length (by chain length; "0x4": the drain's plain blocks of
   four rounds), new tokens and tokens/s
 
@@ -64,12 +68,17 @@ class Timeline:
     def __init__(self, decoder: GraphedRefillDecoder):
         self.decoder, self.cuda = decoder, decoder.device.type == "cuda"
         self.marks: List[tuple] = []         # (kind, length key or None, start, end)
+        self.host_admit: List[float] = []     # host ms of each admission
+        self.host_prefetch: List[float] = []  # host ms of each prefill ahead
+        prefill = decoder._row_prefill
         self._inner_runner, self._inner_admit = decoder._runner, decoder._admit
+        self._inner_prefetch = prefill.prefetch
         decoder._runner, decoder._admit = self._runner, self._admit
+        prefill.prefetch = self._prefetch
 
     def remove(self) -> None:
         """The decoder's own methods back (and no cycle through this timeline)."""
-        del self.decoder._runner, self.decoder._admit
+        del self.decoder._runner, self.decoder._admit, self.decoder._row_prefill.prefetch
 
     def mark(self):
         if self.cuda:
@@ -91,15 +100,23 @@ class Timeline:
         return timed
 
     def _admit(self, *args, **kwargs):
-        start = self.mark()
+        start, t0 = self.mark(), time.perf_counter()
         self._inner_admit(*args, **kwargs)
+        self.host_admit.append((time.perf_counter() - t0) * 1e3)
         self.marks.append(("admit", None, start, self.mark()))
+
+    def _prefetch(self, prompt):
+        t0 = time.perf_counter()
+        held = self.decoder._row_prefill._held
+        self._inner_prefetch(prompt)
+        if self.decoder._row_prefill._held is not held:       # it prefilled one now
+            self.host_prefetch.append((time.perf_counter() - t0) * 1e3)
 
     def ms(self, a, b) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
 
     def call(self, prompts, max_new: int) -> dict:
-        self.marks = []
+        self.marks, self.host_admit, self.host_prefetch = [], [], []
         begin = self.mark()
         t0 = time.perf_counter()
         result = self.decoder.generate(prompts, max_new)
@@ -116,6 +133,10 @@ class Timeline:
         for (_, k, _, _), ms in zip(replays, replay_ms):
             by_length.setdefault(str(k), []).append(ms)
         tokens = sum(len(t) for t in result.tokens)
+        crowded, run = 0, 0          # admissions since the last replay
+        for kind, *_ in self.marks:
+            run = run + 1 if kind == "admit" else 0
+            crowded += run == 2
         return {"wall_ms": wall, "before_ms": self.ms(begin, replays[0][2]),
                 "replay_ms": sum(replay_ms), "admit_ms": sum(admit_ms),
                 "idle_ms": span - sum(replay_ms) - sum(admit_ms),
@@ -124,7 +145,11 @@ class Timeline:
                 "replays_by_length": {k: len(v) for k, v in sorted(by_length.items())},
                 "median_replay_ms_by_length": {k: statistics.median(v)
                                                for k, v in sorted(by_length.items())},
-                "new_tokens": tokens, "tokens_per_s": tokens / wall * 1e3}
+                "new_tokens": tokens, "tokens_per_s": tokens / wall * 1e3,
+                "host_admit_ms": sum(self.host_admit),
+                "host_admit_median_ms": statistics.median(self.host_admit or [0.0]),
+                "host_prefetch_ms": sum(self.host_prefetch),
+                "prefetches": len(self.host_prefetch), "crowded_gaps": crowded}
 
 
 def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
@@ -141,7 +166,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
         calls = [timeline.call(prompts, args.max_new_tokens) for _ in range(args.calls)]
     timeline.remove()
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
-            "tokens_per_s")
+            "tokens_per_s", "host_admit_ms", "host_admit_median_ms", "host_prefetch_ms")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
             "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
@@ -156,7 +181,9 @@ def report(cell: dict) -> str:
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
             f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
-            f"{m['after_ms']:.1f}")
+            f"{m['after_ms']:.1f}; host: admissions {m['host_admit_ms']:.1f} (median "
+            f"{m['host_admit_median_ms']:.3f}), prefills ahead {m['host_prefetch_ms']:.1f} "
+            f"({last['prefetches']}), gaps with several admissions {last['crowded_gaps']}")
 
 
 def main(argv=None) -> int:

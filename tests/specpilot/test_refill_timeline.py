@@ -36,6 +36,10 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
             parts = sum(call[k] for k in ("before_ms", "replay_ms", "admit_ms", "after_ms"))
             assert 0 < parts <= call["wall_ms"] * 1.01
             assert call["replay_ms"] > 0 and call["admit_ms"] > 0
+            # the host's part of each admission, timed apart; beside, nothing is prefilled ahead
+            assert 0 < call["host_admit_median_ms"] <= call["host_admit_ms"]
+            assert call["prefetches"] == 0 and call["host_prefetch_ms"] == 0
+            assert 0 <= call["crowded_gaps"] <= call["refills"] // 2
         assert set(cell["calls"][0]["replays_by_length"]) <= {"0", "1", "2"}
 
 
@@ -63,6 +67,9 @@ def test_each_prefill_placement_is_a_cell_of_its_own(tmp_path, monkeypatch):
     assert "SPECPILOT_REFILL_PREFILL" not in os.environ
     for cell in cells:
         assert cell["calls"][0]["refills"] == 4 - 2
+    # ahead, the queue's next newcomer is prefilled before its row is free, timed on the host
+    assert cells[0]["calls"][0]["prefetches"] == 0
+    assert cells[1]["calls"][0]["prefetches"] >= 1 and cells[1]["median"]["host_prefetch_ms"] > 0
 
 
 @pytest.mark.parametrize("args,message", [
