@@ -25,7 +25,9 @@ replay and every admission:
 per batch size, decoder, rounds a replay (--rounds-per-replay: a finished request's slot
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
 host work a round) and newcomer prefill placement (--prefill-placements: `ahead` of the
-admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py).
+admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py) and
+read-back lag (--readback-lags: replays the host reads finished rows back behind, so that
+more are queued while it admits; runtime/graphed_refill.py).
 
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
 
@@ -54,7 +56,8 @@ from specpilot.bench.gc_pause import gc_paused  # noqa: E402
 from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
-from specpilot.runtime.graphed_refill import (GraphedRefillDecoder,  # noqa: E402
+from specpilot.runtime.graphed_refill import (LAG_ENV, MAX_READBACK_LAG,  # noqa: E402
+                                              GraphedRefillDecoder, refill_readback_lag,
                                               refill_rounds_per_replay)
 from specpilot.runtime.row_prefill import (PLACEMENT_ENV, PLACEMENTS,  # noqa: E402
                                            prefill_placement)
@@ -153,11 +156,12 @@ class Timeline:
 
 
 def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
-             placement: str, args) -> dict:
+             placement: str, lag: int, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
                                    capture=target.device.type == "cuda", adaptive=adaptive,
-                                   rounds_per_replay=per, prefill_placement=placement)
+                                   rounds_per_replay=per, prefill_placement=placement,
+                                   readback_lag=lag)
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -169,6 +173,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
             "tokens_per_s", "host_admit_ms", "host_admit_median_ms", "host_prefetch_ms")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
             "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
+            "readback_lag": decoder.lag,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
 
@@ -177,7 +182,8 @@ def report(cell: dict) -> str:
     m = cell["median"]
     last = cell["calls"][-1]
     return (f"batch {cell['batch']} {cell['decoder']}, {cell['rounds_per_replay']} rounds a "
-            f"replay, prefill {cell['prefill_placement']}: {m['wall_ms']:.1f} ms "
+            f"replay, prefill {cell['prefill_placement']}, read back {cell['readback_lag']} "
+            f"behind: {m['wall_ms']:.1f} ms "
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
             f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
@@ -205,6 +211,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-placements", default=None,
                     help=f"newcomer prefill placements, one cell each, of {', '.join(PLACEMENTS)} "
                          f"(default: the decoder's, {PLACEMENT_ENV} included)")
+    ap.add_argument("--readback-lags", type=positive_counts, default=None,
+                    help="replays the host reads finished rows back behind, one cell per value "
+                         f"(1..{MAX_READBACK_LAG}; default: the decoder's, {LAG_ENV} included)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     placements = ([p.strip() for p in args.prefill_placements.split(",") if p.strip()]
@@ -221,16 +230,20 @@ def main(argv=None) -> int:
             args.rounds_per_replay = [refill_rounds_per_replay()]
         if placements is None:
             placements = [prefill_placement()]
+        if args.readback_lags is None:
+            args.readback_lags = [refill_readback_lag()]
+        for lag in args.readback_lags:
+            refill_readback_lag(lag)
         target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
         if args.drafter_kernels == "fused":
             drafter = FusedForward(drafter)
     except SpecPilotError as exc:
         ap.error(str(exc))
     cells, started = [], time.perf_counter()
-    for batch, per, kind, placement in itertools.product(args.batch_sizes, args.rounds_per_replay,
-                                                          kinds, placements):
+    for batch, per, kind, placement, lag in itertools.product(
+            args.batch_sizes, args.rounds_per_replay, kinds, placements, args.readback_lags):
         cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
-                              placement, args))
+                              placement, lag, args))
         print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
         write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
                                            "settings": vars(args), "cells": cells})

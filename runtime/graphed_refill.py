@@ -8,8 +8,10 @@ at Llama-3.1-8B / 3.2-1B shape on H200 step costs, refill made plain AR 1.25-1.3
 end at different lengths (BENCHMARKS.md). Here the round graphs stay as they are (a finished row
 already runs along inactive); only the host loop and the state of one row change:
 
-  - after each replay the host copies the rows' active flags back (one replay behind, as the
-    status row); a row that turned inactive is done;
+  - after each replay the host copies the rows' active flags back and reads them one replay
+    behind, as the status row (SPECPILOT_REFILL_LAG or `readback_lag` reads further behind, so
+    that more replays are queued while the host admits newcomers); a row that turned inactive
+    is done;
   - its results (output row, count, per-round acceptance) are cloned on the device, in stream
     order, before a newcomer reuses the row (a row no newcomer takes is read in place at the end);
   - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
@@ -72,6 +74,16 @@ ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
 # one at batch 4, 16 and 64: BENCHMARKS.md, fifteenth set).
 REFILL_ROUNDS_PER_REPLAY = 1
 
+LAG_ENV = "SPECPILOT_REFILL_LAG"
+# Replays the host's read-back runs behind the replay it has just queued. The host admits
+# newcomers after that read-back, while the replays queued since run: on an H200 an admission's
+# host work (2.25 ms median at batch 16) outlasted the one replay (1.76 ms) a lag of 1 leaves
+# queued, and the GPU waited (BENCHMARKS.md, twenty-fourth set). A lag of 2 keeps two queued, at
+# one round more that a finished request's row runs empty. Not yet raced on a GPU: 1 stays the
+# default until it is (bench/refill_timeline.py --readback-lags 1,2).
+REFILL_READBACK_LAG = 1
+MAX_READBACK_LAG = 4
+
 
 # Plain steps with nobody left to refill (the queue empty, speculation off or never on) replay
 # this many rounds at a time while the batch's longest request still needs that many: a refill
@@ -96,6 +108,23 @@ def refill_rounds_per_replay() -> int:
     return rounds
 
 
+def refill_readback_lag(lag: Optional[int] = None) -> int:
+    """Replays the refill loop's read-back runs behind (1..MAX_READBACK_LAG): `lag` as given,
+    else SPECPILOT_REFILL_LAG's, else REFILL_READBACK_LAG."""
+    expected = f"expected a whole number of replays from 1 to {MAX_READBACK_LAG}"
+    if lag is not None:
+        if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag <= MAX_READBACK_LAG:
+            raise SpecPilotError(f"readback lag {lag!r}: {expected}")
+        return lag
+    value = os.environ.get(LAG_ENV)
+    if value is None:
+        return REFILL_READBACK_LAG
+    text = value.strip()
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_READBACK_LAG:
+        raise SpecPilotError(f"{LAG_ENV}={value!r}: {expected}")
+    return int(text)
+
+
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
                 counts: List[int], seen: int, since: int, block: int) -> bool:
     """Whether the longest held request still needs `block` plain rounds: by `counts`, the rows'
@@ -118,7 +147,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
     (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
     runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default beside the
-    round at its admission)."""
+    round at its admission). `readback_lag`: replays the host's read-back of finished rows
+    runs behind (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
@@ -126,7 +156,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
-                 prefill_placement: Optional[str] = None, **options):
+                 prefill_placement: Optional[str] = None,
+                 readback_lag: Optional[int] = None, **options):
         if options.get("record_margins"):
             raise SpecPilotError("continuous refill does not record margins: build the "
                                  "reference with the padded decoder")
@@ -137,9 +168,14 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         dev = self.device
         self.row_round = torch.zeros(batch, dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
-        self.host_active = torch.zeros((3, batch), dtype=torch.bool, pin_memory=cuda)
-        self.host_next = torch.zeros((3, 2), dtype=torch.int64, pin_memory=cuda)
-        self.host_count = torch.zeros((3, batch), dtype=torch.int64, pin_memory=cuda)
+        self.lag = refill_readback_lag(readback_lag)
+        # A ring of host copies and events: the replays from the one read back to the one just
+        # queued are lag + 1, and the next one's copy must not land where the host is reading.
+        ring = self.lag + 2
+        self.host_active = torch.zeros((ring, batch), dtype=torch.bool, pin_memory=cuda)
+        self.host_next = torch.zeros((ring, 2), dtype=torch.int64, pin_memory=cuda)
+        self.host_count = torch.zeros((ring, batch), dtype=torch.int64, pin_memory=cuda)
+        self.ring_events = [torch.cuda.Event() for _ in range(ring)] if cuda else []
         self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture,
                                        prefill_placement)
 
@@ -214,13 +250,16 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     def _run(self, prompts, limits: List[int], references=None):
         """Decode every prompt (each up to its limit; forced when `references` are given),
         refilling slots as requests finish; returns (per request: its row's results, the rounds
-        run per chain length, the refills made). An adaptive decoder replays the length its
-        policy chose two replays back: its first two replays run the length the call started
-        with (the longest, or 0 where the workload memory started a call with no queue off),
-        and the two after a newcomer alone starts the batch anew the longest. Once it replays
+        run per chain length, the refills made). The host reads a replay back `lag` replays
+        after it (one by default) and admits newcomers then. An adaptive decoder replays the
+        length its policy chose lag + 1 replays back: its first lag + 1 replays run the length
+        the call started with (the longest, or 0 where the workload memory started a call with
+        no queue off), and the lag + 1 after a newcomer alone starts the batch anew the
+        longest. Once it replays
         0 it holds 0 (off is for good, and plain steps write no next length) until such a
         newcomer. Forced runs cycle through every length."""
-        n, b, per = len(prompts), self.batch, self.rounds_per_replay
+        n, b, per, lag = len(prompts), self.batch, self.rounds_per_replay, self.lag
+        ring = lag + 2
         forced = references is not None
         lengths = self._lengths()
         replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
@@ -265,7 +304,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 k = lengths[j % len(lengths)]
             rounds = per
             drain = k == 0 and not queue and plain_block is not None
-            seen = j - 2                # the replay the last read-back (`counts`) was of
+            seen = j - 1 - lag          # the replay the last read-back (`counts`) was of
             if drain and seen in counted and _block_fits(held, trusted_from, limits, counts,
                                                          seen, rounds_run - counted[seen], block):
                 plain_block()
@@ -275,31 +314,32 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             replayed += 1
             rounds_run += rounds
             by_length[k] = by_length.get(k, 0) + rounds
-            self.host_active[j % 3].copy_(self.active, non_blocking=cuda)
+            self.host_active[j % ring].copy_(self.active, non_blocking=cuda)
             if drain:
-                self.host_count[j % 3].copy_(self.count, non_blocking=cuda)
+                self.host_count[j % ring].copy_(self.count, non_blocking=cuda)
                 counted[j] = rounds_run
             # The next length (rounds past the log's end all write its last row); not after a
             # plain replay, whose read-back is never used (off is read no more, and a restart
             # distrusts what came before it).
             if self.adaptive and k != 0:
-                self.host_next[j % 3].copy_(self.status[min(rounds_run, self.width) - 1],
+                self.host_next[j % ring].copy_(self.status[min(rounds_run, self.width) - 1],
                                             non_blocking=cuda)
             if cuda:
-                self.events[j % 3].record()
-            if j == 0:
+                self.ring_events[j % ring].record()
+            read = j - lag              # the replay read back now, `lag` behind this one
+            if read < 0:
                 continue
             if cuda:
-                self.events[(j - 1) % 3].synchronize()
-            if self.adaptive and not forced and j - 1 >= restarted and k != 0:
+                self.ring_events[read % ring].synchronize()
+            if self.adaptive and not forced and read >= restarted and k != 0:
                 # Off is for good (until a newcomer alone restarts the batch, below): plain
                 # steps write no length.
-                k = replay_length(self.host_next[(j - 1) % 3, 1], lengths)
-            active = self.host_active[(j - 1) % 3].tolist()
-            if j - 1 in counted:
-                counts = self.host_count[(j - 1) % 3].tolist()
+                k = replay_length(self.host_next[read % ring, 1], lengths)
+            active = self.host_active[read % ring].tolist()
+            if read in counted:
+                counts = self.host_count[read % ring].tolist()
             done = [row for row in range(b) if held[row] is not None and not active[row]
-                    and j - 1 >= trusted_from[row]]
+                    and read >= trusted_from[row]]
             for at, row in enumerate(done):     # the first len(queue) rows are refilled below
                 results[held[row]] = self._take_row(row, refilled=at < len(queue))
                 held[row] = None
@@ -319,10 +359,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 self._row_prefill.prefetch(prompts[queue[0]])
             if all(h is None for h in held):
                 break
-            # Each request holds its slot for at most its rounds' replays and two more (the
-            # replay it is seen in, and the one queued meanwhile): counted in replays, so that
+            # Each request holds its slot for at most its rounds' replays and lag + 1 more (the
+            # replay it is seen in, and those queued meanwhile): counted in replays, so that
             # many rounds a replay cannot trip it.
-            if replayed > (n + b) * (-(-(self.width + 1) // per) + 2):
+            if replayed > (n + b) * (-(-(self.width + 1) // per) + 1 + lag):
                 raise SpecPilotError("the refill loop ran past every request's limit: a "
                                      "request never finished")
         return results, by_length, refills

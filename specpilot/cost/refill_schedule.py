@@ -10,24 +10,27 @@ from typing import Dict, List, Optional, Sequence
 
 
 def refill_steps(lengths: Sequence[int], slots: int,
-                 rounds_per_replay: Optional[int] = None) -> int:
+                 rounds_per_replay: Optional[int] = None, lag: int = 1) -> int:
     """Steps until `lengths` (steps each request needs, in queue order) are all done on `slots`
     slots, each request starting at the first step a slot is free.
 
     With `rounds_per_replay` the steps run as the refill decoder's host loop runs them
     (runtime/graphed_refill.py): in replays of that many, a request holding its slot for whole
     replays (at least one: a request done at its prefill is seen only after a replay), and its
-    slot taken by the next request only the replay after the next, since the host reads a
-    replay's finished rows while the next replay already runs. For the same reason the loop
-    runs one replay past the last request's. The count is then whole replays of steps."""
+    slot taken by the next request only `lag` replays after its last, since the host reads a
+    replay's finished rows while the `lag` replays after it are queued (the loop's read-back
+    lag, 1 by default). For the same reason the loop runs `lag` replays past the last
+    request's. The count is then whole replays of steps."""
     # In units of `unit` steps: each request holds its slot for its units, its slot is free
     # `gap` units later, and the run ends `gap` units after the last request's end.
     if rounds_per_replay is None:
         unit, gap, holds = 1, 0, list(lengths)
     elif rounds_per_replay < 1:
         raise ValueError(f"rounds_per_replay must be at least 1, got {rounds_per_replay}")
+    elif lag < 1:
+        raise ValueError(f"lag must be at least 1, got {lag}")
     else:
-        unit, gap = rounds_per_replay, 1
+        unit, gap = rounds_per_replay, lag
         holds = [max(1, -(-steps // unit)) for steps in lengths]
     free = [0] * slots                  # the unit each slot frees at (which slot does not count)
     end = 0

@@ -80,10 +80,52 @@ def test_forcing_with_refill_is_clean(k):
     assert_clean(report, reference)
 
 
-@pytest.mark.parametrize("mutant", [StaleLength, NoTargetPrefill])
-def test_a_refilled_slot_reading_a_stale_row_is_caught(mutant):
+@pytest.mark.parametrize("lag", [2, 3])
+@pytest.mark.parametrize("k,batch,adaptive", [(0, 2, False), (3, 3, False), (4, 2, True)])
+def test_reading_finished_rows_back_later_still_gives_greedy_ar(k, batch, adaptive, lag):
+    """With the read-back `lag` replays behind, a finished row runs that many rounds empty
+    before its newcomer; every request's output is still greedy AR's, with per-request limits
+    too, and forcing is clean."""
     s, prompts, reference = mixed_requests(4)
-    decoder = mutant(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False)
+    drafter = s["drafter"] if k else None
+    decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"], capture=False,
+                                   adaptive=adaptive, readback_lag=lag)
+    assert decoder.lag == lag and decoder.host_active.shape[0] == lag + 2
+    r = decoder.generate(prompts, MAX_NEW)
+    assert r.tokens == reference.tokens
+    assert r.stats["refills"] == len(prompts) - batch
+    limits = [1 + (7 * i) % MAX_NEW for i in range(len(prompts))]
+    assert decoder.generate(prompts, limits).tokens == [t[:m] for t, m in
+                                                       zip(reference.tokens, limits)]
+    report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert_clean(report, reference)
+
+
+def test_the_readback_lag_is_checked(monkeypatch):
+    s = pair_setup(11)
+    monkeypatch.setenv("SPECPILOT_REFILL_LAG", "2")
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).lag == 2
+    # given to the constructor, the lag overrides the environment's
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False,
+                                readback_lag=1).lag == 1
+    for bad in ("0", "5", "two", "-1", "1.5"):
+        monkeypatch.setenv("SPECPILOT_REFILL_LAG", bad)
+        with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_LAG"):
+            GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
+    monkeypatch.delenv("SPECPILOT_REFILL_LAG")
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).lag == 1
+    for bad in (0, 5, True, 1.0):
+        with pytest.raises(SpecPilotError, match="readback lag"):
+            GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False, readback_lag=bad)
+
+
+@pytest.mark.parametrize("lag", [1, 2])
+@pytest.mark.parametrize("mutant", [StaleLength, NoTargetPrefill])
+def test_a_refilled_slot_reading_a_stale_row_is_caught(mutant, lag):
+    s, prompts, reference = mixed_requests(4)
+    decoder = mutant(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                     readback_lag=lag)
     assert decoder.generate(prompts, MAX_NEW).tokens != reference.tokens
 
 
@@ -292,9 +334,9 @@ def test_a_captured_refill_decoders_rounds_a_replay_default_and_its_setting(monk
             refill_rounds_per_replay()
 
 
-@pytest.mark.parametrize("per", [1, 2, 3])
+@pytest.mark.parametrize("per,lag", [(1, 1), (2, 1), (3, 1), (1, 2), (2, 3)])
 @pytest.mark.parametrize("k,batch", [(0, 2), (3, 3)])
-def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per, monkeypatch):
+def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per, lag, monkeypatch):
     # specpilot/cost/refill_schedule.refill_steps with rounds_per_replay models this loop from
     # each request's rounds alone: every round the decoder runs, by length, is counted there.
     # It does not model the drain's plain blocks (their bound needs the limits, and a request
@@ -309,12 +351,12 @@ def test_the_refill_schedule_in_replays_counts_the_loops_rounds(k, batch, per, m
     for block in (refill.DRAIN_PLAIN_ROUNDS, 1):
         monkeypatch.setattr(refill, "DRAIN_PLAIN_ROUNDS", block)
         decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"],
-                                       capture=False, rounds_per_replay=per)
+                                       capture=False, rounds_per_replay=per, readback_lag=lag)
         r = decoder.generate(prompts, MAX_NEW)
         assert r.tokens == reference.tokens
         ran[block] = sum(v for name, v in r.stats.items() if name.startswith("rounds_chain_"))
         rounds = [len(a) for a in r.accepted_lengths]
-    assert ran[1] == refill_steps(rounds, batch, rounds_per_replay=per)
+    assert ran[1] == refill_steps(rounds, batch, rounds_per_replay=per, lag=lag)
     monkeypatch.undo()
     assert 0 <= ran[refill.DRAIN_PLAIN_ROUNDS] - ran[1] <= 2 * refill.DRAIN_PLAIN_ROUNDS - 1
 

@@ -44,6 +44,12 @@ def test_a_hand_checked_schedule_in_replays():
     assert refill_steps([0, 2], 1, rounds_per_replay=1) == 5
     with pytest.raises(ValueError, match="rounds_per_replay"):
         refill_steps([1], 1, rounds_per_replay=0)
+    # Read back two replays behind: r1, done in replay 0, is seen while replays 1 and 2 are
+    # queued, so r2 runs replay 3; r0, done in replay 2, is seen in replay 4's gap, so r3 runs
+    # replays 5-7; replays 8 and 9 are queued before replay 7 is read back: 10 steps.
+    assert refill_steps([3, 1, 1, 3], 2, rounds_per_replay=1, lag=2) == 10
+    with pytest.raises(ValueError, match="lag"):
+        refill_steps([1], 1, rounds_per_replay=1, lag=0)
 
 
 def _replayed(lengths, slots, per):

@@ -72,11 +72,29 @@ def test_each_prefill_placement_is_a_cell_of_its_own(tmp_path, monkeypatch):
     assert cells[1]["calls"][0]["prefetches"] >= 1 and cells[1]["median"]["host_prefetch_ms"] > 0
 
 
+def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
+    """--readback-lags: one cell per lag, its decoder reading back that far behind; a finished
+    row then waits a replay more for its newcomer, so a call runs more rounds (every request
+    runs to its limit here, in the same rounds)."""
+    script = load_bench_script("refill_timeline")
+    out = tmp_path / "timeline.json"
+    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "5",
+                        "--max-new-tokens", "6", "--k", "2", "--calls", "1",
+                        "--decoders", "chain", "--readback-lags", "1,2",
+                        "--drafter-kernels", "model", "--out", str(out)]) == 0
+    cells = json.loads(out.read_text())["cells"]
+    assert [c["readback_lag"] for c in cells] == [1, 2]
+    one, two = (c["calls"][0] for c in cells)
+    assert one["new_tokens"] == two["new_tokens"] == 5 * 6
+    assert two["replays"] > one["replays"]
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prefill-placements", "sideways"], "--prefill-placements takes"),
     (["--decoders", "tree"], "chain and/or adaptive"),
     (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
+    (["--readback-lags", "1,5"], "readback lag 5"),
 ])
 def test_bad_arguments_are_refused(tmp_path, capsys, args, message):
     script = load_bench_script("refill_timeline")
