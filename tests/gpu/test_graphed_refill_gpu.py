@@ -44,6 +44,33 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
     assert report.passed, report.format()
 
 
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_captured_refill_read_back_two_replays_behind_equals_eager(tmp_path, adaptive):
+    """readback_lag=2 on the GPU: the host waits on the ring's events two replays back while
+    two are queued; the output and acceptance are the eager loop's at the same lag, and
+    forcing is clean."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=93)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = Transformer.from_checkpoint(folder, "float32", "cuda")
+    prompts = random_prompts((4, 11, 1, 7, 9, 2, 5), seed=94)
+    eos = (generate_ar(target, prompts, 20).tokens[1][6],)
+    reference = generate_ar(target, prompts, 20, eos_ids=eos)
+
+    def build(capture, lag):
+        return GraphedRefillDecoder(target, drafter, 3, 64, 3, eos, capture=capture,
+                                    adaptive=adaptive, readback_lag=lag)
+
+    want = build(False, 2).generate(prompts, 20)
+    graphed = build(True, 2)
+    for _ in range(2):
+        got = graphed.generate(prompts, 20)
+        assert got.tokens == want.tokens
+        assert got.accepted_lengths == want.accepted_lengths
+    report = compare_to_reference(graphed.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert report.passed, report.format()
+
+
 def _limited_requests(tmp_path, seed, drafter_seed):
     """(target, drafter (the target itself where the seeds agree), seven prompts, per-request
     limits that end them apart, greedy AR of 20 tokens) on the GPU in float32."""
