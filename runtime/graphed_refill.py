@@ -255,9 +255,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         length its policy chose lag + 1 replays back: its first lag + 1 replays run the length
         the call started with (the longest, or 0 where the workload memory started a call with
         no queue off), and the lag + 1 after a newcomer alone starts the batch anew the
-        longest. Once it replays
-        0 it holds 0 (off is for good, and plain steps write no next length) until such a
-        newcomer. Forced runs cycle through every length."""
+        longest. Once it replays 0 it holds 0 (off is for good, and plain steps write no next
+        length) until such a newcomer. Forced runs cycle through every length."""
         n, b, per, lag = len(prompts), self.batch, self.rounds_per_replay, self.lag
         ring = lag + 2
         forced = references is not None
@@ -323,7 +322,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             # distrusts what came before it).
             if self.adaptive and k != 0:
                 self.host_next[j % ring].copy_(self.status[min(rounds_run, self.width) - 1],
-                                            non_blocking=cuda)
+                                               non_blocking=cuda)
             if cuda:
                 self.ring_events[j % ring].record()
             read = j - lag              # the replay read back now, `lag` behind this one
