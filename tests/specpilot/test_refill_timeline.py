@@ -13,14 +13,19 @@ from bench_script import load_bench_script
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the script off a GPU")
 
 
-def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
-    script = load_bench_script("refill_timeline")
+def timeline_cells(tmp_path, prompts: int, new_tokens: int, calls: int, *more: str) -> list:
+    """The cells of one run of the script on 1/16-scale models at batch 2, chain(2) or
+    adaptive lengths up to 2, the drafter as its model runs it."""
     out = tmp_path / "timeline.json"
-    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "5",
-                        "--max-new-tokens", "6", "--k", "2", "--calls", "2",
-                        "--rounds-per-replay", "1,3",
-                        "--drafter-kernels", "model", "--out", str(out)]) == 0
-    cells = json.loads(out.read_text())["cells"]
+    assert load_bench_script("refill_timeline").main(
+        ["--scale", "0.0625", "--batch-sizes", "2", "--prompts", str(prompts),
+         "--max-new-tokens", str(new_tokens), "--k", "2", "--calls", str(calls),
+         "--drafter-kernels", "model", *more, "--out", str(out)]) == 0
+    return json.loads(out.read_text())["cells"]
+
+
+def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
+    cells = timeline_cells(tmp_path, 5, 6, 2, "--rounds-per-replay", "1,3")
     assert [(c["decoder"], c["rounds_per_replay"]) for c in cells] == [
         ("chain(2)", 1), ("adaptive", 1), ("chain(2)", 3), ("adaptive", 3)]
     assert {c["prefill_placement"] for c in cells} == {"beside"}    # the default
@@ -56,12 +61,8 @@ def test_each_prefill_placement_is_a_cell_of_its_own(tmp_path, monkeypatch):
 
     monkeypatch.setattr(script.GraphedRefillDecoder, "__init__", recording_init)
     monkeypatch.delenv("SPECPILOT_REFILL_PREFILL", raising=False)
-    out = tmp_path / "timeline.json"
-    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "4",
-                        "--max-new-tokens", "4", "--k", "2", "--calls", "1",
-                        "--decoders", "chain", "--prefill-placements", "beside,ahead",
-                        "--drafter-kernels", "model", "--out", str(out)]) == 0
-    cells = json.loads(out.read_text())["cells"]
+    cells = timeline_cells(tmp_path, 4, 4, 1, "--decoders", "chain",
+                           "--prefill-placements", "beside,ahead")
     assert [c["prefill_placement"] for c in cells] == ["beside", "ahead"]
     assert made == [False, True]
     assert "SPECPILOT_REFILL_PREFILL" not in os.environ
@@ -76,13 +77,7 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     """--readback-lags: one cell per lag, its decoder reading back that far behind; a finished
     row then waits a replay more for its newcomer, so a call runs more rounds (every request
     runs to its limit here, in the same rounds)."""
-    script = load_bench_script("refill_timeline")
-    out = tmp_path / "timeline.json"
-    assert script.main(["--scale", "0.0625", "--batch-sizes", "2", "--prompts", "5",
-                        "--max-new-tokens", "6", "--k", "2", "--calls", "1",
-                        "--decoders", "chain", "--readback-lags", "1,2",
-                        "--drafter-kernels", "model", "--out", str(out)]) == 0
-    cells = json.loads(out.read_text())["cells"]
+    cells = timeline_cells(tmp_path, 5, 6, 1, "--decoders", "chain", "--readback-lags", "1,2")
     assert [c["readback_lag"] for c in cells] == [1, 2]
     one, two = (c["calls"][0] for c in cells)
     assert one["new_tokens"] == two["new_tokens"] == 5 * 6
