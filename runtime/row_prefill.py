@@ -101,22 +101,12 @@ class RowPrefill:
 
     def _copy(self, s: int, row: int, width: int) -> None:
         """The bucket's slots of scratch set `s` into `row` of the batch's caches (slots past
-        the prompt hold padding, as a batch prefill leaves them). Where both caches keep their
-        layers in one stacked buffer (KVCache.allocate), a copy each for K and V: an admission
-        is host-bound (on an H200 its host work outlasted a batch-16 round, BENCHMARKS.md,
-        twenty-fourth set), and a view per layer and side cost four host ops a layer. Else one
-        multi-tensor copy for the K/V of every layer."""
-        dst, src = [], []
+        the prompt hold padding, as a batch prefill leaves them). An admission's host work
+        outlasted a batch-16 round on an H200 (BENCHMARKS.md, twenty-fourth set), so the copy
+        is one for K and one for V a model where the caches keep their layers stacked
+        (`KVCache.copy_row_from`)."""
         for cache, scratch in self.caches:
-            into = scratch[s]
-            if cache.stacked_k is not None and into.stacked_k is not None:
-                dst += [cache.stacked_k[:, row, :width], cache.stacked_v[:, row, :width]]
-                src += [into.stacked_k[:, 0, :width], into.stacked_v[:, 0, :width]]
-            else:
-                dst += [t[row, :width] for t in cache.k + cache.v]
-                src += [t[0, :width] for t in into.k + into.v]
-            cache.positions[row, :width].copy_(into.positions[0, :width])
-        torch._foreach_copy_(dst, src)
+            cache.copy_row_from(row, scratch[s], 0, width)
 
     def _take_set(self) -> int:
         """The next scratch set in turn that no newcomer prefilled ahead holds."""

@@ -103,3 +103,28 @@ def test_a_cache_whose_layers_are_not_its_stacked_buffers_is_refused():
     with pytest.raises(ValueError, match="stacked buffer"):
         KVCache(k=[t.clone() for t in cache.k], v=cache.v, positions=cache.positions,
                 stacked_k=cache.stacked_k, stacked_v=cache.stacked_v)
+
+
+def _layered(cache: KVCache) -> KVCache:
+    """The same values in layers held as separate tensors (no stacked buffer)."""
+    return KVCache(k=[t.clone() for t in cache.k], v=[t.clone() for t in cache.v],
+                   positions=cache.positions.clone())
+
+
+@pytest.mark.parametrize("into_stacked,from_stacked", [(True, True), (False, True),
+                                                       (True, False), (False, False)])
+def test_copy_row_from_copies_one_rows_first_slots_of_every_layer(into_stacked, from_stacked):
+    """A newcomer's prefill into a batch row (runtime/row_prefill.py): row 2 of a 4-row cache
+    takes the first 6 slots of row 1 of another, K, V and positions in every layer, stacked
+    buffers or not; every other row and slot keeps its own."""
+    into = _random_cache(8, num_layers=3, batch=4, capacity=12)
+    source = _random_cache(9, num_layers=3, batch=2, capacity=12)
+    into = into if into_stacked else _layered(into)
+    source = source if from_stacked else _layered(source)
+    before = [t.clone() for t in into.k + into.v + [into.positions]]
+    into.copy_row_from(2, source, 1, 6)
+    for now, then, theirs in zip(into.k + into.v + [into.positions], before,
+                                 source.k + source.v + [source.positions]):
+        want = then.clone()
+        want[2, :6] = theirs[1, :6]
+        assert torch.equal(now, want) and not torch.equal(now, then)
