@@ -93,36 +93,37 @@ MAX_READBACK_LAG = 4
 DRAIN_PLAIN_ROUNDS = 4
 
 
+def _env_count(name: str, default: int, unit: str, most: Optional[int] = None) -> int:
+    """The whole number >= 1 (and <= `most`) the environment variable `name` holds, `default`
+    where it is unset; a SpecPilotError naming the variable and its `unit` otherwise."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1 or (most is not None and count > most) or not value.strip().isascii():
+        bound = ">= 1" if most is None else f"from 1 to {most}"
+        raise SpecPilotError(f"{name}={value!r}: expected a whole number of {unit} {bound}")
+    return count
+
+
 def refill_rounds_per_replay() -> int:
     """Rounds a captured refill decoder's replay runs when not told (`rounds_per_replay`):
     REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS (to measure others)."""
-    value = os.environ.get(ROUNDS_ENV)
-    if value is None:
-        return REFILL_ROUNDS_PER_REPLAY
-    try:
-        rounds = int(value)
-    except ValueError:
-        rounds = 0
-    if rounds < 1 or not value.strip().isascii():
-        raise SpecPilotError(f"{ROUNDS_ENV}={value!r}: expected a whole number of rounds >= 1")
-    return rounds
+    return _env_count(ROUNDS_ENV, REFILL_ROUNDS_PER_REPLAY, "rounds")
 
 
 def refill_readback_lag(lag: Optional[int] = None) -> int:
     """Replays the refill loop's read-back runs behind (1..MAX_READBACK_LAG): `lag` as given,
     else SPECPILOT_REFILL_LAG's, else REFILL_READBACK_LAG."""
-    expected = f"expected a whole number of replays from 1 to {MAX_READBACK_LAG}"
-    if lag is not None:
-        if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag <= MAX_READBACK_LAG:
-            raise SpecPilotError(f"readback lag {lag!r}: {expected}")
-        return lag
-    value = os.environ.get(LAG_ENV)
-    if value is None:
-        return REFILL_READBACK_LAG
-    text = value.strip()
-    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_READBACK_LAG:
-        raise SpecPilotError(f"{LAG_ENV}={value!r}: {expected}")
-    return int(text)
+    if lag is None:
+        return _env_count(LAG_ENV, REFILL_READBACK_LAG, "replays", MAX_READBACK_LAG)
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag <= MAX_READBACK_LAG:
+        raise SpecPilotError(f"readback lag {lag!r}: expected a whole number of replays from 1 "
+                             f"to {MAX_READBACK_LAG}")
+    return lag
 
 
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
@@ -171,7 +172,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.lag = refill_readback_lag(readback_lag)
         # A ring of host copies and events: the replays from the one read back to the one just
         # queued are lag + 1, and the next one's copy must not land where the host is reading.
-        ring = self.lag + 2
+        self.ring = ring = self.lag + 2
         self.host_active = torch.zeros((ring, batch), dtype=torch.bool, pin_memory=cuda)
         self.host_next = torch.zeros((ring, 2), dtype=torch.int64, pin_memory=cuda)
         self.host_count = torch.zeros((ring, batch), dtype=torch.int64, pin_memory=cuda)
@@ -257,8 +258,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         no queue off), and the lag + 1 after a newcomer alone starts the batch anew the
         longest. Once it replays 0 it holds 0 (off is for good, and plain steps write no next
         length) until such a newcomer. Forced runs cycle through every length."""
-        n, b, per, lag = len(prompts), self.batch, self.rounds_per_replay, self.lag
-        ring = lag + 2
+        n, b, per, lag, ring = len(prompts), self.batch, self.rounds_per_replay, self.lag, self.ring
         forced = references is not None
         lengths = self._lengths()
         replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up

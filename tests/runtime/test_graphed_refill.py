@@ -109,7 +109,7 @@ def test_the_readback_lag_is_checked(monkeypatch):
     # given to the constructor, the lag overrides the environment's
     assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False,
                                 readback_lag=1).lag == 1
-    for bad in ("0", "5", "two", "-1", "1.5"):
+    for bad in ("0", "5", "two", "-1", "1.5", "\u0662"):
         monkeypatch.setenv("SPECPILOT_REFILL_LAG", bad)
         with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_LAG"):
             GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
