@@ -31,6 +31,7 @@ from specpilot.bench.environment import environment
 from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
 from specpilot.bench.shapes import build_preset
 from specpilot.bench.step_costs import measure_forwards
+from specpilot.cli_common import positive_counts
 from specpilot.codegen.cache import KernelCache, build_triton_module
 from specpilot.codegen.errors import KernelSpecError
 from specpilot.codegen.fused_layer import fused_layer_specs
@@ -82,7 +83,8 @@ def sweep_kernel(name, default, cases_by_rows, k, cache, device) -> List[dict]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="zoo-gpu-small-drafter", help="model shape preset")
-    ap.add_argument("--rows", default="16,80", help="tokens a launch (first: picks the fastest)")
+    ap.add_argument("--rows", type=positive_counts, default=[16, 80],
+                    help="tokens a launch (the first picks the fastest)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():
@@ -94,7 +96,7 @@ def main(argv=None) -> int:
                                  cfg.intermediate_size, cfg.vocab_size)
     reduction = {"qkv": cfg.hidden_size, "o_proj": cfg.num_heads * cfg.head_dim,
                  "mlp": cfg.hidden_size, "down": cfg.intermediate_size, "head": cfg.hidden_size}
-    row_counts = [int(r) for r in args.rows.split(",")]
+    row_counts = args.rows
     torch.manual_seed(0)
     cases_by_rows = {r: kernel_cases(cfg, r, device) for r in row_counts}
     cache = KernelCache()
@@ -106,8 +108,7 @@ def main(argv=None) -> int:
         first = row_counts[0]
         fastest = min(rows, key=lambda r: r["us"][first])
         best[name] = fastest["_spec"]
-        default_us = next(r["us"][first] for r in rows if r["default"]) if any(
-            r["default"] for r in rows) else None
+        default_us = next((r["us"][first] for r in rows if r["default"]), None)
         print(f"{name}: fastest {fastest['us'][first]:.2f} us ({fastest['spec']}), default "
               f"{default_us if default_us is None else round(default_us, 2)} us "
               f"({time.perf_counter() - started:.0f} s)", flush=True)

@@ -19,13 +19,17 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 import torch
 import triton
 import triton.language as tl
 
+from specpilot.bench.environment import environment
 from specpilot.bench.step_costs import time_median
+from specpilot.cli_common import positive_counts, positive_int
 from specpilot.runtime.cuda_graphs import capture_graph
+from specpilot.search.run_folder import write_json_atomic
 
 
 @triton.jit
@@ -106,22 +110,23 @@ def probe(programs: int, phases: int, width: int = 128) -> dict:
     return out
 
 
-def main():
+def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--programs", default="16,66,132")
-    ap.add_argument("--phases", type=int, default=200)
+    ap.add_argument("--programs", type=positive_counts, default=[16, 66, 132])
+    ap.add_argument("--phases", type=positive_int, default=200)
     ap.add_argument("--out", required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
+    if not torch.cuda.is_available():
+        ap.error("the probe captures CUDA graphs: it needs a GPU")
     rows = []
-    for g in (int(x) for x in args.programs.split(",")):
+    for g in args.programs:
         row = probe(g, args.phases)
         print(json.dumps(row), flush=True)
         rows.append(row)
-    payload = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "triton": triton.__version__, "rows": rows}
-    with open(args.out, "w") as f:
-        json.dump(payload, f, indent=2)
+    write_json_atomic(Path(args.out), {"environment": environment("cuda"),
+                                       "settings": vars(args), "rows": rows})
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

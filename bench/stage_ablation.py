@@ -38,6 +38,7 @@ from specpilot.bench.shapes import build_preset
 from specpilot.codegen.cache import KernelCache, build_triton_module
 from specpilot.codegen.fused_layer import fused_layer_specs
 from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
+from specpilot.cli_common import positive_int
 from specpilot.search.run_folder import write_json_atomic
 
 STATS = "inv = _inv_rms(x_rows, m_mask, K, eps, BLOCK_M, BLOCK_K)"
@@ -101,8 +102,9 @@ def attention_case(cfg, batch: int, context: int, device):
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--preset", default="zoo-gpu-small-drafter")
-    ap.add_argument("--rows", type=int, default=16, help="requests, one token each")
-    ap.add_argument("--context", type=int, default=192, help="visible cache slots (attention)")
+    ap.add_argument("--rows", type=positive_int, default=16, help="requests, one token each")
+    ap.add_argument("--context", type=positive_int, default=192,
+                    help="visible cache slots (attention)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if not torch.cuda.is_available():

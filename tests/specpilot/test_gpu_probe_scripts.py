@@ -39,7 +39,7 @@ def test_the_tile_sweep_tries_the_default_tiles_among_legal_others():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal off a GPU")
-@pytest.mark.parametrize("name", ["stage_ablation", "fused_tile_sweep"])
+@pytest.mark.parametrize("name", ["stage_ablation", "fused_tile_sweep", "grid_sync_probe"])
 def test_the_graph_capturing_probes_refuse_a_machine_without_a_gpu(name, tmp_path, capsys):
     script = load_bench_script(name)
     with pytest.raises(SystemExit):
