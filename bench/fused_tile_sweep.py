@@ -28,13 +28,11 @@ from typing import List
 import torch
 
 from specpilot.bench.environment import environment
-from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
-from specpilot.bench.shapes import build_preset
+from specpilot.bench.fused_kernel_cases import kernel_cases, preset_with_specs, time_launches
 from specpilot.bench.step_costs import measure_forwards
 from specpilot.cli_common import positive_counts
 from specpilot.codegen.cache import KernelCache, build_triton_module
 from specpilot.codegen.errors import KernelSpecError
-from specpilot.codegen.fused_layer import fused_layer_specs
 from specpilot.codegen.kernel_spec import KernelSpec
 from specpilot.runtime.fused_forward import FusedForward
 from specpilot.search.run_folder import write_json_atomic
@@ -90,10 +88,8 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         ap.error("the sweep captures CUDA graphs: it needs a GPU")
     device = torch.device("cuda")
-    model = build_preset(args.preset, "cuda", torch.bfloat16, 1.0, seed=2)
+    model, defaults = preset_with_specs(args.preset, "cuda")
     cfg = model.config
-    defaults = fused_layer_specs("bf16", cfg.hidden_size, cfg.num_heads, cfg.head_dim,
-                                 cfg.intermediate_size, cfg.vocab_size)
     reduction = {"qkv": cfg.hidden_size, "o_proj": cfg.num_heads * cfg.head_dim,
                  "mlp": cfg.hidden_size, "down": cfg.intermediate_size, "head": cfg.hidden_size}
     row_counts = args.rows

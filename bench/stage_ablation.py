@@ -34,10 +34,8 @@ from typing import Dict, Optional
 import torch
 
 from specpilot.bench.environment import environment
-from specpilot.bench.shapes import build_preset
 from specpilot.codegen.cache import KernelCache, build_triton_module
-from specpilot.codegen.fused_layer import fused_layer_specs
-from specpilot.bench.fused_kernel_cases import kernel_cases, time_launches
+from specpilot.bench.fused_kernel_cases import kernel_cases, preset_with_specs, time_launches
 from specpilot.cli_common import positive_int
 from specpilot.search.run_folder import write_json_atomic
 
@@ -111,9 +109,8 @@ def main(argv=None) -> int:
         ap.error("the ablation captures CUDA graphs: it needs a GPU")
     device = torch.device("cuda")
     torch.manual_seed(0)
-    cfg = build_preset(args.preset, "cuda", torch.bfloat16, 1.0, seed=2).config
-    specs = fused_layer_specs("bf16", cfg.hidden_size, cfg.num_heads, cfg.head_dim,
-                              cfg.intermediate_size, cfg.vocab_size)
+    model, specs = preset_with_specs(args.preset, "cuda")
+    cfg = model.config
     cases = kernel_cases(cfg, args.rows, device)
     cases["attention"] = attention_case(cfg, args.rows, args.context, device) + (None,)
     rows = []

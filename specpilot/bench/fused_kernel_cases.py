@@ -1,15 +1,27 @@
-"""The fused drafter kernels' operands at a model's decode shapes, and a launch's time in a CUDA
-graph: what bench/fused_tile_sweep.py and bench/stage_ablation.py time their variants with."""
+"""A shape preset's fused drafter kernels, their operands at its decode shapes, and a launch's
+time in a CUDA graph: what bench/fused_tile_sweep.py and bench/stage_ablation.py time their
+variants with."""
 from __future__ import annotations
 
 from typing import Callable, Dict, Tuple
 
 import torch
 
+from specpilot.bench.shapes import build_preset
 from specpilot.bench.step_costs import time_median
+from specpilot.codegen.fused_layer import fused_layer_specs
 from specpilot.runtime.cuda_graphs import capture_graph
 
 LAUNCHES_PER_GRAPH, REPLAYS = 20, 30
+
+
+def preset_with_specs(preset: str, device) -> tuple:
+    """(the shape preset's model, random bf16 weights of seed 2, on `device`; the default specs
+    of its fused layer kernels by name, codegen/fused_layer.py's)."""
+    model = build_preset(preset, device, torch.bfloat16, 1.0, seed=2)
+    cfg = model.config
+    return model, fused_layer_specs("bf16", cfg.hidden_size, cfg.num_heads, cfg.head_dim,
+                                    cfg.intermediate_size, cfg.vocab_size)
 
 
 def kernel_cases(cfg, rows: int, device) -> Dict[str, Tuple[tuple, dict, torch.Tensor]]:
