@@ -51,6 +51,9 @@
 #   timeline   bench/refill_timeline.py on the trained pair: whole refill calls (chain and
 #              adaptive, fused drafter) on the GPU's timeline: replays, admissions, idle gaps
 #              (TIMELINE_ARGS)
+#   variants   bench/round_variants.py: the same chain round captured in the fixed, adaptive and
+#              refill decoders, timed in blocks in rotated order, and the refill loop's replay
+#              with its read-back copy (VARIANTS_ARGS; random weights)
 #   treecost   bench/tree_round_cost.py: static trees' graphed rounds against chain(4)'s, with
 #              the acceptance walk and compaction as they are and as they were (random weights)
 #   overlap    bench/overlap_probe.py: a round's verification and drafter steps alone, on one
@@ -70,7 +73,7 @@
 # result name, default mechanisms: another keeps a second run apart, e.g. with
 # SPECPILOT_REFILL_ROUNDS), FUSED_ARGS (more options of
 # fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
-# refill_timeline.py), EXTREMES_ARGS (more options of
+# refill_timeline.py), VARIANTS_ARGS (of round_variants.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
 # RESULTS (default /tmp/specpilot-results, kept between calls), MEMORY (the compile memory, default
 # /tmp/specpilot-memory.sqlite), NO_TAR (set: no results.tar.gz, as bench/gpu_lanes.sh runs it).
@@ -174,6 +177,9 @@ phase() {
     timeline)
         step timeline timeout 300 python3 bench/refill_timeline.py --pair "$PAIR" \
             ${TIMELINE_ARGS:-} --out "$RESULTS/refill-timeline.json" ;;
+    variants)
+        step variants timeout "${VARIANTS_TIMEOUT:-300}" python3 bench/round_variants.py \
+            ${VARIANTS_ARGS:---batch-sizes 16,64} --out "$RESULTS/round-variants.json" ;;
     treecost)
         step treecost timeout "${TREECOST_TIMEOUT:-200}" python3 bench/tree_round_cost.py \
             --out "$RESULTS/tree-round-cost.json" ;;

@@ -1,0 +1,157 @@
+"""Is a chain round dearer in the adaptive and refill decoders than in the plain chain decoder,
+and what does the refill loop add to each replay?
+
+`bench/round_breakdown.py` timed each decoder's round once, one decoder after another, and
+found the adaptive and refill rounds some 0.1 ms dearer than the fixed chain's at batch 16
+(BENCHMARKS.md, sets 23 and 24), though their eager rounds launch only 3 and 9 kernels more.
+Here the same chain(k) round (random weights, drafter in fused kernels, every row active after
+the same context, the same cache capacity) is captured in each decoder and timed in blocks,
+the decoders' order rotated from block to block, so that drift in the machine falls on all
+alike:
+
+  chain          GraphedChainDecoder, fixed length k
+  adaptive       the same with adaptive lengths (its length update in the round)
+  refill         GraphedRefillDecoder, its prefill beside the round (the default)
+  refill_ahead   the same, its prefill placed ahead
+  refill_loop    the refill's replay as its host loop queues it: the replay, then the row
+                 flags copied to pinned host memory (and, adaptive, the next length) and an
+                 event recorded (runtime/graphed_refill.py)
+
+Per decoder: the median of the blocks' medians (device ms a replay, CUDA events) and each
+block's, and the kernels of one eager round (count, device µs, the costliest names).
+
+  python3 bench/round_variants.py --batch-sizes 16 --out bench/results/round-variants.json
+
+Off a GPU it runs uncaptured in float32 with Triton's interpreter, without kernel lists (to
+check the script).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+from pathlib import Path
+from typing import Callable, Dict, List
+
+import torch
+
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
+from specpilot.cli_common import positive_int  # noqa: E402
+from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
+                                           mid_run_context)
+from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
+from specpilot.bench.environment import environment  # noqa: E402
+from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
+from specpilot.bench.step_costs import time_median  # noqa: E402
+from specpilot.ir.errors import SpecPilotError  # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
+from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
+from specpilot.search.run_folder import write_json_atomic  # noqa: E402
+
+WARMUP = 5
+VARIANTS = ("chain", "adaptive", "refill", "refill_ahead", "refill_loop")
+
+
+def build(name: str, target, fused, batch: int, capacity: int, k: int, graphs: bool):
+    """The decoder whose round variant `name` times (refill_loop: the refill's own)."""
+    if name == "chain":
+        return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs)
+    if name == "adaptive":
+        # Fixed costs of the lengths 0..k in plain steps: the adaptive decoder measures nothing.
+        return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
+                                   adaptive=True, round_costs=[1.0 + 0.3 * n for n in range(k + 1)])
+    placement = "ahead" if name == "refill_ahead" else "beside"
+    return GraphedRefillDecoder(target, fused, batch, capacity, k, capture=graphs,
+                                prefill_placement=placement)
+
+
+def loop_replay(dec: GraphedRefillDecoder, replay: Callable[[], None]) -> Callable[[], None]:
+    """`replay` followed by what the refill's host loop queues after each replay: the row
+    flags' copy to pinned memory and the event the host waits on (ring slot 0 every time)."""
+    cuda = dec.device.type == "cuda"
+
+    def run():
+        replay()
+        dec.host_active[0].copy_(dec.active, non_blocking=cuda)
+        if cuda:
+            dec.ring_events[0].record()
+    return run
+
+
+def one_batch(args, target, fused, batch: int, graphs: bool) -> dict:
+    k, context = args.k, mid_run_context([[0] * args.prompt_len] * batch, args.new_tokens)
+    per_block = args.replays
+    # Room for every replay a decoder runs from the context: the blocks', their warm-ups, the
+    # capture's own runs and the eager kernel listing.
+    capacity = context + (args.blocks * (per_block + WARMUP) + 16) * (k + 1)
+    decoders, replays = {}, {}
+    for name in VARIANTS:
+        if name == "refill_loop":
+            decoders[name] = decoders["refill"]
+            replays[name] = loop_replay(decoders[name], replays["refill"])
+            continue
+        dec = decoders[name] = build(name, target, fused, batch, capacity, k, graphs)
+        replays[name] = dec.timing_round(context)
+    blocks: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    warm, timed = (WARMUP, per_block) if graphs else (0, 1)
+    for block in range(args.blocks):
+        shift = block % len(VARIANTS)
+        for name in VARIANTS[shift:] + VARIANTS[:shift]:
+            decoders[name].reset_all_active(context)
+            blocks[name].append(time_median(replays[name], decoders[name].device, warm,
+                                            timed) * 1e3)
+    kernels = {}
+    for name in VARIANTS[:-1]:
+        dec = decoders[name]
+        dec.reset_all_active(context)
+        dec._round(k)                           # warm: compiled ops, allocator
+        dec.reset_all_active(context)
+        kernels[name] = kernel_profile(lambda: dec._round(k), dec.device)
+    return {"batch": batch, "k": k, "context": context, "capacity": capacity,
+            "round_ms": {name: statistics.median(ms) for name, ms in blocks.items()},
+            "blocks_ms": blocks, "kernels": kernels}
+
+
+def report(row: dict) -> str:
+    ms, chain = row["round_ms"], row["round_ms"]["chain"]
+    parts = [f"{name} {v:.3f} ({v / chain:.3f}x)" for name, v in ms.items()]
+    lines = [f"batch {row['batch']}, chain({row['k']}) round, ms: " + ", ".join(parts)]
+    for name, prof in row["kernels"].items():
+        if prof:
+            lines.append(f"  {name}: {prof['kernels']} kernels, {prof['kernel_us']:.1f} us")
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    add_model_arguments(ap)
+    add_race_arguments(ap, calls=None)      # rounds are timed after prompt + new tokens / 2
+    ap.add_argument("--blocks", type=positive_int, default=8,
+                    help="blocks of replays per decoder, the decoders' order rotated each block")
+    ap.add_argument("--replays", type=positive_int, default=20, help="timed replays a block")
+    ap.add_argument("--out", required=True)
+    args = ap.parse_args(argv)
+    if args.pair:
+        ap.error("--pair: a round's cost does not depend on what it accepts; random weights")
+    try:
+        target, drafter, _, _, graphs = decode_models(args, 1)
+        fused = FusedForward(drafter)
+    except SpecPilotError as exc:
+        ap.error(str(exc))
+    results = []
+    started = time.perf_counter()
+    for b in args.batch_sizes:
+        results.append(one_batch(args, target, fused, b, graphs))
+        print(report(results[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
+        # Written after every batch size: a run cut short keeps what it finished.
+        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
+                                           "settings": vars(args), "batches": results})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
