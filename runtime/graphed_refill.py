@@ -228,12 +228,16 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             self.policy.admit(row, alone)
         self.out[row].zero_()
         self.out[row, :1] = g0
-        self.accepted[:, row] = -1
-        self.row_round[row] = 0
-        self.length[row] = len(prompt)
-        self.prev[row] = prompt[-1]
-        self.limit[row] = limit
-        self.count[row] = 1
+        # Host values go in by fill_ on a view of the row. An assignment to one element
+        # (`self.length[row] = n`) copies a host scalar with a blocking copy, and in torch 2.11
+        # that waits for every replay queued: the GPU then idles while the host admits and
+        # queues the next replay, and a longer read-back lag only makes the wait longer.
+        self.accepted[:, row].fill_(-1)
+        self.row_round[row].fill_(0)
+        self.length[row].fill_(len(prompt))
+        self.prev[row].fill_(prompt[-1])
+        self.limit[row].fill_(limit)
+        self.count[row].fill_(1)
         if reference is not None:
             self.ref[row].zero_()
             self.ref[row, :len(reference)] = to_device(

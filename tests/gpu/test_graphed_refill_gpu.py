@@ -178,3 +178,43 @@ def test_captured_drain_runs_plain_blocks_and_the_rounds_single_rounds_run(tmp_p
         assert r.tokens == [t[:n] for t, n in zip(reference.tokens, limits)]
         assert r.stats["rounds_chain_0"] == max(limits) == sum(decoder.log)
         assert DRAIN_PLAIN_ROUNDS in decoder.log and decoder.log[-1] == 1
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_an_admission_does_not_wait_for_the_work_queued_before_it(tmp_path, adaptive):
+    """The refill admits a newcomer while the replays queued before it still run: with a long
+    kernel queued ahead, the admission returns before it ends (an event recorded after that
+    kernel is still pending), and the row is then what an admission on an idle GPU leaves."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=95)
+    target = Transformer.from_checkpoint(folder, "float32", "cuda")
+    drafter = Transformer.from_checkpoint(folder, "float32", "cuda")
+    prompts = random_prompts((6, 9, 4), seed=96)
+    costs = [1.0, 1.2, 1.4, 1.6] if adaptive else None
+
+    def admitted(busy: bool):
+        dec = GraphedRefillDecoder(target, drafter, 2, 64, 3, capture=True, adaptive=adaptive,
+                                   round_costs=costs)
+        dec.generate(prompts[:2], 8)               # the graphs captured, both rows used
+        dec.prepare_prefill(prompts)
+        dec._admit(0, prompts[1], 8)               # the row prefill's graphs captured
+        torch.cuda.synchronize()
+        pending = False
+        if busy:
+            torch.cuda._sleep(2_000_000_000)       # about a second of one busy kernel
+            ahead = torch.cuda.Event()
+            ahead.record()
+        dec._admit(1, prompts[2], 8)
+        if busy:
+            pending = not ahead.query()
+        torch.cuda.synchronize()
+        state = {name: getattr(dec, name)[1].clone() for name in
+                 ("out", "count", "limit", "length", "prev", "last", "active", "row_round")}
+        return pending, state, dec.accepted[:, 1].clone()
+
+    pending, state, log = admitted(busy=True)
+    assert pending, "the admission waited for the kernel queued before it"
+    _, want, want_log = admitted(busy=False)
+    for name, value in want.items():
+        assert torch.equal(state[name], value), name
+    assert torch.equal(log, want_log) and (log == -1).all()
+    assert state["length"].item() == len(prompts[2]) and state["count"].item() == 1

@@ -4,6 +4,7 @@ finishing at different times; forcing is clean; and a refill that leaves a stale
 row behind is caught."""
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.ar import generate_ar
@@ -465,3 +466,47 @@ def test_a_turned_off_adaptive_batch_drains_in_plain_blocks():
     assert DRAIN_PLAIN_ROUNDS in decoder.log[last_admit:]
     assert DRAIN_PLAIN_ROUNDS not in decoder.log[:last_admit]
     assert r.accepted_lengths == [[0] * (len(t) - 1) for t in r.tokens]
+
+
+class _HostScalarCopies(TorchDispatchMode):
+    """Records each copy of a host scalar lifted into a tensor (`t[i] = v` on one element)
+    and each fill_ with a Python value: on a GPU the first is a blocking host-to-device copy
+    that waits for every replay queued (torch 2.11), the second a kernel with the value.
+    (Host lists lifted into host tables, as a prefill's token table is, copy no scalar.)"""
+
+    def __init__(self):
+        super().__init__()
+        self.lifted, self.copies, self.fills = [], 0, 0   # kept alive: no id is reused
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        if func is torch.ops.aten.lift_fresh.default:
+            self.lifted.append(out)
+        elif (func is torch.ops.aten.copy_.default and args[1].dim() == 0
+              and any(args[1] is t for t in self.lifted)):
+            self.copies += 1
+        elif func is torch.ops.aten.fill_.Scalar:
+            self.fills += 1
+        return out
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_an_admission_copies_no_host_scalar_into_the_row(adaptive):
+    """The refill admits newcomers between replays while the next is queued: a row's state
+    set by element assignment would make the host wait for the GPU at every admission."""
+    s, prompts, reference = mixed_requests(6)
+    costs = [1.0, 1.2, 1.4, 1.6] if adaptive else None
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"],
+                                   capture=False, adaptive=adaptive, round_costs=costs)
+    watched = decoder._admit
+
+    def admit(*args, **kwargs):
+        with _HostScalarCopies() as seen:
+            watched(*args, **kwargs)
+        assert seen.copies == 0
+        assert seen.fills >= 5            # the row's count, limit, length, prev and rounds
+        admitted.append(args[0])
+    admitted = []
+    decoder._admit = admit
+    assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
+    assert len(admitted) == len(prompts) - 2          # every newcomer past the two slots
