@@ -25,6 +25,11 @@ Per batch size, for chain(k) with the drafter in fused kernels (runtime/fused_fo
   python3 bench/round_breakdown.py --pair /tmp/specpilot-pair --batch-sizes 16,64 --out FILE
   python3 bench/round_breakdown.py --target-kernels layers-attention --out FILE
 
+Each decoder's round is timed once, after the others: differences of a few percent between
+them are the order of the timings as much as the rounds (on an H200 the adaptive and refill
+rounds came out 6-7 % dearer here, and within 1 % of the fixed chain's when raced side by side
+by bench/round_variants.py; BENCHMARKS.md, twenty-fifth set). Compare decoders there.
+
 Random weights by default (a round's cost does not depend on what it accepts: every piece
 runs its fixed shapes). Off a GPU it runs uncaptured in float32 with Triton's interpreter,
 without kernel lists (to check the script).

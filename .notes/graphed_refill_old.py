@@ -1,0 +1,424 @@
+"""Continuous refill in the graphed runtime: a finished request's slot takes the next request
+from the queue between two replays, without draining the batch.
+
+The padded graphed loop (runtime/graphed_chain.py) runs a batch until its longest request is
+done, so the slots of requests that finished early, or accepted more, idle until then. Replayed
+at Llama-3.1-8B / 3.2-1B shape on H200 step costs, refill made plain AR 1.25-1.33x and chain(4)
+1.7-1.9x faster than their padded loops at batch 4 and 16, on a HumanEval profile whose requests
+end at different lengths (BENCHMARKS.md). Here the round graphs stay as they are (a finished row
+already runs along inactive); only the host loop and the state of one row change:
+
+  - after each replay the host copies the rows' active flags back and reads them one replay
+    behind, as the status row (SPECPILOT_REFILL_LAG or `readback_lag` reads further behind, so
+    that more replays are queued while the host admits newcomers); a row that turned inactive
+    is done;
+  - its results (output row, count, per-round acceptance) are cloned on the device, in stream
+    order, before a newcomer reuses the row (a row no newcomer takes is read in place at the end);
+  - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
+    a graph per bucket width on scratch caches, beside the queued round on a GPU, then copied
+    into the row), and the row's state is set as a batch prefill would set it. A snapshot taken
+    before the refill is not trusted for that row.
+
+Once the queue is empty nobody waits for a slot, so plain steps (speculation off, or a plain
+AR decoder) then replay DRAIN_PLAIN_ROUNDS rounds at a time while the batch's longest request
+still needs that many, and single rounds after. What a request needs is read from its token
+count, copied back with the active flags on these replays only: a plain round commits exactly
+one token, so counted from a replay that ran plain after every row's admission, the bound is
+exact. Where no request ends early by EOS the rounds are those of one round a replay, in fewer
+replays; a request that ends by EOS at most 2 x DRAIN_PLAIN_ROUNDS - 1 rounds before the others
+(one a replay: 1) leaves that many rounds run past it, as strong AR's four-round graphs do.
+
+Acceptance is logged per row, by the row's own round counter (the run's rounds are unbounded
+with refill; one request's are not), so the per-request acceptance is read back per request.
+An unforced plain step only counts the round (every row that ran it accepted 0), so a plain
+step runs fewer kernels than a padded decoder's: those of a refill decoder with k = 0 (plain AR
+with refill), and of an adaptive one once speculation is off.
+
+Chains of a fixed length (k = 0 is plain greedy AR with refill) or of adaptive lengths up to k;
+draft trees with refill are runtime/graphed_tree_refill.py's. With adaptive lengths the
+batch's length serves its tokens per unit of time, not the makespan of its current requests
+(a refilled batch has no tail), a newcomer's estimates start from the averages of the requests
+before it, and speculation turns off for the rest of the call once plain steps would serve the
+batch faster by every estimate (runtime/batch_length.py): the drafter's cache is not kept up
+after that. Once the queue is empty the batch drains like a padded one (by its makespan
+again), and a newcomer alone in the batch starts it anew (speculating again, the host back at
+the longest chain). A call with no queue (no more requests than slots) is one padded batch
+from its start, so it remembers the workload and may start with speculation off as a padded
+decoder's batch does (runtime/workload_memory.py); calls with a queue neither read nor teach
+that memory.
+"""
+from __future__ import annotations
+
+import os
+from collections import deque
+from typing import Dict, List, Optional, Sequence, Union
+
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+
+from .cuda_graphs import to_device
+from .graphed_chain import GraphedChainDecoder
+from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
+from .row_prefill import RowPrefill
+from .speculative import SpecResult
+
+
+ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
+# A slot whose request finishes waits for its replay's end and one replay more before its
+# newcomer runs, so fewer rounds a replay refill sooner, at more host work a round. On an H200
+# (run 28's pair, 64 HumanEval prompts, batch 16, bench/refill_timeline.py) a call took 707 /
+# 658 / 650 ms at 4 / 2 / 1 rounds a replay with chain(4) (348 / 330 / 322 rounds), 713 / 677 /
+# 665 with adaptive lengths; the gaps between replays and admissions stayed at 2.5-4.5 ms. Not
+# raced against four at other batch sizes, nor for plain or tree refill (the bench has run with
+# one at batch 4, 16 and 64: BENCHMARKS.md, fifteenth set).
+REFILL_ROUNDS_PER_REPLAY = 1
+
+LAG_ENV = "SPECPILOT_REFILL_LAG"
+# Replays the host's read-back runs behind the replay it has just queued. The host admits
+# newcomers after that read-back, while the replays queued since run: on an H200 an admission's
+# host work (2.25 ms median at batch 16) outlasted the one replay (1.76 ms) a lag of 1 leaves
+# queued, and the GPU waited (BENCHMARKS.md, twenty-fourth set). A lag of 2 keeps two queued, at
+# one round more that a finished request's row runs empty. Not yet raced on a GPU: 1 stays the
+# default until it is (bench/refill_timeline.py --readback-lags 1,2).
+REFILL_READBACK_LAG = 1
+MAX_READBACK_LAG = 4
+
+
+# Plain steps with nobody left to refill (the queue empty, speculation off or never on) replay
+# this many rounds at a time while the batch's longest request still needs that many: a refill
+# needs no finer grain then, and one round a replay pays a launch, a copy-back and an event per
+# step. On an H200 (run 32's pair, 64 HumanEval prompts at batch 64, started off: 256 plain
+# replays of one round) a step cost 1.019 of strong AR's, which replays four.
+DRAIN_PLAIN_ROUNDS = 4
+
+
+def _env_count(name: str, default: int, unit: str, most: Optional[int] = None) -> int:
+    """The whole number >= 1 (and <= `most`) the environment variable `name` holds, `default`
+    where it is unset; a SpecPilotError naming the variable and its `unit` otherwise."""
+    value = os.environ.get(name)
+    if value is None:
+        return default
+    try:
+        count = int(value)
+    except ValueError:
+        count = 0
+    if count < 1 or (most is not None and count > most) or not value.strip().isascii():
+        bound = ">= 1" if most is None else f"from 1 to {most}"
+        raise SpecPilotError(f"{name}={value!r}: expected a whole number of {unit} {bound}")
+    return count
+
+
+def refill_rounds_per_replay() -> int:
+    """Rounds a captured refill decoder's replay runs when not told (`rounds_per_replay`):
+    REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS (to measure others)."""
+    return _env_count(ROUNDS_ENV, REFILL_ROUNDS_PER_REPLAY, "rounds")
+
+
+def refill_readback_lag(lag: Optional[int] = None) -> int:
+    """Replays the refill loop's read-back runs behind (1..MAX_READBACK_LAG): `lag` as given,
+    else SPECPILOT_REFILL_LAG's, else REFILL_READBACK_LAG."""
+    if lag is None:
+        return _env_count(LAG_ENV, REFILL_READBACK_LAG, "replays", MAX_READBACK_LAG)
+    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag <= MAX_READBACK_LAG:
+        raise SpecPilotError(f"readback lag {lag!r}: expected a whole number of replays from 1 "
+                             f"to {MAX_READBACK_LAG}")
+    return lag
+
+
+def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
+                counts: List[int], seen: int, since: int, block: int) -> bool:
+    """Whether the longest held request still needs `block` plain rounds: by `counts`, the rows'
+    token counts read back from drain replay `seen`, less the `since` rounds queued after it
+    (all plain: one token a round). Only where every held row's request was in its row at `seen`
+    (a newcomer's count there is its predecessor's); the rows that read-back showed finished
+    are emptied already."""
+    if any(i is not None and trusted_from[row] > seen for row, i in enumerate(held)):
+        return False
+    need = max((limits[i] - counts[row] for row, i in enumerate(held) if i is not None),
+               default=0)
+    return need - since >= block
+
+
+class GraphedRefillDecoder(GraphedChainDecoder):
+    """`GraphedChainDecoder` (chains of fixed length k or adaptive lengths up to k, or k = 0
+    for plain steps) whose `generate` and `force` take any number of prompts and keep the
+    batch's `batch` slots busy: a slot whose request is done takes the next one. Its host loop
+    and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py).
+    Captured, a replay runs one round unless `rounds_per_replay` says otherwise
+    (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
+    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default beside the
+    round at its admission). `readback_lag`: replays the host's read-back of finished rows
+    runs behind (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1)."""
+
+    # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
+    # tokens per unit of time (runtime/batch_length.py).
+    length_objective = "throughput"
+
+    def __init__(self, target, drafter, batch: int, capacity: int, k: int,
+                 eos_ids: Sequence[int] = (), capture: bool = True,
+                 prefill_placement: Optional[str] = None,
+                 readback_lag: Optional[int] = None, **options):
+        if options.get("record_margins"):
+            raise SpecPilotError("continuous refill does not record margins: build the "
+                                 "reference with the padded decoder")
+        if capture and options.get("rounds_per_replay") is None:
+            options["rounds_per_replay"] = refill_rounds_per_replay()
+        super().__init__(target, drafter, batch, capacity, k, eos_ids, capture=capture,
+                         **options)
+        dev = self.device
+        self.row_round = torch.zeros(batch, dtype=torch.int64, device=dev)
+        cuda = dev.type == "cuda"
+        self.lag = refill_readback_lag(readback_lag)
+        # A ring of host copies and events: the replays from the one read back to the one just
+        # queued are lag + 1, and the next one's copy must not land where the host is reading.
+        self.ring = ring = self.lag + 2
+        self.host_active = torch.zeros((ring, batch), dtype=torch.bool, pin_memory=cuda)
+        self.host_next = torch.zeros((ring, 2), dtype=torch.int64, pin_memory=cuda)
+        self.host_count = torch.zeros((ring, batch), dtype=torch.int64, pin_memory=cuda)
+        self.ring_events = [torch.cuda.Event() for _ in range(ring)] if cuda else []
+        self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture,
+                                       prefill_placement)
+
+    # ---- the round's log: per row, by the row's own round counter ---------------------------
+
+    def _log_round(self, accepted: torch.Tensor, plain: bool = False) -> None:
+        if plain:
+            # An unforced plain step accepts no draft: every row that ran would log 0. Only the
+            # row's round counter moves; its entry stays -1, read as 0 (`_accepted_rows`). Nor is
+            # the status row written: the refill's host reads no "all finished", and holds a
+            # plain length for good. The step then runs fewer kernels than a padded plain step.
+            self.row_round.add_(accepted >= 0)
+            self.round_index.add_(1)
+            return
+        # A row's log entry at its own round counter is still -1 (set by `_reset` or `_admit`;
+        # a request runs fewer rounds than it has tokens, so the clamp never reaches a kept
+        # entry): a row that did not run (-1) may write there unchanged. Three kernels fewer in
+        # every round than keeping the old entry (a gather, a select, a cast).
+        at = self.row_round.clamp(max=self.width - 1)[None, :]
+        self.accepted.scatter_(0, at, accepted[None, :])
+        self.row_round.add_(accepted >= 0)
+        self._log_status(self.round_index.clamp(max=self.width - 1))
+
+    def _reset(self) -> None:
+        super()._reset()
+        self.row_round.zero_()
+
+    # ---- one row: results out, a newcomer in -----------------------------------------------
+
+    def _drains_from_start(self, requests: int) -> bool:
+        """A call with no more requests than slots has no queue: one padded batch."""
+        return requests <= self.batch
+
+    def _take_row(self, row: int, refilled: bool) -> dict:
+        """What the request in `row` produced: device clones (stream-ordered, no sync) where a
+        newcomer takes the row now, else views. Later rounds of this call leave a row no
+        newcomer takes as it is (inactive rows write back what they hold; `_log_round`), so
+        with no queue (or once it is empty) finishing costs no kernel at all."""
+        taken = {"out": self.out[row], "count": self.count[row],
+                 "accepted": self.accepted[:, row], "rounds": self.row_round[row]}
+        return {key: t.clone() for key, t in taken.items()} if refilled else taken
+
+    def _admit(self, row: int, prompt: Sequence[int], limit: int,
+               reference: Optional[Sequence[int]] = None, alone: bool = False) -> None:
+        """Prefill `prompt` into `row` of both caches and set the row's state as a batch
+        prefill sets it: the first token its own argmax, or the reference's when forced."""
+        g0 = torch.argmax(self._row_prefill.run(row, prompt), dim=-1)       # [1]
+        if self.policy is not None:
+            self.policy.admit(row, alone)
+        self.out[row].zero_()
+        self.out[row, :1] = g0
+        self.accepted[:, row] = -1
+        self.row_round[row] = 0
+        self.length[row] = len(prompt)
+        self.prev[row] = prompt[-1]
+        self.limit[row] = limit
+        self.count[row] = 1
+        if reference is not None:
+            self.ref[row].zero_()
+            self.ref[row, :len(reference)] = to_device(
+                torch.tensor(list(reference), dtype=torch.int64), self.device)
+        self._begin(slice(row, row + 1), g0, forced=reference is not None)
+
+    def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
+        """Capture the prefill graphs these prompts will need now, as a first-wave batch and
+        as newcomers."""
+        super().prepare_prefill(prompts)
+        self._row_prefill.prepare([len(p) for p in prompts])
+
+    # ---- the host loop --------------------------------------------------------------------------
+
+    def _run(self, prompts, limits: List[int], references=None):
+        """Decode every prompt (each up to its limit; forced when `references` are given),
+        refilling slots as requests finish; returns (per request: its row's results, the rounds
+        run per chain length, the refills made). The host reads a replay back `lag` replays
+        after it (one by default) and admits newcomers then. An adaptive decoder replays the
+        length its policy chose lag + 1 replays back: its first lag + 1 replays run the length
+        the call started with (the longest, or 0 where the workload memory started a call with
+        no queue off), and the lag + 1 after a newcomer alone starts the batch anew the
+        longest. Once it replays 0 it holds 0 (off is for good, and plain steps write no next
+        length) until such a newcomer. Forced runs cycle through every length."""
+        n, b, per, lag, ring = len(prompts), self.batch, self.rounds_per_replay, self.lag, self.ring
+        forced = references is not None
+        lengths = self._lengths()
+        replays = {k: self._runner(forced, k) for k in lengths}   # captured before the set-up
+        # Plain steps in blocks once nobody is left to refill (DRAIN_PLAIN_ROUNDS).
+        block = DRAIN_PLAIN_ROUNDS
+        plain_block = (self._runner(False, 0, rounds=block)
+                       if not forced and 0 in lengths and per < block else None)
+        # The newcomers' prefill graphs too: captured lazily, a bucket would sync the device
+        # mid-call (a capture does) and its first prefill could not run beside a round.
+        self._row_prefill.prepare([len(p) for p in prompts[self.batch:]])
+        self._ensure_round_costs(prompts, limits)
+        first = list(range(min(n, b)))
+        self._start([prompts[i] for i in first], [limits[i] for i in first],
+                    None if references is None else [references[i] for i in first], requests=n)
+        queue = deque(range(len(first), n))
+        # Where the placement is `ahead`, the queue's next newcomer is prefilled ahead of its
+        # admission, beside the rounds (runtime/row_prefill.py), each time the one before it is
+        # admitted; otherwise prefetch does nothing.
+        self._row_prefill.forget()
+        if queue:
+            self._row_prefill.prefetch(prompts[queue[0]])
+        held: List[Optional[int]] = list(first) + [None] * (b - len(first))
+        trusted_from = [0] * b          # snapshots of replays before this one are stale
+        # Rounds queued so far; per drain replay (its counts copied back), the rounds queued
+        # through it; the counts of the last read-back, where it was of a drain replay.
+        rounds_run = 0
+        counted: Dict[int, int] = {}
+        counts: List[int] = []
+        results: Dict[int, dict] = {}
+        cuda = self.device.type == "cuda"
+        by_length: Dict[int, int] = {}
+        k = self.first_length           # forced runs choose theirs per replay below
+        replayed, refills = 0, 0
+        restarted = 0                   # lengths read back from before this replay are stale
+        draining = self.policy is None  # the policy is told once, when the queue is empty
+        while True:
+            if not draining and not queue:
+                self.policy.draining.fill_(True)
+                draining = True
+            j = replayed
+            if forced:
+                k = lengths[j % len(lengths)]
+            rounds = per
+            drain = k == 0 and not queue and plain_block is not None
+            seen = j - 1 - lag          # the replay the last read-back (`counts`) was of
+            if drain and seen in counted and _block_fits(held, trusted_from, limits, counts,
+                                                         seen, rounds_run - counted[seen], block):
+                plain_block()
+                rounds = block
+            else:
+                replays[k]()
+            replayed += 1
+            rounds_run += rounds
+            by_length[k] = by_length.get(k, 0) + rounds
+            self.host_active[j % ring].copy_(self.active, non_blocking=cuda)
+            if drain:
+                self.host_count[j % ring].copy_(self.count, non_blocking=cuda)
+                counted[j] = rounds_run
+            # The next length (rounds past the log's end all write its last row); not after a
+            # plain replay, whose read-back is never used (off is read no more, and a restart
+            # distrusts what came before it).
+            if self.adaptive and k != 0:
+                self.host_next[j % ring].copy_(self.status[min(rounds_run, self.width) - 1],
+                                               non_blocking=cuda)
+            if cuda:
+                self.ring_events[j % ring].record()
+            read = j - lag              # the replay read back now, `lag` behind this one
+            if read < 0:
+                continue
+            if cuda:
+                self.ring_events[read % ring].synchronize()
+            if self.adaptive and not forced and read >= restarted and k != 0:
+                # Off is for good (until a newcomer alone restarts the batch, below): plain
+                # steps write no length.
+                k = replay_length(self.host_next[read % ring, 1], lengths)
+            active = self.host_active[read % ring].tolist()
+            if read in counted:
+                counts = self.host_count[read % ring].tolist()
+            done = [row for row in range(b) if held[row] is not None and not active[row]
+                    and read >= trusted_from[row]]
+            for at, row in enumerate(done):     # the first len(queue) rows are refilled below
+                results[held[row]] = self._take_row(row, refilled=at < len(queue))
+                held[row] = None
+            # Every finished row is emptied before any is refilled: a newcomer is alone when no
+            # row holds a request still running (as of this read-back), whatever its row.
+            for row in done:
+                if queue:
+                    i = queue.popleft()
+                    alone = all(h is None for h in held)
+                    self._admit(row, prompts[i], limits[i],
+                                None if references is None else references[i], alone)
+                    held[row], trusted_from[row] = i, j + 1
+                    refills += 1
+                    if alone and self.adaptive and not forced:
+                        k, restarted = lengths[-1], j + 1     # the batch starts anew
+            if queue:
+                self._row_prefill.prefetch(prompts[queue[0]])
+            if all(h is None for h in held):
+                break
+            # Each request holds its slot for at most its rounds' replays and lag + 1 more (the
+            # replay it is seen in, and those queued meanwhile): counted in replays, so that
+            # many rounds a replay cannot trip it.
+            if replayed > (n + b) * (-(-(self.width + 1) // per) + 1 + lag):
+                raise SpecPilotError("the refill loop ran past every request's limit: a "
+                                     "request never finished")
+        return results, by_length, refills
+
+    def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
+        """Every request's tokens from its row's results (`_take_row`), read back at once."""
+        n = len(limits)
+        rows = torch.stack([results[i]["out"] for i in range(n)]).tolist()
+        counts = torch.stack([results[i]["count"] for i in range(n)]).tolist()
+        return cut_tokens(self, rows, counts, limits, trim_eos)
+
+    @staticmethod
+    def _accepted_rows(results: Dict[int, dict], n: int) -> List[List[int]]:
+        """Per request, the drafts accepted in each round it ran. Its plain steps logged
+        nothing (`_log_round`), and come after its last speculative round: speculation, once
+        off, stays off for every request running then, and a request that restarts the batch
+        is admitted before the restart's first round."""
+        logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
+        rounds = torch.stack([results[i]["rounds"] for i in range(n)]).tolist()
+        rows = [[a for a in row if a >= 0] for row in logged]
+        return [row + [0] * (r - len(row)) for row, r in zip(rows, rounds)]
+
+    @torch.no_grad()
+    def generate(self, prompts: Sequence[Sequence[int]],
+                 max_new_tokens: Union[int, Sequence[int]]) -> SpecResult:
+        """Greedy speculation (chains, or plain steps for k = 0; trees in the tree refill
+        decoders) of any number of prompts, `max_new_tokens` each (one count for all, or one per
+        prompt), `batch` at a time with continuous refill."""
+        if not prompts:
+            raise SpecPilotError("no prompts to decode")
+        n = len(prompts)
+        limits = request_limits(max_new_tokens, n)
+        for start in range(0, n, self.batch):
+            self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
+        results, by_length, refills = self._run(prompts, limits)
+        if self.policy is not None and self._drains_from_start(n):
+            # A call with no queue ran as one padded batch (one request per row): the workload
+            # memory learns from it as from a padded decoder's batch. A refilled row's counts
+            # mix requests, so calls with a queue teach it nothing.
+            self.policy.remember_batch()
+        tokens = self._tokens(results, limits, trim_eos=True)
+        logged = self._accepted_rows(results, n)
+        # The first wave's batched prefill (the drafter's unless that batch started off), then
+        # one per refill.
+        return logged_result(self, tokens, logged, by_length, prefills=1 + refills,
+                             stats={"refills": refills})
+
+    @torch.no_grad()
+    def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
+              ) -> List[List[int]]:
+        """What the decoder proposes at each reference position, committing the reference,
+        for any number of prompts with continuous refill."""
+        if not reference or len(reference) != len(prompts) or any(not r for r in reference):
+            raise SpecPilotError("force needs one non-empty reference token list per prompt")
+        longest = max(len(r) for r in reference)
+        for start in range(0, len(prompts), self.batch):
+            self._check(prompts[start:start + self.batch], longest)
+        limits = [len(r) for r in reference]
+        results, _, _ = self._run(prompts, limits, references=reference)
+        return self._tokens(results, limits, trim_eos=False)
