@@ -41,7 +41,6 @@ import itertools
 import os
 import statistics
 import time
-from pathlib import Path
 from typing import Dict, List
 
 import torch
@@ -51,8 +50,8 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            decoder_capacity)
-from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.gc_pause import gc_paused  # noqa: E402
+from specpilot.bench.script_rows import measure_rows  # noqa: E402
 from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
@@ -61,7 +60,6 @@ from specpilot.runtime.graphed_refill import (LAG_ENV, MAX_READBACK_LAG,  # noqa
                                               refill_rounds_per_replay)
 from specpilot.runtime.row_prefill import (PLACEMENT_ENV, PLACEMENTS,  # noqa: E402
                                            prefill_placement)
-from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
 class Timeline:
@@ -239,14 +237,12 @@ def main(argv=None) -> int:
             drafter = FusedForward(drafter)
     except SpecPilotError as exc:
         ap.error(str(exc))
-    cells, started = [], time.perf_counter()
-    for batch, per, kind, placement, lag in itertools.product(
-            args.batch_sizes, args.rounds_per_replay, kinds, placements, args.readback_lags):
-        cells.append(one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
-                              placement, lag, args))
-        print(report(cells[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                           "settings": vars(args), "cells": cells})
+    cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placements,
+                              args.readback_lags)
+    measure_rows(cases,
+                 lambda case: one_cell(target, drafter, prompts, eos, case[0],
+                                       case[2] == "adaptive", case[1], case[3], case[4], args),
+                 report, args.out, target.device.type, vars(args), "cells")
     return 0
 
 

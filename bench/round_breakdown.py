@@ -38,8 +38,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
@@ -49,9 +47,9 @@ if not torch.cuda.is_available():
 
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            mid_run_context)
-from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
 from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
+from specpilot.bench.script_rows import measure_rows  # noqa: E402
 from specpilot.bench.step_costs import measure_forwards, time_median, timed_runs  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.cuda_graphs import capture_graph  # noqa: E402
@@ -59,7 +57,6 @@ from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 from specpilot.runtime.torch_backend import TorchBackend  # noqa: E402
-from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 WARMUP, REPEATS = 5, 40
 TARGET_KERNELS = ("as-loaded", "layers-attention")
@@ -243,14 +240,10 @@ def main(argv=None) -> int:
         fused_target = FusedForward(target)
     except SpecPilotError as exc:
         ap.error(str(exc))
-    results = []
-    started = time.perf_counter()
-    for b in args.batch_sizes:
-        results.append(one_batch(args, target, drafter, fused, fused_target, prompts[:b], graphs))
-        print(report(results[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-        # Written after every batch size: a run cut short keeps what it finished.
-        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                           "settings": vars(args), "batches": results})
+    measure_rows(args.batch_sizes,
+                 lambda b: one_batch(args, target, drafter, fused, fused_target, prompts[:b],
+                                     graphs),
+                 report, args.out, target.device.type, vars(args), "batches")
     return 0
 
 

@@ -30,8 +30,6 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
-import time
-from pathlib import Path
 from typing import Callable, Dict, List
 
 import torch
@@ -43,14 +41,13 @@ from specpilot.cli_common import positive_int  # noqa: E402
 from specpilot.bench.decode_models import (add_model_arguments, decode_models,  # noqa: E402
                                            mid_run_context)
 from specpilot.bench.decoder_race import add_race_arguments  # noqa: E402
-from specpilot.bench.environment import environment  # noqa: E402
 from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
+from specpilot.bench.script_rows import measure_rows  # noqa: E402
 from specpilot.bench.step_costs import time_median  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
-from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 WARMUP = 5
 VARIANTS = ("chain", "adaptive", "refill", "refill_ahead", "refill_loop")
@@ -142,14 +139,8 @@ def main(argv=None) -> int:
         fused = FusedForward(drafter)
     except SpecPilotError as exc:
         ap.error(str(exc))
-    results = []
-    started = time.perf_counter()
-    for b in args.batch_sizes:
-        results.append(one_batch(args, target, fused, b, graphs))
-        print(report(results[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-        # Written after every batch size: a run cut short keeps what it finished.
-        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                           "settings": vars(args), "batches": results})
+    measure_rows(args.batch_sizes, lambda b: one_batch(args, target, fused, b, graphs), report,
+                 args.out, target.device.type, vars(args), "batches")
     return 0
 
 
