@@ -237,12 +237,14 @@ def main(argv=None) -> int:
             drafter = FusedForward(drafter)
     except SpecPilotError as exc:
         ap.error(str(exc))
+    def cell(case) -> dict:
+        batch, per, kind, placement, lag = case
+        return one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
+                        placement, lag, args)
+
     cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placements,
                               args.readback_lags)
-    measure_rows(cases,
-                 lambda case: one_cell(target, drafter, prompts, eos, case[0],
-                                       case[2] == "adaptive", case[1], case[3], case[4], args),
-                 report, args.out, target.device.type, vars(args), "cells")
+    measure_rows(cases, cell, report, args.out, target.device.type, vars(args), "cells")
     return 0
 
 
