@@ -9,9 +9,9 @@ profile of the same call:
   rounds      the schedule the captured loop runs (refill_steps, `--rounds-per-replay`); with
               one prefill for the first wave and one per newcomer it must give the row's target
               forwards, or the profile is not that row's (refused)
-  admission   each newcomer's admission (prefill and row set-up), `--admission-ms` each: the
-              fourteenth set's timeline measured 0.61-0.65 ms at batch 16, four rounds a
-              replay (an assumption for other calls)
+  admission   each newcomer's admission (prefill and row set-up), `--admission-ms` each: by
+              default 0.38 ms, as the twenty-fifth set's timeline measured it at batch 16,
+              one round a replay (an assumption for other calls)
   round       (median seconds - admissions) / rounds: the call's mean round, held for every
               schedule (a drain's rounds run as many rows as any other, padded); the first
               prefill and the call's fixed time before and after its replays are priced into
@@ -40,9 +40,10 @@ from specpilot.cli_common import positive_int
 from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
-# A newcomer's admission at batch 16 on the H200 (BENCHMARKS.md, fourteenth set: 31.4 ms and
-# 29.5 ms for 48 admissions, chain(4) and adaptive, run 27).
-ADMISSION_MS = 0.65
+# A newcomer's admission at batch 16 on the H200, one round a replay, prefill beside (BENCHMARKS.md,
+# twenty-fifth set: 56.3 ms for 148 admissions, chain(4), run 50; the fourteenth set's 0.61-0.65
+# ms were at four rounds a replay).
+ADMISSION_MS = 0.38
 
 
 def _row(rows, system: str, batch: int) -> dict:
@@ -113,7 +114,7 @@ def main(argv=None) -> int:
                              args.admission_ms)
     except (ProfileError, OSError, ValueError, KeyError) as exc:
         ap.error(f"{args.bench}: {exc}")
-    admission_source = ("the default, measured at batch 16, four rounds a replay"
+    admission_source = ("the default, measured at batch 16, one round a replay"
                         if args.admission_ms == ADMISSION_MS else "--admission-ms")
     print(f"{system}, batch {result['batch']}: measured {result['measured_seconds'] * 1000:.1f} "
           f"ms ({result['measured_x_stock']:.2f}x the stock Program, which runs "

@@ -77,12 +77,12 @@ REFILL_ROUNDS_PER_REPLAY = 1
 LAG_ENV = "SPECPILOT_REFILL_LAG"
 # Replays the host's read-back runs behind the replay it has just queued. The host admits
 # newcomers after that read-back, while the replays queued since run. On an H200 (batch 16, run
-# 50's pair, 164 HumanEval prompts) a lag of 2 was no faster than 1 (chain(4) 1907 against 1883
+# 50's pair, 164 HumanEval prompts) a lag of 2 was no faster than 1: chain(4) 1907 against 1883
 # ms a call, adaptive 1820 against 1813; in the bench, adaptive + refill 21273 against 21973
-# tokens/s, refill 21786 against 21799): an admission's host time grew with the replays queued (2.28 ms at lag 1, 3.98 at
-# lag 2), because it set the row's state by element assignment, a copy that waited for them
-# (`_admit` no longer does; BENCHMARKS.md, twenty-fifth set). 1 stays the default; the two
-# have not been raced since that change.
+# tokens/s, refill 21786 against 21799. An admission's host time grew with the replays queued
+# (2.28 ms at lag 1, 3.98 at lag 2), because it set the row's state by element assignment, a
+# copy that waited for them (`_admit` no longer does; BENCHMARKS.md, twenty-fifth set). 1 stays
+# the default; the two have not been raced since that change.
 REFILL_READBACK_LAG = 1
 MAX_READBACK_LAG = 4
 
