@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import os
-from pathlib import Path
 
 import torch
 
@@ -29,13 +28,12 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models  # noqa: E402
-from specpilot.bench.environment import environment  # noqa: E402
+from specpilot.bench.script_rows import measure_rows  # noqa: E402
 from specpilot.bench.step_costs import forward_step, time_median  # noqa: E402
 from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_program import rounded_capacity  # noqa: E402
-from specpilot.search.run_folder import write_json_atomic  # noqa: E402
 
 
 def probe(target, drafter, batch: int, k: int, context: int, graphs: bool, warmup: int,
@@ -97,18 +95,16 @@ def main(argv=None) -> int:
     except SpecPilotError as exc:
         ap.error(str(exc))
     warmup, repeats = (5, args.repeats) if graphs else (0, 1)
-    results = []
-    for b in args.batch_sizes:
-        row = probe(target, fused, b, args.k, args.context, graphs, warmup, repeats)
-        results.append(row)
+
+    def report(row: dict) -> str:
         ms = row["ms"]
-        print(f"batch {b}: verify {ms['verify']:.3f} ms, draft ({args.k} steps) "
-              f"{ms['draft']:.3f}, one stream {ms['one_stream']:.3f}, two streams "
-              f"{ms['two_streams']:.3f} ({row['draft_hidden']:.0%} of the draft hidden)",
-              flush=True)
-        # Written after every batch size: a run cut short keeps what it finished.
-        write_json_atomic(Path(args.out), {"environment": environment(target.device.type),
-                                           "settings": vars(args), "batches": results})
+        return (f"batch {row['batch']}: verify {ms['verify']:.3f} ms, draft ({args.k} steps) "
+                f"{ms['draft']:.3f}, one stream {ms['one_stream']:.3f}, two streams "
+                f"{ms['two_streams']:.3f} ({row['draft_hidden']:.0%} of the draft hidden)")
+
+    measure_rows(args.batch_sizes,
+                 lambda b: probe(target, fused, b, args.k, args.context, graphs, warmup, repeats),
+                 report, args.out, target.device.type, vars(args), "batches")
     return 0
 
 

@@ -237,6 +237,7 @@ def main(argv=None) -> int:
             drafter = FusedForward(drafter)
     except SpecPilotError as exc:
         ap.error(str(exc))
+
     def cell(case) -> dict:
         batch, per, kind, placement, lag = case
         return one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,

@@ -17,21 +17,18 @@ the script).
 from __future__ import annotations
 
 import argparse
-import time
-from pathlib import Path
 
 import torch
 
 from specpilot.bench.decode_models import add_model_arguments, decode_models
-from specpilot.bench.environment import environment
 from specpilot.bench.kernel_profile import kernel_profile
+from specpilot.bench.script_rows import measure_rows
 from specpilot.bench.step_costs import measure_round, round_timing_capacity, topology_from_key
 from specpilot.cli_common import positive_counts, positive_int
 from specpilot.ir import Chain
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.graphed_dynamic import walk_per_row
 from specpilot.runtime.graphed_program import graphed_decoder
-from specpilot.search.run_folder import write_json_atomic
 
 TOPOLOGIES = ("chain(4);sparse_tree([[0], [1], [0, 0], [0, 0, 0], [0, 0, 0, 0]]);"
               "tree([2, 2, 1]);tree([4, 4]);tree([4, 3, 2, 1])")
@@ -87,22 +84,22 @@ def main(argv=None) -> int:
         target, drafter, _, _, graphs = decode_models(args, 1)
     except SpecPilotError as exc:
         ap.error(str(exc))
-    rows, started = [], time.perf_counter()
-    for b in args.batch_sizes:
-        for topology in topologies:
-            # A chain's round has no walk or compaction: it is the reference, timed once.
-            for before in ((False,) if isinstance(topology, Chain) else (False, True)):
-                row = {"batch": b, "topology": str(topology), "nodes": topology.num_nodes,
-                       "depth": topology.depth, "variant": "before" if before else "now",
-                       **round_cost(target, drafter, b, topology, args.context, graphs, before)}
-                rows.append(row)
-                kernels = row.get("kernel_profile", {}).get("kernels", "-")
-                print(f"batch {b:3d} {row['topology']:58s} {row['variant']:6s} "
-                      f"{row['round_ms']:.3f} ms, {kernels} kernels "
-                      f"({time.perf_counter() - started:.0f} s)", flush=True)
-                # Written after every row: a run cut short keeps what it finished.
-                write_json_atomic(Path(args.out), {"environment": environment(
-                    target.device.type), "settings": vars(args), "rows": rows})
+    # A chain's round has no walk or compaction: it is the reference, timed once.
+    cases = [(b, topology, before) for b in args.batch_sizes for topology in topologies
+             for before in ((False,) if isinstance(topology, Chain) else (False, True))]
+
+    def row(case) -> dict:
+        b, topology, before = case
+        return {"batch": b, "topology": str(topology), "nodes": topology.num_nodes,
+                "depth": topology.depth, "variant": "before" if before else "now",
+                **round_cost(target, drafter, b, topology, args.context, graphs, before)}
+
+    def report(row: dict) -> str:
+        kernels = row.get("kernel_profile", {}).get("kernels", "-")
+        return (f"batch {row['batch']:3d} {row['topology']:58s} {row['variant']:6s} "
+                f"{row['round_ms']:.3f} ms, {kernels} kernels")
+
+    measure_rows(cases, row, report, args.out, target.device.type, vars(args), "rows")
     return 0
 
 

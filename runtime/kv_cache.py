@@ -80,9 +80,9 @@ class KVCache:
     def copy_row_from(self, row: int, source: "KVCache", source_row: int, width: int) -> None:
         """The first `width` slots of `source`'s row `source_row` (every layer's K/V and the
         positions) into this cache's row `row`. Where both caches keep their layers stacked,
-        one copy for K and one for V, as `move_slots` moves them: a refill's admission is bound
-        by the host's work (runtime/row_prefill.py), and a view a layer and side is four host
-        operations a layer. Else one multi-tensor copy of every layer's."""
+        one copy for K and one for V, as `move_slots` moves them (a view a layer and side
+        would be four host operations a layer, at every refill's admission); else one
+        multi-tensor copy of every layer's."""
         if self.stacked_k is not None and source.stacked_k is not None:
             dst = [self.stacked_k[:, row, :width], self.stacked_v[:, row, :width]]
             src = [source.stacked_k[:, source_row, :width], source.stacked_v[:, source_row, :width]]

@@ -101,10 +101,8 @@ class RowPrefill:
 
     def _copy(self, s: int, row: int, width: int) -> None:
         """The bucket's slots of scratch set `s` into `row` of the batch's caches (slots past
-        the prompt hold padding, as a batch prefill leaves them). An admission's host work
-        outlasted a batch-16 round on an H200 (BENCHMARKS.md, twenty-fourth set), so the copy
-        is one for K and one for V a model where the caches keep their layers stacked
-        (`KVCache.copy_row_from`)."""
+        the prompt hold padding, as a batch prefill leaves them): `KVCache.copy_row_from`, one
+        copy for K and one for V a model where the caches keep their layers stacked."""
         for cache, scratch in self.caches:
             cache.copy_row_from(row, scratch[s], 0, width)
 
