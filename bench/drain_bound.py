@@ -10,7 +10,7 @@ profile of the same call:
               one prefill for the first wave and one per newcomer it must give the row's target
               forwards, or the profile is not that row's (refused)
   admission   each newcomer's admission (prefill and row set-up), `--admission-ms` each: by
-              default 0.38 ms, as the twenty-fifth set's timeline measured it at batch 16,
+              default 0.30 ms, as the twenty-sixth set's timelines measured it at batch 16,
               one round a replay (an assumption for other calls)
   round       (median seconds - admissions) / rounds: the call's mean round, held for every
               schedule (a drain's rounds run as many rows as any other, padded); the first
@@ -27,6 +27,9 @@ Estimates from measured rates, not measurements.
 
   python3 bench/drain_bound.py bench/results/mechanisms-run30.json \\
       bench/results/mechanisms-run30.acceptance.mech-graphed_refill_fused.json --out FILE.json
+
+A bench of several batch sizes keeps the widest one's profile under that name; give the batch's
+own (<name>.acceptance.<system>.b<B>.json, written since the twenty-sixth set).
 """
 from __future__ import annotations
 
@@ -40,10 +43,11 @@ from specpilot.cli_common import positive_int
 from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
-# A newcomer's admission at batch 16 on the H200, one round a replay, prefill beside (BENCHMARKS.md,
-# twenty-fifth set: 56.3 ms for 148 admissions, chain(4), run 50; the fourteenth set's 0.61-0.65
-# ms were at four rounds a replay).
-ADMISSION_MS = 0.38
+# A newcomer's admission at batch 16 on the H200, one round a replay, prefill beside, its row's
+# state set without a host wait (BENCHMARKS.md, twenty-sixth set: 45.4 and 41.6 ms for 148
+# admissions, chain(4), runs 52 and 53; 0.38 ms before that change, twenty-fifth set; the
+# fourteenth set's 0.61-0.65 ms were at four rounds a replay).
+ADMISSION_MS = 0.30
 
 
 def _row(rows, system: str, batch: int) -> dict:

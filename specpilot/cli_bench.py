@@ -2,7 +2,9 @@
 (--pair), or replay a measured acceptance profile over step costs of shape presets (--shapes).
 
 Writes <out-dir>/<name>.json, .md and .png (and, with --pair, one acceptance profile per
-speculative system: <name>.acceptance.<system>.json, the input of --shapes mode).
+speculative system: <name>.acceptance.<system>.json, the input of --shapes mode, from the batch
+size with the most distinct requests; with several batch sizes, each one's as well:
+<name>.acceptance.<system>.b<B>.json).
 Also runnable as `python -m specpilot.cli_bench ...`.
 """
 from __future__ import annotations
@@ -132,7 +134,8 @@ def _progress(message: str) -> None:
 
 
 def _run_pair(args, device, env) -> int:
-    from specpilot.bench.pair_bench import PairBenchSettings, default_name, run_pair_bench
+    from specpilot.bench.pair_bench import (PairBenchSettings, default_name, run_pair_bench,
+                                            widest_profile)
     from specpilot.bench.report_md import pair_markdown
     from specpilot.bench.results import PartialResults, write_results
 
@@ -147,10 +150,18 @@ def _run_pair(args, device, env) -> int:
     doc, profiles = run_pair_bench(settings, _progress, env, on_row=partial.write)
     extra = {}
     doc["acceptance_profiles"] = {}
-    for system, profile in profiles.items():
-        suffix = f".acceptance.{system.replace(':', '-')}.json"
-        extra[suffix] = profile.to_json()
-        doc["acceptance_profiles"][system] = doc["name"] + suffix
+    doc["acceptance_profiles_by_batch"] = {}
+    for system, by_batch in profiles.items():
+        stem = f".acceptance.{system.replace(':', '-')}"
+        extra[stem + ".json"] = widest_profile(by_batch).to_json()
+        doc["acceptance_profiles"][system] = doc["name"] + stem + ".json"
+        # Each batch's own as well (a drain or refill replay at batch 16 wants batch 16's
+        # requests, not batch 64's), where the run measured more than one.
+        if len(by_batch) > 1:
+            files = doc["acceptance_profiles_by_batch"][system] = {}
+            for b, profile in sorted(by_batch.items()):
+                extra[f"{stem}.b{b}.json"] = profile.to_json()
+                files[str(b)] = f"{doc['name']}{stem}.b{b}.json"
     title = f"{doc['name']}: {doc['environment']['gpu']}, {doc['settings']['dtype']}"
     paths = write_results(doc, args.out_dir, pair_markdown(doc), title, extra_json=extra,
                           benchmarks_md=args.benchmarks_md)

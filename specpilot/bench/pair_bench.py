@@ -105,8 +105,10 @@ def select_systems(available: Dict[str, System], wanted: Optional[Sequence[str]]
 
 def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
                    environment: dict, on_row: Optional[Callable[[dict], None]] = None) -> tuple:
-    """Run the bench; returns (result document, {system: AcceptanceProfile}). `on_row` gets
-    the document as it stands after every measured cell (to keep partial results)."""
+    """Run the bench; returns (result document, {system: {batch: AcceptanceProfile}}), a
+    profile for each speculative system's measured batch sizes (`widest_profile` picks the one
+    a --shapes replay wants). `on_row` gets the document as it stands after every measured cell
+    (to keep partial results)."""
     from specpilot.deploy import detect_gpu
 
     started = time.perf_counter()
@@ -176,12 +178,9 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             if row["status"] != "measured":
                 progress(f"  {row['status']}: {row['reason']}")
             rows.append(row)
-            if output is not None and output.accepted_lengths is not None and (
-                    system.name not in profiles or
-                    len(output.accepted_lengths) > len(profiles[system.name].accepted_lengths)):
-                # The run with the most distinct requests: a replay at batch 64 wants 64 of
-                # them, not the 4 of batch 1 cycled (a batch's tail is its slowest request).
-                profiles[system.name] = _profile(system, output, settings, pair, b, dtype)
+            if output is not None and output.accepted_lengths is not None:
+                profiles.setdefault(system.name, {})[b] = _profile(system, output, settings,
+                                                                    pair, b, dtype)
             if on_row is not None:
                 add_speedups(rows)
                 on_row(document())
@@ -210,6 +209,13 @@ def workload_size(available: int, base: Optional[int], batch: int) -> int:
 
 def default_name(pair: str) -> str:
     return os.path.basename(os.path.normpath(pair)) or "pair"
+
+
+def widest_profile(by_batch: Dict[int, AcceptanceProfile]) -> AcceptanceProfile:
+    """The profile with the most distinct requests (the smaller batch where they tie): a replay
+    at batch 64 wants 64 of them, not the 4 of batch 1 cycled (a batch's tail is its slowest
+    request)."""
+    return max(sorted(by_batch.items()), key=lambda kv: (len(kv[1].accepted_lengths), -kv[0]))[1]
 
 
 def _profile(system: ProgramSystem, output, settings, pair, batch: int,

@@ -15,7 +15,7 @@ from specpilot.bench.report_md import update_section
 from specpilot.bench.step_costs import StepCosts
 from specpilot.cli_bench import main
 from specpilot.deploy import build_deployment
-from specpilot.ir import SetTopology, Tree, apply, save_program, stock_program
+from specpilot.ir import Chain, SetTopology, Tree, apply, save_program, stock_program
 
 PROMPTS = ([3, 14, 15, 92, 65], [35, 89, 79])
 NEW = 8
@@ -117,6 +117,37 @@ def test_a_perfect_drafter_gives_the_hand_counted_acceptance(bench):
     assert tree_profile.accepted_lengths == [[2, 2, 2], [2, 2, 2]]
     assert doc["acceptance_profiles"] == {"stock": "tiny.acceptance.stock.json",
                                           "program:tree": "tiny.acceptance.program-tree.json"}
+
+
+def test_each_batch_size_keeps_its_own_acceptance_profile(bench):
+    root, doc = bench
+    rows = _rows(doc)
+    assert doc["acceptance_profiles_by_batch"] == {
+        s: {str(b): f"tiny.acceptance.{s.replace(':', '-')}.b{b}.json" for b in (1, 2)}
+        for s in ("stock", "program:tree")}
+    for system, files in doc["acceptance_profiles_by_batch"].items():
+        for b, name in files.items():
+            profile = AcceptanceProfile.load(str(root / "out" / name))
+            assert profile.source["batch_size"] == int(b) and profile.source["system"] == system
+            # The rounds it lists are the row's own: a padded batch runs a prefill and then
+            # as many rounds as its longest request (two batches at batch 1, one at batch 2).
+            lengths = [len(a) for a in profile.accepted_lengths]
+            forwards = sum(1 + max(lengths[i:i + int(b)]) for i in range(0, 2, int(b)))
+            assert forwards == rows[(system, int(b))]["target_forwards"]
+            assert sum(profile.new_tokens) == rows[(system, int(b))]["new_tokens"]
+
+
+def test_the_replayed_profile_is_the_one_with_the_most_requests():
+    from specpilot.bench.pair_bench import widest_profile
+
+    def prof(requests):
+        return AcceptanceProfile(topology=Chain(4), accepted_lengths=[[1]] * requests,
+                                 new_tokens=[2] * requests, source={"n": requests})
+
+    assert widest_profile({1: prof(4), 16: prof(16), 64: prof(64)}).source["n"] == 64
+    # Where they tie (every prompt already at the smaller batch), the smaller batch's.
+    tie = {4: prof(8), 2: prof(8)}
+    assert widest_profile(tie) is tie[2]
 
 
 def test_markdown_table_and_plot_are_written(bench):
