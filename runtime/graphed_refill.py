@@ -81,8 +81,10 @@ LAG_ENV = "SPECPILOT_REFILL_LAG"
 # ms a call, adaptive 1820 against 1813; in the bench, adaptive + refill 21273 against 21973
 # tokens/s, refill 21786 against 21799. An admission's host time grew with the replays queued
 # (2.28 ms at lag 1, 3.98 at lag 2), because it set the row's state by element assignment, a
-# copy that waited for them (`_admit` no longer does; BENCHMARKS.md, twenty-fifth set). 1 stays
-# the default; the two have not been raced since that change.
+# copy that waited for them (`_admit` no longer does; BENCHMARKS.md, twenty-fifth set). Raced
+# again after that change on two more pairs (runs 52 and 53), admissions at 0.6-1.2 ms of host
+# time: lag 2 was still no faster (chain(4) 1406 against 1397 ms and 1705 against 1706,
+# adaptive 1372 against 1362 and 1735 against 1723; twenty-sixth set). 1 stays the default.
 REFILL_READBACK_LAG = 1
 MAX_READBACK_LAG = 4
 
