@@ -38,6 +38,7 @@ import json
 import sys
 from pathlib import Path
 
+from specpilot.bench.measure import measured_row
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.cli_common import positive_int
 from specpilot.cost.refill_schedule import order_schedules, refill_steps
@@ -50,20 +51,12 @@ from specpilot.search.run_folder import write_json_atomic
 ADMISSION_MS = 0.30
 
 
-def _row(rows, system: str, batch: int) -> dict:
-    for row in rows:
-        if row["system"] == system and row["batch_size"] == batch \
-                and row.get("status") == "measured":
-            return row
-    raise ValueError(f"no measured row of {system} at batch {batch} in the bench file")
-
-
 def drain_bound(bench: dict, profile: AcceptanceProfile, system: str, batch: int,
                 per: int, admission_ms: float) -> dict:
     """The schedules' rounds and estimated seconds (module docstring)."""
     rows = bench["rows"]
-    mine, strong = _row(rows, system, batch), _row(rows, "strong_ar", batch)
-    stock = _row(rows, "stock_graphed", batch)
+    mine, strong = measured_row(rows, system, batch), measured_row(rows, "strong_ar", batch)
+    stock = measured_row(rows, "stock_graphed", batch)
     rounds = [len(r) for r in profile.accepted_lengths]
     n = len(rounds)
     if n != mine["requests"]:

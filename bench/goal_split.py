@@ -24,6 +24,7 @@ import json
 import sys
 from pathlib import Path
 
+from specpilot.bench.measure import measured_row
 from specpilot.cli_common import positive_int
 from specpilot.search.run_folder import write_json_atomic
 
@@ -31,17 +32,10 @@ STOCK = "stock_graphed"
 ROW = "mech:graphed_refill_fused"
 
 
-def _measured(rows, system: str, batch: int) -> dict:
-    for row in rows:
-        if row["system"] == system and row["batch_size"] == batch \
-                and row.get("status") == "measured":
-            return row
-    raise ValueError(f"no measured row of {system} at batch {batch}")
-
-
 def split(bench: dict, system: str, batch: int) -> dict:
     """The factors of `system`'s tokens/s over the stock Program's at `batch` (module doc)."""
-    stock, row = _measured(bench["rows"], STOCK, batch), _measured(bench["rows"], system, batch)
+    rows = bench["rows"]
+    stock, row = measured_row(rows, STOCK, batch), measured_row(rows, system, batch)
     for r in (stock, row):
         if not r.get("target_forwards"):
             raise ValueError(f"{r['system']} at batch {batch} counts no target forwards")
@@ -71,10 +65,11 @@ def main(argv=None) -> int:
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"{path}: {exc}")
         results.append({"file": path, **result})
-        print(f"{Path(path).name}: forwards {result['stock_forwards']} / {result['row_forwards']}"
-              f" = {result['forwards_ratio']:.3f}; ms a forward {result['stock_ms_per_forward']:.3f}"
-              f" / {result['row_ms_per_forward']:.3f} = {result['price_ratio']:.3f}; tokens"
-              f" {result['tokens_ratio']:.3f}; {args.system} = {result['row_x_stock']:.3f}x stock")
+        r = result
+        print(f"{Path(path).name}: forwards {r['stock_forwards']} / {r['row_forwards']} = "
+              f"{r['forwards_ratio']:.3f}; ms a forward {r['stock_ms_per_forward']:.3f} / "
+              f"{r['row_ms_per_forward']:.3f} = {r['price_ratio']:.3f}; tokens "
+              f"{r['tokens_ratio']:.3f}; {args.system} = {r['row_x_stock']:.3f}x stock")
     if args.out:
         write_json_atomic(Path(args.out), {"settings": vars(args), "results": results})
     return 0

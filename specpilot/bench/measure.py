@@ -103,6 +103,16 @@ def _new_tokens(out: RunOutput) -> int:
     return sum(len(t) for t in out.tokens)
 
 
+def measured_row(rows, system: str, batch: int) -> dict:
+    """The measured row of `system` at `batch` in a bench document's rows (ValueError if none:
+    skipped, failed or never run)."""
+    for row in rows:
+        if row["system"] == system and row["batch_size"] == batch \
+                and row.get("status") == "measured":
+            return row
+    raise ValueError(f"no measured row of {system} at batch {batch} in the bench file")
+
+
 def add_speedups(rows) -> None:
     """Set speedup_vs_hf_ar and speedup_vs_strong_ar on every measured row: the ratio of its
     median tokens/s to the baseline's at the same batch size (None where not measured); and
