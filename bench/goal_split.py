@@ -5,8 +5,9 @@ For two rows of one `specpilot bench` file at one batch size, over the same requ
 
   row ÷ stock = (stock's target forwards ÷ row's) × (stock's seconds a forward ÷ row's)
 
-The first factor is the pair's: how many rounds the padded batches run past their requests'
-own (they wait for the slowest request) against the refilled row's. The second is the
+The first factor is mostly the pair's: how many rounds the padded batches run past their
+requests' own (they wait for the slowest request) against the refilled row's, whose own drain
+(the batch emptying once the queue is) is in it too. The second is the
 decoder's: the price of one of the row's forwards (a round, or a prefill, with admissions
 spread over them) against one of the stock Program's. Tokens/s are compared as the bench gives
 them (each row's own new tokens), so the product is the bench's ratio where both rows made as
@@ -61,11 +62,10 @@ def main(argv=None) -> int:
     results = []
     for path in args.bench:
         try:
-            result = split(json.loads(Path(path).read_text()), args.system, args.batch)
+            r = split(json.loads(Path(path).read_text()), args.system, args.batch)
         except (OSError, ValueError, KeyError) as exc:
             ap.error(f"{path}: {exc}")
-        results.append({"file": path, **result})
-        r = result
+        results.append({"file": path, **r})
         print(f"{Path(path).name}: forwards {r['stock_forwards']} / {r['row_forwards']} = "
               f"{r['forwards_ratio']:.3f}; ms a forward {r['stock_ms_per_forward']:.3f} / "
               f"{r['row_ms_per_forward']:.3f} = {r['price_ratio']:.3f}; tokens "
