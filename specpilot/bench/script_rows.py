@@ -14,13 +14,12 @@ from specpilot.search.run_folder import write_json_atomic
 def measure_rows(cases: Iterable, measure: Callable[..., dict], report: Callable[[dict], str],
                  out: str, device_type: str, settings: dict, key: str) -> List[dict]:
     """`measure(case)` for each case in turn; after each, its `report` line with the seconds
-    since the first began, and `out` written atomically as {"environment", "settings", key:
-    the rows so far}. Returns the rows."""
+    since the first began, and `out` written atomically as {"environment" (as the run began),
+    "settings", key: the rows so far}. Returns the rows."""
     rows: List[dict] = []
-    started = time.perf_counter()
+    env, started = environment(device_type), time.perf_counter()
     for case in cases:
         rows.append(measure(case))
         print(report(rows[-1]), f"({time.perf_counter() - started:.0f} s)", flush=True)
-        write_json_atomic(Path(out), {"environment": environment(device_type),
-                                      "settings": settings, key: rows})
+        write_json_atomic(Path(out), {"environment": env, "settings": settings, key: rows})
     return rows

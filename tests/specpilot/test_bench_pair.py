@@ -132,7 +132,7 @@ def test_each_batch_size_keeps_its_own_acceptance_profile(bench):
             # The rounds it lists are the row's own: a padded batch runs a prefill and then
             # as many rounds as its longest request (two batches at batch 1, one at batch 2).
             lengths = [len(a) for a in profile.accepted_lengths]
-            forwards = sum(1 + max(lengths[i:i + int(b)]) for i in range(0, 2, int(b)))
+            forwards = sum(1 + max(lengths[i:i + int(b)]) for i in range(0, len(lengths), int(b)))
             assert forwards == rows[(system, int(b))]["target_forwards"]
             assert sum(profile.new_tokens) == rows[(system, int(b))]["new_tokens"]
 
