@@ -51,6 +51,22 @@ greedy_accept  launch(logits, draft_tokens, parents, pred_out, accept_count_out,
                first index on ties), accept_count_out [B], path_out [B, N] (accepted node
                indices root to leaf, -1 after the end), bonus_out [B] (prediction after the last
                accepted node). A chain is parents = (-1, 0, 1, ...).
+chain_commit   launch(committed, out, count, length, last, prev, limit, active, log, status,
+                      round_index, drafts=None, n=None, eos=None, row_round=None, n_out=None,
+                      before_out=None, r_out=None)
+               A graphed round's end (runtime/graphed_chain.py's `_commit`), one program for
+               the batch. committed int64 [B, C]; n int64 [B], or drafts int64 [B, C - 1] from
+               which n is the count of leading drafts equal to committed[:, j]. On each row b
+               active before: out[b, count_b + j] = committed[b, j] for j <= n_b (columns
+               clamped to W - 1; out int64 [B, W]), last/prev = committed[b, n_b] and the token
+               before it (the old last where n_b = 0), length and count += n_b + 1; the row
+               stays active while count < limit and no kept token is in eos (int64 [E]).
+               log int64 [W, B], status int64 [W, 2], round_index int64 [1] (r = min(index,
+               W - 1)). LOG=round: log[r] = n (-1 where the row did not run); row: log[
+               min(row_round_b, W - 1), b] = the same and row_round int64 [B] += ran; row_plain:
+               row_round += ran only. Except row_plain, status[r, 0] = every row has finished.
+               round_index += 1. n_out int64 [B], before_out bool [B] and r_out int64 [1]
+               receive n, the active flags before and r. Torch reference: chain_commit_ref.
 kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
                caches [B, S, Hkv, D] or [L, B, S, Hkv, D] (all layers at once), modified in
                place: for each request b and i < counts[b], slot dst_start[b] + i receives slot
@@ -254,6 +270,19 @@ GREEDY_ACCEPT = FamilySchema(
     params=(IntParam("BLOCK_V", 64, 16384, 2048, power_of_two=True, doc="vocabulary step"),
             _warps(4)))
 
+CHAIN_COMMIT = FamilySchema(
+    name="chain_commit", backend="triton",
+    summary="a graphed round's end in one launch: chain acceptance, the committed tokens out, "
+            "the rows' state moved on, who stops, the round's log",
+    launcher="launch(committed, out, count, length, last, prev, limit, active, log, status, "
+             "round_index, drafts=None, n=None, eos=None, row_round=None, n_out=None, "
+             "before_out=None, r_out=None)",
+    params=(EnumParam("LOG", ("round", "row", "row_plain"), "round",
+                      doc="the round's log: by the batch's round, by each row's own counter "
+                          "(continuous refill), or a refilled batch's plain step (counters "
+                          "only)"),
+            _warps(1)))
+
 KV_COMPACT = FamilySchema(
     name="kv_compact", backend="triton",
     summary="in-place copy of accepted tree nodes' K/V rows to contiguous cache slots",
@@ -350,5 +379,5 @@ NORM_QKV_ROPE = FamilySchema(
     check=_check_norm_qkv_rope, derive=_rope_constants)
 
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,
-                  KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
+                  CHAIN_COMMIT, KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
                   NORM_QKV_ROPE)

@@ -213,3 +213,54 @@ def norm_qkv_rope_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.T
         cache_positions = cache_positions.clone()
         cache_positions[batch, slots] = positions.to(cache_positions.dtype)
     return q, k_cache, v_cache, rows, cache_positions
+
+
+CHAIN_COMMIT_STATE = ("out", "count", "length", "last", "prev", "limit", "active", "log",
+                      "row_round", "status", "round_index")
+
+
+def chain_commit_ref(state: dict, committed: torch.Tensor, drafts: Optional[torch.Tensor] = None,
+                     n: Optional[torch.Tensor] = None, eos: Optional[torch.Tensor] = None,
+                     log: str = "round") -> dict:
+    """A graphed round's end, row by row (the chain_commit family): the state after committing
+    committed[b, 0..n_b] on each active row b, as a fresh dict of CHAIN_COMMIT_STATE (row_round
+    only for the row logs), plus "n", "before" and "r" (the accepted counts, who was active,
+    the log row used). n is given, or counted from drafts [B, C - 1]: the leading drafts equal
+    to committed[b, j]. `log`: "round" (the batch's round), "row" (each row's own round
+    counter) or "row_plain" (a refilled batch's plain step: counters only, no status)."""
+    s = {key: value.clone() for key, value in state.items() if value is not None}
+    B, C = committed.shape
+    W = s["out"].shape[1]
+    stops = set() if eos is None else set(eos.tolist())
+    if n is None:
+        n = torch.zeros(B, dtype=torch.int64)
+        for b in range(B):
+            while n[b] < C - 1 and int(drafts[b, n[b]]) == int(committed[b, n[b]]):
+                n[b] += 1
+    before = s["active"].clone()
+    r = min(int(s["round_index"]), W - 1)
+    for b in range(B):
+        if not before[b]:
+            continue
+        nb = int(n[b])
+        tokens = committed[b, :nb + 1].tolist()
+        for j, token in enumerate(tokens):
+            s["out"][b, min(int(s["count"][b]) + j, W - 1)] = token
+        s["prev"][b] = tokens[-2] if nb > 0 else s["last"][b]
+        s["last"][b] = tokens[-1]
+        s["length"][b] += nb + 1
+        s["count"][b] += nb + 1
+        s["active"][b] = bool(s["count"][b] < s["limit"][b]) and not stops & set(tokens)
+    logged = torch.where(before, n.to(torch.int64), torch.full_like(n, -1))
+    if log == "round":
+        s["log"][r] = logged
+    else:
+        if log == "row":
+            for b in range(B):
+                s["log"][min(int(s["row_round"][b]), W - 1), b] = logged[b]
+        s["row_round"] += before.to(torch.int64)
+    if log != "row_plain":
+        s["status"][r, 0] = int(not bool(s["active"].any()))
+    s["round_index"] += 1
+    s.update(n=n.to(torch.int64), before=before, r=torch.tensor(r))
+    return s

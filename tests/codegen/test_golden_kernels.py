@@ -22,6 +22,7 @@ CASES = {
     "rope_table_d64.py": kernel_spec("rope", HEAD_DIM=64, COS_SIN="table"),
     "attention_d128.py": kernel_spec("attention", HEAD_DIM=128, BLOCK_R=32),
     "greedy_accept_default.py": kernel_spec("greedy_accept"),
+    "chain_commit_row.py": kernel_spec("chain_commit", LOG="row"),
     "gemv_bf16_m4_bias.cu": kernel_spec("gemv_bf16", M_MAX=4, HAS_BIAS=True),
 }
 
