@@ -49,6 +49,9 @@ from .speculative import SpecResult
 from .ar import ARResult
 from .steps import append_step, check_capacity, greedy_tokens, top2_margin
 
+# How a round ends (a Program's kernels.accept_kernels): torch ops, or one generated kernel.
+ACCEPT_KERNELS = ("ops", "fused")
+
 
 def timing_room(span: int) -> int:
     """The slots past its context that timing rounds of `span` draft slots needs at least: two
@@ -88,7 +91,7 @@ class GraphedChainDecoder:
                  draft_cost: float = DRAFT_STEP_COST,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING,
-                 length_estimator: str = "geometric"):
+                 length_estimator: str = "geometric", accept_kernels: str = "ops"):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -110,7 +113,11 @@ class GraphedChainDecoder:
         rounds (default: with capture, unless SPECPILOT_FAST_OPS is "0";
         `fast_ops.compiles_policy`). `smoothing`: its moving averages' weight on the newest
         round (runtime/adaptive_draft.py). `length_estimator`: what the rule expects a chain
-        of L to commit (a Program's batch.length_estimator, runtime/batch_length.py)."""
+        of L to commit (a Program's batch.length_estimator, runtime/batch_length.py).
+
+        `accept_kernels` (a Program's kernels.accept_kernels): "ops" ends each round with torch
+        ops, "fused" with one generated kernel (the chain_commit family) that accepts, commits,
+        stops rows and logs the round; the same integers either way."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -184,6 +191,7 @@ class GraphedChainDecoder:
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
+        self._commit_kernels = self._fused_commit(accept_kernels)
 
     def _prefill_models(self):
         """The (model, cache) pairs a prefill fills, the target first (then the drafter)."""
@@ -260,6 +268,10 @@ class GraphedChainDecoder:
 
     def _accept_and_commit(self, drafts: torch.Tensor, g: torch.Tensor, k: int) -> None:
         """A round's end after its verification: accept the leading drafts that match, commit."""
+        if self._commit_kernels is not None:
+            self._commit_in_kernel(g, drafts=drafts,
+                                   drafted=self._drafted(k) if self.adaptive and k else None)
+            return
         n = self._accepted(drafts, g)
         # Padded rows all verify k drafts: each accepts what it can (capping a row below k
         # would only throw verified tokens away). A plain step of an adaptive decoder runs
@@ -274,6 +286,9 @@ class GraphedChainDecoder:
         in the cache), move the state on, and decide who stops. `drafted` (speculative rounds
         of adaptive lengths only): each row's drafts this round, against which `n` tells a
         rejection."""
+        if self._commit_kernels is not None:
+            self._commit_in_kernel(committed, n=n, drafted=drafted)
+            return
         self._write(committed, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
@@ -295,12 +310,71 @@ class GraphedChainDecoder:
         self._log_round(torch.where(before, n, torch.full_like(n, -1)),
                         plain=committed.shape[1] == 1)
 
-    def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor) -> None:
-        """Record the batch's next length (runtime/batch_length.py) in the status row."""
+    def _adapt(self, n: torch.Tensor, drafted: torch.Tensor, before: torch.Tensor,
+               r: Optional[torch.Tensor] = None) -> None:
+        """Record the batch's next length (runtime/batch_length.py) in the status row (row `r`,
+        [1]; by default this round's, the round index not yet moved on)."""
         remaining = (self.limit - self.count).clamp(min=0)
         best = self.policy.next(n, drafted, before, remaining, self.active)
-        r = self.round_index.clamp(max=self.width - 1)
-        self.status[:, 1].index_copy_(0, r[None], best[None])
+        if r is None:
+            r = self.round_index.clamp(max=self.width - 1)[None]
+        self.status[:, 1].index_copy_(0, r, best[None])
+
+    # ---- the round's end in one generated kernel (accept_kernels "fused") --------------------
+
+    # How the fused commit logs a round: by the batch's round index; a refilled batch logs by
+    # each row's own round counter (runtime/graphed_refill.py, `_log_round`).
+    commit_log = "round"
+
+    def _fused_commit(self, accept_kernels: str):
+        """The chain_commit kernels {plain step?: module} for "fused", None for "ops"."""
+        if accept_kernels not in ACCEPT_KERNELS:
+            raise SpecPilotError(f"unknown accept kernels {accept_kernels!r} (known: "
+                                 f"{', '.join(ACCEPT_KERNELS)})")
+        if accept_kernels == "ops":
+            return None
+        if self.record_margins:
+            raise SpecPilotError("the fused commit does not record margins: build references "
+                                 "with accept kernels 'ops'")
+        from specpilot.codegen.cache import KernelCache, build_triton_module, triton_interpreting
+        from specpilot.codegen.kernel_spec import kernel_spec
+
+        if self.device.type != "cuda" and not triton_interpreting():
+            raise SpecPilotError(f"the fused commit is a Triton kernel: it needs a CUDA device "
+                                 f"or Triton's interpreter (TRITON_INTERPRET=1), not "
+                                 f"{self.device}")
+        cache = KernelCache()
+        plain_log = "row_plain" if self.commit_log == "row" else self.commit_log
+        kernels = {plain: build_triton_module(kernel_spec("chain_commit", LOG=log), cache)
+                   for plain, log in ((False, self.commit_log), (True, plain_log))}
+        if self.adaptive:   # what the length policy reads after the kernel
+            self._n_out = torch.zeros(self.batch, dtype=torch.int64, device=self.device)
+            self._before_out = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
+            self._r_out = torch.zeros(1, dtype=torch.int64, device=self.device)
+            self._drafted_by_k: Dict[int, torch.Tensor] = {}
+        return kernels
+
+    def _drafted(self, k: int) -> torch.Tensor:
+        """[B] filled with k, made once per k (a captured round then launches no fill)."""
+        if k not in self._drafted_by_k:
+            self._drafted_by_k[k] = torch.full((self.batch,), k, dtype=torch.int64,
+                                               device=self.device)
+        return self._drafted_by_k[k]
+
+    def _commit_in_kernel(self, committed: torch.Tensor, drafts: Optional[torch.Tensor] = None,
+                          n: Optional[torch.Tensor] = None,
+                          drafted: Optional[torch.Tensor] = None) -> None:
+        """`_commit` (with `_accepted` where drafts are given, and the class's `_log_round`) in
+        one chain_commit launch; the adaptive length's update after it."""
+        outs = (dict(n_out=self._n_out, before_out=self._before_out, r_out=self._r_out)
+                if drafted is not None else {})
+        self._commit_kernels[committed.shape[1] == 1].launch(
+            committed, self.out, self.count, self.length, self.last, self.prev, self.limit,
+            self.active, self.accepted, self.status, self.round_index, drafts=drafts, n=n,
+            eos=self.eos, row_round=None if self.commit_log == "round" else self.row_round,
+            **outs)
+        if drafted is not None:
+            self._adapt(self._n_out, drafted, self._before_out, r=self._r_out)
 
     def _reference_ahead(self, k: int) -> torch.Tensor:
         """Forced mode: each row's next k reference tokens [B, k] (clamped at the row's end)."""

@@ -158,6 +158,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
     length_objective = "throughput"
+    commit_log = "row"
 
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,

@@ -1,0 +1,102 @@
+"""A round's end in one generated kernel (accept_kernels "fused", the chain_commit family) in
+the graphed decoders, rounds run eagerly on CPU in float32 with the kernel in Triton's
+interpreter: every decoder that takes it gives greedy AR's tokens, and the same accepted
+lengths, rounds and refills as its torch-ops round end; forcing is clean; a commit that
+miscounts what it accepted is caught."""
+import pytest
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+from mechanism_setup import MAX_NEW, assert_clean, one_thread  # noqa: F401
+from refill_setup import mixed_requests
+
+COSTS = [1.0, 1.3, 1.6, 1.9, 2.2]
+
+
+def _runs(cls, s, prompts, batch, k, **options):
+    """The same decoder with each round end: (ops result, fused result)."""
+    drafter = s["drafter"] if k else None
+    return [cls(s["target"], drafter, batch, 48, k, s["eos"], capture=False,
+                accept_kernels=kernels, **options).generate(prompts, MAX_NEW)
+            for kernels in ("ops", "fused")]
+
+
+def _same(ops, fused):
+    assert fused.tokens == ops.tokens
+    assert fused.accepted_lengths == ops.accepted_lengths
+    assert fused.stats == ops.stats
+    assert fused.target_forwards == ops.target_forwards
+
+
+@pytest.mark.parametrize("seed", [11, 4])
+@pytest.mark.parametrize("k,batch,adaptive", [(0, 3, False), (3, 2, False), (4, 3, True)])
+def test_refill_with_the_fused_commit_gives_greedy_ar(seed, k, batch, adaptive):
+    s, prompts, reference = mixed_requests(seed)
+    options = dict(adaptive=True, round_costs=COSTS) if adaptive else {}
+    ops, fused = _runs(GraphedRefillDecoder, s, prompts, batch, k, **options)
+    assert fused.tokens == reference.tokens
+    _same(ops, fused)
+    assert fused.stats["refills"] == len(prompts) - batch
+    if k:   # not a trivial case: drafts were accepted
+        assert any(a > 0 for row in fused.accepted_lengths for a in row)
+
+
+def test_adaptive_refill_turning_speculation_off_logs_plain_steps_alike():
+    """Dear rounds: the batch turns speculation off part way, so the kernel's plain-step log
+    (row counters only) and its speculative log both run, and the length rule reads the
+    kernel's accepted counts."""
+    s, prompts, reference = mixed_requests(11)
+    ops, fused = _runs(GraphedRefillDecoder, s, prompts, 2, 4, adaptive=True,
+                       round_costs=[1.0, 2.0, 2.6, 3.2, 3.8])
+    assert fused.tokens == reference.tokens
+    _same(ops, fused)
+    assert fused.stats["rounds_chain_0"] > 0
+    assert any(0 < max(row) and row[-1] == 0 for row in fused.accepted_lengths)
+
+
+@pytest.mark.parametrize("k,adaptive", [(0, False), (3, False), (4, True)])
+def test_padded_batches_with_the_fused_commit_give_greedy_ar(k, adaptive):
+    s, prompts, reference = mixed_requests(4)
+    options = dict(adaptive=True, round_costs=COSTS) if adaptive else {}
+    ops, fused = _runs(GraphedChainDecoder, s, prompts[:4], 4, k, **options)
+    assert fused.tokens == reference.tokens[:4]
+    _same(ops, fused)
+
+
+def test_forcing_with_the_fused_commit_is_clean():
+    s, prompts, reference = mixed_requests(11)
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                                   accept_kernels="fused")
+    report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                  default_tolerance(torch.float32))
+    assert_clean(report, reference)
+
+
+class _OneTooMany(GraphedRefillDecoder):
+    """A round end that commits one draft past the first the target rejected."""
+
+    def _commit_in_kernel(self, committed, drafts=None, n=None, drafted=None):
+        n = self._accepted(drafts, committed)
+        super()._commit_in_kernel(committed, n=(n + 1).clamp(max=drafts.shape[1]),
+                                  drafted=drafted)
+
+
+def test_a_commit_past_the_rejected_draft_changes_the_output():
+    s, prompts, reference = mixed_requests(11)
+    wrong = _OneTooMany(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                        accept_kernels="fused").generate(prompts, MAX_NEW)
+    assert wrong.tokens != reference.tokens
+
+
+def test_unknown_accept_kernels_and_margins_are_refused():
+    s, _, _ = mixed_requests(11)
+    with pytest.raises(SpecPilotError, match="unknown accept kernels"):
+        GraphedChainDecoder(s["target"], s["drafter"], 2, 48, 3, capture=False,
+                            accept_kernels="cuda")
+    with pytest.raises(SpecPilotError, match="margins"):
+        GraphedChainDecoder(s["target"], s["drafter"], 2, 48, 3, capture=False,
+                            accept_kernels="fused", record_margins=True)
