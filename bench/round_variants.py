@@ -16,11 +16,14 @@ alike:
   refill_loop    the refill's replay as its host loop queues it: the replay, then the row
                  flags copied to pinned host memory (and, adaptive, the next length) and an
                  event recorded (runtime/graphed_refill.py)
+  <name>_fused   chain, adaptive and refill with the round's end in one generated kernel
+                 (accept_kernels "fused", the chain_commit family)
 
 Per decoder: the median of the blocks' medians (device ms a replay, CUDA events) and each
 block's, and the kernels of one eager round (count, device µs, the costliest names).
 
   python3 bench/round_variants.py --batch-sizes 16 --out bench/results/round-variants.json
+  python3 bench/round_variants.py --variants refill,refill_fused --out ...
 
 Off a GPU it runs uncaptured in float32 with Triton's interpreter, without kernel lists (to
 check the script).
@@ -50,20 +53,39 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 
 WARMUP = 5
-VARIANTS = ("chain", "adaptive", "refill", "refill_ahead", "refill_loop")
+VARIANTS = ("chain", "chain_fused", "adaptive", "adaptive_fused", "refill", "refill_fused",
+            "refill_ahead", "refill_loop")
+FUSED = "_fused"
 
 
 def build(name: str, target, fused, batch: int, capacity: int, k: int, graphs: bool):
     """The decoder whose round variant `name` times (refill_loop: the refill's own)."""
-    if name == "chain":
-        return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs)
-    if name == "adaptive":
+    accept = "fused" if name.endswith(FUSED) else "ops"
+    base = name[:-len(FUSED)] if name.endswith(FUSED) else name
+    if base == "chain":
+        return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
+                                   accept_kernels=accept)
+    if base == "adaptive":
         # Fixed costs of the lengths 0..k in plain steps: the adaptive decoder measures nothing.
         return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
-                                   adaptive=True, round_costs=[1.0 + 0.3 * n for n in range(k + 1)])
-    placement = "ahead" if name == "refill_ahead" else "beside"
+                                   adaptive=True, round_costs=[1.0 + 0.3 * n for n in range(k + 1)],
+                                   accept_kernels=accept)
+    placement = "ahead" if base == "refill_ahead" else "beside"
     return GraphedRefillDecoder(target, fused, batch, capacity, k, capture=graphs,
-                                prefill_placement=placement)
+                                prefill_placement=placement, accept_kernels=accept)
+
+
+def variant_names(text: str) -> tuple:
+    """--variants: a comma list of VARIANTS (refill_loop needs refill)."""
+    names = tuple(dict.fromkeys(v.strip() for v in text.split(",") if v.strip()))
+    unknown = [v for v in names if v not in VARIANTS]
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"unknown variants {unknown} (known: "
+                                         f"{', '.join(VARIANTS)})" if unknown else "no variants")
+    if "refill_loop" in names and "refill" not in names:
+        raise argparse.ArgumentTypeError("refill_loop times the refill's replay: add refill")
+    # refill before refill_loop, whatever the order given
+    return tuple(v for v in VARIANTS if v in names)
 
 
 def loop_replay(dec: GraphedRefillDecoder, replay: Callable[[], None]) -> Callable[[], None]:
@@ -86,18 +108,19 @@ def one_batch(args, target, fused, batch: int, graphs: bool) -> dict:
     # capture's own runs and the eager kernel listing.
     capacity = context + (args.blocks * (per_block + WARMUP) + 16) * (k + 1)
     decoders, replays = {}, {}
-    for name in VARIANTS:
+    variants = args.variants
+    for name in variants:
         if name == "refill_loop":
             decoders[name] = decoders["refill"]
             replays[name] = loop_replay(decoders[name], replays["refill"])
             continue
         dec = decoders[name] = build(name, target, fused, batch, capacity, k, graphs)
         replays[name] = dec.timing_round(context)
-    blocks: Dict[str, List[float]] = {name: [] for name in VARIANTS}
+    blocks: Dict[str, List[float]] = {name: [] for name in variants}
     warm, timed = (WARMUP, per_block) if graphs else (0, 1)
     for block in range(args.blocks):
-        shift = block % len(VARIANTS)
-        for name in VARIANTS[shift:] + VARIANTS[:shift]:
+        shift = block % len(variants)
+        for name in variants[shift:] + variants[:shift]:
             decoders[name].reset_all_active(context)
             blocks[name].append(time_median(replays[name], decoders[name].device, warm,
                                             timed) * 1e3)
@@ -115,9 +138,10 @@ def one_batch(args, target, fused, batch: int, graphs: bool) -> dict:
 
 
 def report(row: dict) -> str:
-    ms, chain = row["round_ms"], row["round_ms"]["chain"]
-    parts = [f"{name} {v:.3f} ({v / chain:.3f}x)" for name, v in ms.items()]
-    lines = [f"batch {row['batch']}, chain({row['k']}) round, ms: " + ", ".join(parts)]
+    ms = row["round_ms"]
+    first = next(iter(ms))
+    parts = [f"{name} {v:.3f} ({v / ms[first]:.3f}x)" for name, v in ms.items()]
+    lines = [f"batch {row['batch']}, chain({row['k']}) round, ms (x {first}): " + ", ".join(parts)]
     for name, prof in row["kernels"].items():
         if prof:
             lines.append(f"  {name}: {prof['kernels']} kernels, {prof['kernel_us']:.1f} us")
@@ -131,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--blocks", type=positive_int, default=8,
                     help="blocks of replays per decoder, the decoders' order rotated each block")
     ap.add_argument("--replays", type=positive_int, default=20, help="timed replays a block")
+    ap.add_argument("--variants", type=variant_names, default=VARIANTS,
+                    help=f"comma list of the rounds to race (default all: {','.join(VARIANTS)})")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     if args.pair:

@@ -11,16 +11,16 @@ from .errors import IllFormed, IRError, SpecPilotError, TransformRefused
 from .formats import (DENSE_FORMAT_FOR_DTYPE, DTYPE_BYTES, DTYPES, LOSSLESS12_MAX_ESCAPE_PPM,
                       WEIGHT_FORMATS, WeightFormat, may_change_output, weight_bytes)
 from .model_spec import FAMILIES, LAYER_KINDS, ROLES, ModelSpec, dense_weight_formats, linear_names
-from .program import (ATTENTION_KERNELS, DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS,
-                      FAST_PATHS, LENGTH_ESTIMATORS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
+from .program import (ACCEPT_KERNELS, ATTENTION_KERNELS, DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS,
+                      DRAFTERS, FAST_PATHS, LENGTH_ESTIMATORS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
                       CommitSpec, Deployment, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
 from .prune import LayerSkipPrune, LowPrecisionPrune, Prune, prune_from_json
 from .program_diff import Change, diff, format_diff
 from .stock import STOCK_DRAFT_LENGTH, stock_program
 from .topology import (Chain, DynamicTree, SparseTree, Topology, Tree, TreeShape,
                        topology_from_json)
-from .transforms import (TRANSFORMATIONS, CaptureGraphs, SetAttentionKernels, SetBackend,
-                         SetBatchLayout, SetDrafter, SetDrafterKernels, SetDraftLength,
+from .transforms import (TRANSFORMATIONS, CaptureGraphs, SetAcceptKernels, SetAttentionKernels,
+                         SetBackend, SetBatchLayout, SetDrafter, SetDrafterKernels, SetDraftLength,
                          SetDraftLengthPolicy, SetFastPath, SetLengthEstimator, SetMaxBatchSize,
                          SetRefill, SetTopology, SetVerifyPrune, SetWeightFormat, Transformation,
                          TuneKernel, transformation_from_json, transformation_from_obj,
@@ -46,14 +46,16 @@ __all__ = [
     "DENSE_FORMAT_FOR_DTYPE", "DTYPE_BYTES", "DTYPES", "LOSSLESS12_MAX_ESCAPE_PPM",
     "WEIGHT_FORMATS", "WeightFormat", "may_change_output", "weight_bytes",
     "FAMILIES", "LAYER_KINDS", "ROLES", "ModelSpec", "dense_weight_formats", "linear_names",
-    "ATTENTION_KERNELS", "DRAFT_LENGTH_POLICIES", "DRAFTER_KERNELS", "DRAFTERS", "FAST_PATHS",
+    "ACCEPT_KERNELS", "ATTENTION_KERNELS", "DRAFT_LENGTH_POLICIES", "DRAFTER_KERNELS", "DRAFTERS",
+    "FAST_PATHS",
     "LENGTH_ESTIMATORS", "REFILL_POLICIES", "SCHEMA_VERSION", "BatchSpec", "CommitSpec",
     "Deployment", "DraftSpec", "KernelsSpec", "Models", "Program", "VerifySpec",
     "LayerSkipPrune", "LowPrecisionPrune", "Prune", "prune_from_json",
     "Change", "diff", "format_diff",
     "STOCK_DRAFT_LENGTH", "stock_program",
     "Chain", "DynamicTree", "SparseTree", "Topology", "Tree", "TreeShape", "topology_from_json",
-    "TRANSFORMATIONS", "CaptureGraphs", "SetAttentionKernels", "SetBackend", "SetBatchLayout",
+    "TRANSFORMATIONS", "CaptureGraphs", "SetAcceptKernels", "SetAttentionKernels", "SetBackend",
+    "SetBatchLayout",
     "SetDrafter", "SetDrafterKernels", "SetDraftLength", "SetDraftLengthPolicy", "SetFastPath",
     "SetLengthEstimator", "SetMaxBatchSize", "SetRefill", "SetTopology", "SetVerifyPrune",
     "SetWeightFormat", "Transformation", "TuneKernel",

@@ -15,12 +15,12 @@ from typing import Callable, Dict, Iterable, Optional, Type
 from .errors import IllFormed, IRError, TransformRefused
 from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
-from .program import (ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS, DRAFT_LENGTH_POLICIES,
-                      DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, LENGTH_ESTIMATORS, REFILL_POLICIES,
-                      BatchSpec, Program)
+from .program import (ACCEPT_KERNELS, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
+                      DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS,
+                      LENGTH_ESTIMATORS, REFILL_POLICIES, BatchSpec, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
-from .transforms import (CaptureGraphs, SetAttentionKernels, SetBackend, SetBatchLayout,
+from .transforms import (CaptureGraphs, SetAcceptKernels, SetAttentionKernels, SetBackend, SetBatchLayout,
                          SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
                          SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill,
                          SetTopology, SetVerifyPrune,
@@ -69,6 +69,8 @@ def _set_drafter(p: Program, t: SetDrafter) -> Program:
                  "SetVerifyPrune(None)"),
                 (p.kernels.drafter_kernels == "model", f"kernels.drafter_kernels is "
                  f"{p.kernels.drafter_kernels}", "SetDrafterKernels('model')"),
+                (p.kernels.accept_kernels == "ops", f"kernels.accept_kernels is "
+                 f"{p.kernels.accept_kernels}", "SetAcceptKernels('ops')"),
                 (b.draft_length_policy == "fixed", f"batch.draft_length_policy is "
                  f"{b.draft_length_policy}", "SetDraftLengthPolicy('fixed', 0)"),
                 (b.layout == "padded", f"batch.layout is {b.layout}", "SetBatchLayout('padded')")):
@@ -92,6 +94,9 @@ def _set_topology(p: Program, t: SetTopology) -> Program:
     if p.batch.draft_length_policy == "per_request_adaptive":
         _check(isinstance(topo, Chain), f"the batch adapts each request's chain length "
                                         f"(per_request_adaptive); {topo} is not a chain")
+    _check(isinstance(topo, Chain) or p.kernels.accept_kernels == "ops",
+           f"the fused round end accepts chains; {topo} is not one (SetAcceptKernels('ops') "
+           f"first)")
     if isinstance(topo, Chain):
         mask, kv = "causal", "in_place"
     else:
@@ -272,6 +277,17 @@ def _set_attention_kernels(p: Program, t: SetAttentionKernels) -> Program:
     return replace(p, kernels=replace(p.kernels, attention_kernels=t.kernels))
 
 
+def _set_accept_kernels(p: Program, t: SetAcceptKernels) -> Program:
+    _check(t.kernels in ACCEPT_KERNELS,
+           f"unknown accept kernels {t.kernels!r} (known: {', '.join(ACCEPT_KERNELS)})")
+    _check(t.kernels != p.kernels.accept_kernels, f"already accept kernels {t.kernels}")
+    if t.kernels != "ops":
+        _check_speculates(p, f"the accept kernels {t.kernels!r}")
+        _check(isinstance(p.draft.topology, Chain),
+               f"the fused round end accepts chains; {p.draft.topology} is not one")
+    return replace(p, kernels=replace(p.kernels, accept_kernels=t.kernels))
+
+
 def _capture_graphs(p: Program, t: CaptureGraphs) -> Program:
     _check(t.on != p.kernels.capture_graphs, f"graph capture already {'on' if t.on else 'off'}")
     return replace(p, kernels=replace(p.kernels, capture_graphs=t.on))
@@ -318,6 +334,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetFastPath: _set_fast_path,
     SetDrafterKernels: _set_drafter_kernels,
     SetAttentionKernels: _set_attention_kernels,
+    SetAcceptKernels: _set_accept_kernels,
     TuneKernel: _tune_kernel,
 }
 

@@ -112,6 +112,8 @@ def _kernels_to_obj(p: Program) -> Dict[str, Any]:
         obj["drafter_kernels"] = k.drafter_kernels
     if k.attention_kernels != KernelsSpec.attention_kernels:
         obj["attention_kernels"] = k.attention_kernels
+    if k.accept_kernels != KernelsSpec.accept_kernels:
+        obj["accept_kernels"] = k.accept_kernels
     return obj
 
 
@@ -185,7 +187,8 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                           ("layout", "max_batch_size", "draft_length_policy"),
                           optional=("token_budget", "refill", "length_estimator"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
-                            optional=("fast_path", "drafter_kernels", "attention_kernels"))
+                            optional=("fast_path", "drafter_kernels", "attention_kernels",
+                                      "accept_kernels"))
     overrides = expect_object(kernels["overrides"], "kernels.overrides")
     history = expect_list(obj["history"], "history")
     program = Program(
@@ -225,7 +228,9 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                                        "kernels.drafter_kernels"),
             attention_kernels=expect_str(kernels.get("attention_kernels",
                                                      KernelsSpec.attention_kernels),
-                                         "kernels.attention_kernels")),
+                                         "kernels.attention_kernels"),
+            accept_kernels=expect_str(kernels.get("accept_kernels", KernelsSpec.accept_kernels),
+                                      "kernels.accept_kernels")),
         history=tuple(transformation_from_obj(t, f"history[{i}]") for i, t in enumerate(history)),
     )
     if check:

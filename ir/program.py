@@ -43,6 +43,10 @@ DRAFTER_KERNELS = ("model", "fused")
 # visible slot and reads a tree's mask as given (runtime/generated_attention.py). Not with the
 # "layers" fast path: its compiled blocks trace their attention.
 ATTENTION_KERNELS = ("model", "generated")
+# How a graphed chain round ends (acceptance, the commit, who stops, the round's log): "ops" as
+# torch ops (some forty small kernels), "fused" in one generated kernel (the chain_commit family,
+# runtime/graphed_chain.py). Chains only: trees keep their own walk.
+ACCEPT_KERNELS = ("ops", "fused")
 
 OverrideValue = Union[int, str, bool]
 
@@ -136,13 +140,15 @@ class KernelsSpec:
     (`((node, ((param, value), ...)), ...)`, both levels sorted; a nested dict is accepted),
     the torch backend's fast path on a CUDA GPU (`fast_path`, one of FAST_PATHS), and how the
     drafter runs (`drafter_kernels`, one of DRAFTER_KERNELS), and how the torch backend's
-    attention runs (`attention_kernels`, one of ATTENTION_KERNELS)."""
+    attention runs (`attention_kernels`, one of ATTENTION_KERNELS), and how a graphed chain
+    round ends (`accept_kernels`, one of ACCEPT_KERNELS)."""
     backend: str
     capture_graphs: bool
     overrides: Tuple[Tuple[str, Tuple[Tuple[str, OverrideValue], ...]], ...] = field(default=())
     fast_path: str = "ops"
     drafter_kernels: str = "model"
     attention_kernels: str = "model"
+    accept_kernels: str = "ops"
 
     def __post_init__(self):
         object.__setattr__(self, "overrides", _canonical_overrides(self.overrides))

@@ -238,6 +238,17 @@ class SetAttentionKernels(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetAcceptKernels(Transformation):
+    """How a graphed chain round ends: `ops` (the acceptance, the commit, who stops and the
+    round's log as torch ops, some forty kernels) or `fused` (one generated kernel, the
+    chain_commit family). Integers only, so the output is the same either way."""
+    kernels: str
+    name: ClassVar[str] = "SetAcceptKernels"
+    PARAMS: ClassVar[Dict[str, str]] = {"kernels": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class CaptureGraphs(Transformation):
     """Capture the fixed-shape decode steps as CUDA graphs (on) or launch kernels eagerly (off)."""
     on: bool

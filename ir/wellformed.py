@@ -12,7 +12,7 @@ import re
 from .errors import IllFormed
 from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
-from .program import (ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
+from .program import (ACCEPT_KERNELS, ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
                       DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS,
                       LENGTH_ESTIMATORS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
                       CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
@@ -154,6 +154,9 @@ def _verify_no_speculation(p: Program) -> None:
     _require(p.kernels.drafter_kernels == KernelsSpec.drafter_kernels, "kernels.drafter_kernels",
              f"a Program without a drafter runs no drafter kernels: expected "
              f"{KernelsSpec.drafter_kernels!r}, got {p.kernels.drafter_kernels!r}")
+    _require(p.kernels.accept_kernels == KernelsSpec.accept_kernels, "kernels.accept_kernels",
+             f"a Program without a drafter accepts no drafts: expected "
+             f"{KernelsSpec.accept_kernels!r}, got {p.kernels.accept_kernels!r}")
     for path, value, wanted in (("batch.draft_length_policy", b.draft_length_policy, "fixed"),
                                 ("batch.layout", b.layout, "padded")):
         _require(value == wanted, path, f"a Program without a drafter decodes with greedy AR in "
@@ -227,6 +230,13 @@ def _verify_batch_and_kernels(p: Program) -> None:
              f"the generated attention replaces the torch backend's; this Program runs backend "
              f"{k.backend!r} (expected {KernelsSpec.attention_kernels!r}, got "
              f"{k.attention_kernels!r})")
+    _require_choice(k.accept_kernels, "kernels.accept_kernels", ACCEPT_KERNELS)
+    # The fused round end is the graphed chain decoders' (runtime/graphed_chain.py); a tree's
+    # round walks its nodes.
+    _require(k.accept_kernels == KernelsSpec.accept_kernels
+             or isinstance(p.draft.topology, Chain), "kernels.accept_kernels",
+             f"the fused round end accepts chains; {p.draft.topology} is not one (expected "
+             f"{KernelsSpec.accept_kernels!r}, got {k.accept_kernels!r})")
     nodes = _require_pairs(k.overrides, "kernels.overrides", lambda v: isinstance(v, tuple),
                            "a tuple of (param, value) pairs")
     for node, params in nodes.items():

@@ -166,8 +166,9 @@ def graphed_decoder(target, drafter, batch: int, capacity: int, topology, eos_id
                     capture: bool = True, refill: bool = False,
                     rounds_per_replay: Optional[int] = None, **chain_options):
     """The graphed decoder of `topology`: chain, static tree or dynamic tree, padded or (with
-    `refill`) refilling slots from a queue. `chain_options`, such as adaptive lengths, go to
-    chain decoders only (tree lengths do not adapt)."""
+    `refill`) refilling slots from a queue. `chain_options`, such as adaptive lengths and the
+    accept kernels, go to chain decoders only (tree lengths do not adapt; a tree's round end
+    walks its nodes)."""
     if isinstance(topology, DynamicTree):
         cls = GraphedDynamicTreeRefillDecoder if refill else GraphedDynamicTreeDecoder
         return cls(target, drafter, batch, capacity, topology, eos_ids, capture=capture,
@@ -197,6 +198,7 @@ class DecoderKey(NamedTuple):
     topology: object                 # the next two only where drafts run (cap > 0): plain
     prune: object                    # greedy steps keep an unused topology, yet share decoders
     rounds: Optional[int] = None     # a captured refill decoder's rounds a replay (settable)
+    accept: str = "ops"              # kernels.accept_kernels: how a chain round ends
 
 
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
@@ -220,7 +222,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     key = DecoderKey(id(pair.target), drafter_key, batch, k, cap, adaptive, capacity,
                      tuple(pair.eos_ids), capture, refill, estimator, topology if cap else None,
                      program.verify.prune if cap else None,
-                     refill_rounds_per_replay() if refill and capture else None)
+                     refill_rounds_per_replay() if refill and capture else None,
+                     program.kernels.accept_kernels)
     if reuse_larger_cache and key not in _decoders:
         larger = [kept for kept in _decoders if kept.capacity > capacity
                   and kept._replace(capacity=capacity) == key]
@@ -231,9 +234,11 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         return _decoders[key]
     while len(_decoders) >= KEPT_DECODERS:
         _decoders.popitem(last=False)
+    accept = program.kernels.accept_kernels
     if cap == 0:                # plain greedy steps, drained or refilled
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
-        decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture)
+        decoder = plain(pair.target, None, batch, capacity, 0, pair.eos_ids, capture=capture,
+                        accept_kernels=accept)
     elif program.verify.prune is not None:     # static trees, layer_skip at top-1, drained
         decoder = GraphedTwoLevelDecoder(pair.target, pair.drafter, batch, capacity,
                                          topology.shape(), program.verify.prune.keep_layers,
@@ -241,7 +246,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
     else:   # chains (fixed or adaptive) and trees (fixed: `rounds_refusal`), drained or refilled
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, refill=refill, adaptive=adaptive,
-                                  length_cap=cap, length_estimator=estimator)
+                                  length_cap=cap, length_estimator=estimator,
+                                  accept_kernels=accept)
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder

@@ -99,6 +99,8 @@ def summarize(program: Program) -> str:
                             if k.drafter_kernels != KernelsSpec.drafter_kernels else "")
                          + (f", {k.attention_kernels} attention kernels"
                             if k.attention_kernels != KernelsSpec.attention_kernels else "")
+                         + (f", {k.accept_kernels} accept kernels"
+                            if k.accept_kernels != KernelsSpec.accept_kernels else "")
                          + f", graph capture {'on' if k.capture_graphs else 'off'}, "
                          f"{len(k.overrides)} node overrides"]),
             ("history", [f"{i + 1}. {t}" for i, t in enumerate(program.history)] or ["(stock)"])]

@@ -18,8 +18,9 @@ from __future__ import annotations
 from itertools import zip_longest
 from typing import Dict, Iterator, List, Optional, Tuple
 
-from specpilot.ir import (CaptureGraphs, Program, SetAttentionKernels, SetBackend,
-                          SetDrafterKernels, SetFastPath, Transformation, TuneKernel, apply)
+from specpilot.ir import (CaptureGraphs, Chain, Program, SetAcceptKernels, SetAttentionKernels,
+                          SetBackend, SetDrafterKernels, SetFastPath, Transformation, TuneKernel,
+                          apply)
 from specpilot.ir.errors import SpecPilotError
 
 from .base import Agent, Budget, Refusal
@@ -191,6 +192,13 @@ class KernelAgent(Agent):
             # request's last visible slot and reads a tree's mask as given. Per op or inside
             # the layers path's compiled blocks (runtime/compiled_attention.py).
             proposals.append(SetAttentionKernels("generated"))
+        if (program.draft.speculates and isinstance(program.draft.topology, Chain)
+                and program.kernels.accept_kernels == "ops"):
+            # A graphed chain round's end in one generated kernel (the chain_commit family)
+            # rather than some forty small ones: 3-4 % off a captured round on an H200 at batch
+            # 16 and 64 (BENCHMARKS.md, twenty-seventh set). Integers only: the output is the
+            # same.
+            proposals.append(SetAcceptKernels("fused"))
         if program.kernels.backend != "generated":
             proposals.append(SetBackend("generated"))
         out = self._legal(program, proposals, memory)[:budget.max_proposals]

@@ -22,6 +22,11 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       and graphed_tree_refill with the fused drafter (the length rule measures
                       the cheaper rounds; a tree's levels run several nodes a request through
                       it)
+  graphed_accept, graphed_refill_fused_accept, graphed_adaptive_refill_fused_accept
+                      stock_graphed, graphed_refill_fused and graphed_adaptive_refill_fused
+                      with each round's end in one generated kernel (SetAcceptKernels("fused"),
+                      the chain_commit family) rather than some forty torch ops: speculation's
+                      own bookkeeping, so the stock Program is measured with it too
   graphed_attention, graphed_fused_attention, graphed_refill_fused_attention,
   graphed_adaptive_refill_fused_attention, graphed_tree_fused_attention,
   graphed_tree_refill_fused_attention
@@ -77,7 +82,7 @@ from dataclasses import replace
 from typing import Dict, List, Optional
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
-                          SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
+                          SetAcceptKernels, SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
                           SetDraftLengthPolicy, SetFastPath, SetLengthEstimator, SetRefill,
                           SetTopology, SetVerifyPrune, Tree, replay)
 
@@ -120,6 +125,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     fused, attention = SetDrafterKernels("fused"), SetAttentionKernels("generated")
     layers = SetFastPath("layers")
     depth = SetLengthEstimator("per_depth")
+    accept = SetAcceptKernels("fused")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
         "graphed_refill": [graphs, refill],
@@ -144,6 +150,9 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
                                                                  fused, attention, depth],
         "graphed_adaptive_refill_fused_attention_depth": [graphs, adaptive, refill, fused,
                                                           attention, depth],
+        "graphed_accept": [graphs, accept],
+        "graphed_refill_fused_accept": [graphs, refill, fused, accept],
+        "graphed_adaptive_refill_fused_accept": [graphs, adaptive, refill, fused, accept],
         "graphed_attention": [graphs, attention],
         "graphed_fused_attention": [graphs, fused, attention],
         "graphed_refill_fused_attention": [graphs, refill, fused, attention],

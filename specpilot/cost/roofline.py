@@ -40,6 +40,12 @@ FUSED_HEAD_OPS = 1
 GENERATED_BOUND_OPS = 2
 # Greedy acceptance reads the logits on the host: one argmax launch and one device-host sync.
 ACCEPT_OPS = 2
+# A graphed chain round's end on the device (runtime/graphed_chain.py, `_commit`): the accepted
+# count, the committed tokens out, the rows' state, who stops, the round's log. As torch ops
+# (kernels.accept_kernels "ops") the captured round launched 38-41 kernels more than with the
+# one generated kernel of "fused" (H200, bench/round_variants.py, BENCHMARKS.md twenty-seventh
+# set); the eager loop does this on the host, which ACCEPT_OPS's sync covers.
+GRAPHED_COMMIT_OPS = {"ops": 39, "fused": 1}
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
 # Hopper) but not the host's dispatch (several microseconds per launch), and the decode loop's
 # host syncs between steps disappear: a graphed step is modelled with this share of the eager
@@ -169,6 +175,9 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
     t_rate = gpu.flops_for(target.dtype)
     fused_drafter = program.kernels.drafter_kernels == "fused"
     generated_attention = program.kernels.attention_kernels == "generated"
+    from specpilot.runtime.graphed_program import captures_rounds
+
+    graphed = captures_rounds(program)
     if fused_drafter:
         # Imported here (it imports torch): a fused forward hands wider calls to the model's.
         from specpilot.runtime.fused_forward import MAX_FUSED_TOKENS
@@ -209,12 +218,13 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             moved = 2 * target.num_layers * batch * mean_accepted * kv_row_bytes(target)
             node = NodeCost(name, kind, "step", 0, moved, 0, 0, target.num_layers, 0, 0, 0,
                             t_rate)
-        else:   # build_draft, in-place commit: bookkeeping without device work of its own
+        elif kind == "commit" and graphed:      # a chain's round end on the device
+            node = NodeCost(name, kind, "step", 0, 0, 0, 0,
+                            GRAPHED_COMMIT_OPS[program.kernels.accept_kernels], 0, 0, 0, t_rate)
+        else:   # build_draft, eager in-place commit: bookkeeping on the host
             node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
         out.append(node)
-    from specpilot.runtime.graphed_program import captures_rounds
-
-    if captures_rounds(program):        # the others run eagerly: every launch paid
+    if graphed:                         # the others run eagerly: every launch paid
         share = graphed_share(gpu)
         out = [replace(n, launches=n.launches * share) for n in out]
     return out

@@ -81,7 +81,7 @@ CASES = [
     (_set(("history",), {}), "history: expected list, got object"),
     (_set(("history", 0), {"name": "Teleport", "params": {}}),
      "history[0].name: unknown transformation 'Teleport' (known: CaptureGraphs, "
-     "SetAttentionKernels, SetBackend"),
+     "SetAcceptKernels, SetAttentionKernels, SetBackend"),
     (_set(("history", 0), {"name": "SetTopology"}), "history[0].params: missing field"),
     (_set(("history", 0), {"name": "SetDraftLength", "params": {"k": "4"}}),
      "history[0].params.k: expected int, got str '4'"),

@@ -4,8 +4,8 @@ chains), decode exactly as greedy AR and pass forcing, and forcing reuses the de
 runs used (rounds run eagerly on CPU)."""
 import pytest
 
-from specpilot.ir import (CaptureGraphs, SetDraftLengthPolicy, SetLengthEstimator, SetRefill,
-                          SetTopology)
+from specpilot.ir import (CaptureGraphs, SetAcceptKernels, SetDraftLengthPolicy,
+                          SetLengthEstimator, SetRefill, SetTopology)
 from specpilot.ir.topology import Chain, DynamicTree, Tree
 from specpilot.runtime.decoder import ModelPair
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -114,3 +114,22 @@ def test_forcing_checks_the_decoder_the_timed_runs_used_when_references_stop_ear
     graphed_program._decoders.update(timed)
     assert_clean(force_graphed(program, pair, s["prompts"], short, capture=False), short)
     assert graphed_program._decoders == timed          # no decoder of its own was built
+
+
+@pytest.mark.parametrize("refill,adaptive", [(False, False), (True, False), (True, True)])
+def test_a_fused_accept_program_ends_its_rounds_in_one_kernel_and_keeps_the_output(refill,
+                                                                                  adaptive):
+    s = pair_setup(4)
+    steps = [CaptureGraphs(True), *([SetRefill("continuous")] if refill else []),
+             *([SetDraftLengthPolicy("per_request_adaptive", token_budget=8)] if adaptive
+               else []), SetAcceptKernels("fused")]
+    program = program_of(s, *steps, batch=2)
+    decoder, r = run_program_graphed(s, program, GraphedRefillDecoder if refill
+                                     else GraphedChainDecoder)
+    assert decoder._commit_kernels is not None and decoder.adaptive == adaptive
+    ops = program_of(s, *steps[:-1], batch=2)      # kept decoders are kept per accept kernels
+    other = decoder_for(ops, ModelPair(s["target"], s["drafter"], None, s["eos"]), s["prompts"],
+                        MAX_NEW, capture=False)
+    assert other._commit_kernels is None and other is not decoder
+    assert run_graphed(ops, ModelPair(s["target"], s["drafter"], None, s["eos"]), s["prompts"],
+                       MAX_NEW, capture=False).accepted_lengths == r.accepted_lengths

@@ -9,8 +9,8 @@ from specpilot.agents import (BatchingAgent, Budget, KernelAgent, TopologyAgent,
 from specpilot.cost import AssumedAcceptance, CostModel, RankProfile, gpu_spec
 from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
-from specpilot.ir import (Chain, CaptureGraphs, SetAttentionKernels, SetBackend, SetBatchLayout,
-                          SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
+from specpilot.ir import (Chain, CaptureGraphs, SetAcceptKernels, SetAttentionKernels, SetBackend,
+                          SetBatchLayout, SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
                           SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill, SetTopology,
                           Tree, apply, check,
                           record_escape_rates, stock_program)
@@ -147,11 +147,12 @@ def test_kernel_agent_proposes_on_a_gpu_only(pair):
     agent = KernelAgent()
     assert agent.propose(p["cpu"], None, None, Budget(4)) == []
     assert agent.notes
-    proposals = agent.propose(p["gpu"], None, None, Budget(5))
+    proposals = agent.propose(p["gpu"], None, None, Budget(6))
     # graph capture first, then the torch backend's whole-layer fast path, the drafter in fused
-    # layer kernels, the generated attention, then own kernels
+    # layer kernels, the generated attention, the round's end in one kernel, then own kernels
     assert proposals == [CaptureGraphs(True), SetFastPath("layers"), SetDrafterKernels("fused"),
-                         SetAttentionKernels("generated"), SetBackend("generated")]
+                         SetAttentionKernels("generated"), SetAcceptKernels("fused"),
+                         SetBackend("generated")]
     assert_runnable(p["gpu"], proposals)
     # neither the fast path again, nor the generated backend on top of it (it has its own)
     layers = apply(p["gpu"], SetFastPath("layers"))

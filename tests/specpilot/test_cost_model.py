@@ -183,8 +183,9 @@ def test_measure_device_on_this_cpu():
 
 def test_graph_capture_cuts_the_modelled_launch_overhead_only(program):
     """A Program with CaptureGraphs keeps every node's bytes and FLOPs and pays a fixed share of
-    the eager launch overhead (roofline.GRAPHED_LAUNCH_SHARE); graphed AR likewise."""
-    from specpilot.cost.roofline import GRAPHED_LAUNCH_SHARE, step_nodes
+    the eager launch overhead (roofline.GRAPHED_LAUNCH_SHARE); graphed AR likewise. The round's
+    end moves from the host to the device: its kernels are priced (GRAPHED_COMMIT_OPS)."""
+    from specpilot.cost.roofline import GRAPHED_COMMIT_OPS, GRAPHED_LAUNCH_SHARE, step_nodes
     from specpilot.ir import CaptureGraphs, apply
 
     graphed = apply(program, CaptureGraphs(True))
@@ -194,6 +195,10 @@ def test_graph_capture_cuts_the_modelled_launch_overhead_only(program):
     assert [n.name for n in eager_nodes] == [n.name for n in graph_nodes]
     for e, g in zip(eager_nodes, graph_nodes):
         assert (g.weight_bytes, g.flops) == (e.weight_bytes, e.flops)
+        if g.kind == "commit":
+            assert e.launches == 0 and g.launches == pytest.approx(
+                GRAPHED_COMMIT_OPS["ops"] * GRAPHED_LAUNCH_SHARE)
+            continue
         assert g.overhead_s(gpu) == pytest.approx(GRAPHED_LAUNCH_SHARE * e.overhead_s(gpu))
     model = CostModel(gpu)
     eager_ar = model.predict_ar_run(program, [10, 20], [30, 30], 2)
@@ -206,14 +211,20 @@ def test_a_measured_in_graph_kernel_cost_replaces_the_assumed_share(program):
     """Where the GPU's in-graph kernel cost was measured, a graphed node pays exactly that per
     launch (hand-computed: launches x graphed_launch_s), and graphed AR likewise."""
     from specpilot.cost.roofline import step_nodes
-    from specpilot.ir import CaptureGraphs, apply
+    from specpilot.ir import CaptureGraphs, SetAcceptKernels, apply
 
     eager_gpu = gpu_spec("h200")
     measured = replace(eager_gpu, launch_overhead_s=8e-6, graphed_launch_s=3e-6)
     graphed = apply(program, CaptureGraphs(True))
     eager_nodes = step_nodes(program, measured, 4, 256, 2.0)
     for e, g in zip(eager_nodes, step_nodes(graphed, measured, 4, 256, 2.0)):
-        assert g.overhead_s(measured) == pytest.approx(e.launches * 3e-6)
+        # the round's end runs on the device when graphed (GRAPHED_COMMIT_OPS), on the host
+        # when eager
+        launches = 39 if g.kind == "commit" else e.launches
+        assert g.overhead_s(measured) == pytest.approx(launches * 3e-6)
+    fused = apply(graphed, SetAcceptKernels("fused"))
+    commit = [g for g in step_nodes(fused, measured, 4, 256, 2.0) if g.kind == "commit"]
+    assert [g.overhead_s(measured) for g in commit] == [pytest.approx(3e-6)]
     # graphed AR: its decode steps pay 3/8 of their eager overhead, its (eager) prefills all
     def ar_overhead(gpu, graphed):
         return CostModel(gpu).predict_ar_run(program, [10, 20], [30, 30], 2,

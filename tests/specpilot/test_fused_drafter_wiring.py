@@ -26,7 +26,8 @@ pytestmark = pytest.mark.skipif(not triton_interpreting(),
 FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fused",
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
          "graphed_tree_fused", "graphed_tree_refill_fused", "graphed_adaptive_refill_fused_depth",
-         "graphed_adaptive_refill_fused_chain8_depth"}
+         "graphed_adaptive_refill_fused_chain8_depth", "graphed_refill_fused_accept",
+         "graphed_adaptive_refill_fused_accept"}
 ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fused_attention",
              "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
              "graphed_tree_refill_fused_attention", "graphed_ar_attention",
@@ -102,6 +103,18 @@ def test_the_fused_systems_share_one_fused_forward_around_the_pairs_drafter(fusa
             assert as_twin == other, name
         else:           # stock with graphs captured: the same draft and batch as stock
             assert mine.draft == stock.draft and mine.batch == stock.batch
+    # The fused round end's systems are their twins but for the accept kernels.
+    for name, twin in [("graphed_accept", None), ("graphed_refill_fused_accept",
+                                                  "graphed_refill_fused"),
+                       ("graphed_adaptive_refill_fused_accept", "graphed_adaptive_refill_fused")]:
+        mine = systems[name].program
+        assert mine.kernels.accept_kernels == "fused", name
+        other = systems[twin].program if twin else replace(stock, kernels=replace(
+            stock.kernels, capture_graphs=True))
+        assert replace(mine, kernels=replace(mine.kernels, accept_kernels="ops"),
+                       history=other.history) == other, name
+        assert twin is None or (type(systems[name]) is type(systems[twin])
+                                and systems[name].pair is systems[twin].pair)
     # Chains of up to 8: the chain(4) adaptive system but for the topology, whose k sets the
     # adaptive cap (the budget per batch size follows it: at batch 16, 16 x 9 tokens).
     long, short = systems["graphed_adaptive_refill_fused_chain8"], \

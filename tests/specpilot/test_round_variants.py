@@ -29,7 +29,8 @@ def test_every_variant_runs_the_same_round(models):
     fused = FusedForward(drafter)
     decoders = {name: fill_all_active(script.build(name, target, fused, BATCH, CAPACITY, K,
                                                    False), target, drafter, CONTEXT, seed=5)
-                for name in ("chain", "adaptive", "refill", "refill_ahead")}
+                for name in ("chain", "adaptive", "refill", "refill_ahead", "chain_fused",
+                             "adaptive_fused", "refill_fused")}
     loop = script.loop_replay(decoders["refill"], lambda: decoders["refill"]._round(K))
     for _ in range(3):
         for name, dec in decoders.items():
@@ -46,6 +47,19 @@ def test_every_variant_runs_the_same_round(models):
     assert (base.count >= 4).all()          # three rounds moved every row on
     refill = decoders["refill"]
     assert torch.equal(refill.host_active[0], refill.active)
+
+
+def test_variants_can_be_picked(models, tmp_path, monkeypatch):
+    target, drafter = models
+    script = load_bench_script("round_variants")
+    monkeypatch.setattr(script, "decode_models",
+                        lambda args, count: (target, drafter, [], [], False))
+    out = tmp_path / "v.json"
+    assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
+                        "--batch-sizes", "2", "--blocks", "1", "--replays", "1",
+                        "--variants", "refill_fused,refill", "--out", str(out)]) == 0
+    (row,) = json.loads(out.read_text())["batches"]
+    assert list(row["round_ms"]) == ["refill", "refill_fused"]
 
 
 def test_the_script_times_every_variant(models, tmp_path, monkeypatch):
@@ -65,5 +79,8 @@ def test_the_script_times_every_variant(models, tmp_path, monkeypatch):
     assert set(row["kernels"]) == set(script.VARIANTS) - {"refill_loop"}
     with pytest.raises(SystemExit):
         script.main(["--blocks", "0", "--out", str(tmp_path / "x.json")])
+    for bad in ("refill_loop", "refill,bogus", ","):
+        with pytest.raises(SystemExit):
+            script.main(["--variants", bad, "--out", str(tmp_path / "x.json")])
     with pytest.raises(SystemExit):
         script.main(["--pair", str(tmp_path), "--out", str(tmp_path / "x.json")])
