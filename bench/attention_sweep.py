@@ -1,6 +1,7 @@
 """The generated attention kernel's tiles at a drafter's decode shapes: which cache-slot block
-(BLOCK_S) and warp count serve a step of 1 or 2 new tokens per request fastest, walking the whole
-cache or only up to the last visible slot (`kv_len`).
+(BLOCK_S), warp count and split count (SPLITS: programs sharing one walk, merged by the last)
+serve a step of 1 or 2 new tokens per request fastest, walking the whole cache or only up to the
+last visible slot (`kv_len`).
 
 A drafter's step at batch 4-64 runs one program per (request, kv head): too few to fill the GPU,
 so each program's walk over the cache is the attention's time. Per variant: device microseconds
@@ -66,27 +67,30 @@ def one_shape(args, preset, batch: int, t: int, device, graphs: bool) -> list:
                                    cfg.num_kv_heads, cfg.head_dim, dtype, device, seed=batch + t)
     ref = attention_ref(q.double(), k.double(), v.double(), mask)
     rows = []
-    for block_s, warps, bounded in itertools.product(args.blocks, args.warps, (False, True)):
+    for block_s, warps, splits, bounded in itertools.product(args.blocks, args.warps,
+                                                             args.splits, (False, True)):
+        variant = {"block_s": block_s, "num_warps": warps, "splits": splits, "kv_len": bounded}
         try:
             spec = kernel_spec("attention", DTYPE=DTYPE_NAMES[dtype], HEAD_DIM=cfg.head_dim,
-                               BLOCK_S=block_s, num_warps=warps)
+                               BLOCK_S=block_s, num_warps=warps, SPLITS=splits)
         except SpecPilotError as exc:
-            rows.append({"block_s": block_s, "num_warps": warps, "kv_len": bounded,
-                         "refused": str(exc)})
+            rows.append({**variant, "refused": str(exc)})
             continue
         kernel = build_triton_module(spec)
         out = torch.empty_like(q)
+        workspace = (kernel.split_workspace(batch, t, cfg.num_heads, cfg.num_kv_heads, device)
+                     if splits > 1 else None)
 
         def launch():
-            kernel.launch(q, k, v, mask, out, kv_len=kv_len if bounded else None)
+            kernel.launch(q, k, v, mask, out, kv_len=kv_len if bounded else None,
+                          workspace=workspace)
 
         launch()
         error = (out.double() - ref).abs().max().item()
         us = (time_thunks([launch], TimingSettings(device.type, args.repeats,
                                                    REPLAYED_LAUNCHES))["us"]
               if graphs else None)
-        rows.append({"block_s": block_s, "num_warps": warps, "kv_len": bounded,
-                     "us_per_launch": us, "max_abs_error": error})
+        rows.append({**variant, "us_per_launch": us, "max_abs_error": error})
     return rows
 
 
@@ -109,6 +113,8 @@ def main(argv=None) -> int:
                     help="new tokens per request (a step, a catch-up)")
     ap.add_argument("--blocks", type=positive_counts, default=[32, 64, 128, 256])
     ap.add_argument("--warps", type=positive_counts, default=[2, 4, 8])
+    ap.add_argument("--splits", type=positive_counts, default=[1],
+                    help="programs sharing one walk (SPLITS), e.g. 1,2,4,8")
     add_cache_and_run_arguments(ap, context=320, slack=136)
     args = ap.parse_args(argv)
     graphs = torch.cuda.is_available()
@@ -125,8 +131,14 @@ def main(argv=None) -> int:
         if timed:
             best = min(timed, key=lambda r: r["us_per_launch"])
             print(f"batch {batch} T {t}: best BLOCK_S {best['block_s']} warps "
-                  f"{best['num_warps']} kv_len {best['kv_len']}: {best['us_per_launch']:.2f} us",
-                  flush=True)
+                  f"{best['num_warps']} splits {best['splits']} kv_len {best['kv_len']}: "
+                  f"{best['us_per_launch']:.2f} us", flush=True)
+            for splits in args.splits:          # each split count's best, bounded
+                mine = [r for r in timed if r["splits"] == splits and r["kv_len"]]
+                if mine:
+                    top = min(mine, key=lambda r: r["us_per_launch"])
+                    print(f"  splits {splits}: {top['us_per_launch']:.2f} us (BLOCK_S "
+                          f"{top['block_s']}, {top['num_warps']} warps)", flush=True)
         write_json_atomic(Path(args.out), {"environment": environment(device.type),
                                            "settings": vars(args), "shapes": results})
     return 0

@@ -22,6 +22,10 @@ from .kernel_spec import KernelSpec, kernel_spec
 # Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
 MAX_PROGRAMS = 264
 ROWS_PER_PROGRAM = 16
+# Programs that share one (request, kv head)'s attention walk (the attention family's SPLITS):
+# a drafter step has one row block per request and kv head, too few programs to fill the GPU,
+# and each walks the request's whole visible cache alone.
+ATTENTION_SPLITS = 4
 
 
 def reduction_block(k: int, widest: int = 256) -> int:
@@ -39,9 +43,11 @@ def column_block(n: int) -> int:
 
 
 def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, intermediate: int,
-                      vocab: int) -> Dict[str, KernelSpec]:
+                      vocab: int, attention_splits: int = ATTENTION_SPLITS
+                      ) -> Dict[str, KernelSpec]:
     """The six specs {qkv, attention, o_proj, down, mlp, head} for a model of these widths in
-    `dtype` ("bf16", "fp16" or "fp32")."""
+    `dtype` ("bf16", "fp16" or "fp32"), the attention's walk shared by `attention_splits`
+    programs."""
     def spec(family, **params):
         return kernel_spec(family, DTYPE=dtype, BLOCK_M=ROWS_PER_PROGRAM, **params)
 
@@ -54,7 +60,8 @@ def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, interm
         # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
         # drafter at batch 4-64: of slot blocks 32-256 and 2-8 warps, 64 slots and 8 warps were
         # the fastest at one token a request, and within 0.3 us of the fastest at two).
-        "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8),
+        "attention": kernel_spec("attention", DTYPE=dtype, HEAD_DIM=head_dim, num_warps=8,
+                                 SPLITS=attention_splits),
         # o_proj and down_proj: hidden columns plus the residual.
         "o_proj": spec("fused_linear", RESIDUAL=True, BLOCK_N=column_block(hidden),
                        BLOCK_K=reduction_block(heads * head_dim, 512), num_stages=1),

@@ -9,7 +9,7 @@ drafted token. Here each layer is
     norm_qkv_rope      RMSNorm, the q/k/v projection, RoPE, k/v written into the cache
     attention          over the cache with the caller's mask, up to each request's last
                        visible slot (the first layer's kernel finds it in the mask and
-                       hands it on to the others)
+                       hands it on to the others), each walk shared by a few programs
     fused_linear       o_proj plus the residual
     norm_gate_up_silu  RMSNorm and the MLP's gate/up with SiLU
     fused_linear       down_proj plus the residual
@@ -110,6 +110,13 @@ class FusedForward:
         self.head_argmax = build_triton_module(specs["head"].with_params(ARGMAX=True), cache)
         self._argmax_workspace = self.head_argmax.argmax_workspace(
             MAX_FUSED_TOKENS, cfg.vocab_size, model.device)
+        # The split attention walks' partials and counts, for any call the fused kernels take
+        # (up to MAX_FUSED_TOKENS tokens); made here, not in a captured forward, where the
+        # counts' zeroing would become a kernel of every replay.
+        self._attention_workspace = (
+            self.attention.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads,
+                                           cfg.num_kv_heads, model.device)
+            if specs["attention"].get("SPLITS") > 1 else None)
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -209,7 +216,8 @@ class FusedForward:
                             tokens=tokens if first else None, x_out=x if first else None,
                             cache_positions=cache.positions if first else None)
             self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
-                                  **({"kv_len_out": kv_len} if first else {"kv_len": kv_len}))
+                                  **({"kv_len_out": kv_len} if first else {"kv_len": kv_len}),
+                                  workspace=self._attention_workspace)
             self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
             self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
             self.down.launch(act, layer.w_down, x, residual=mid)

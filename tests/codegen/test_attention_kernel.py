@@ -120,3 +120,49 @@ def test_the_kernel_finds_each_requests_bound_in_the_mask_and_stops_there(kernel
     with pytest.raises(ValueError, match="not both"):
         module.launch(q, k_cache, v_cache, mask.to(device), out, kv_len=ends.to(device),
                       kv_len_out=found)
+
+
+@pytest.mark.parametrize("splits,dtype", [(2, "fp32"), (4, "bf16"), (3, "fp32")])
+def test_split_walks_merge_to_the_reference(kernel_cache, device, splits, dtype):
+    """SPLITS programs share each row block's walk and the last merges their partials: the
+    output is the reference's with a bound given, a bound found in the mask (the slots past it
+    NaN, so a walk past it would show), a request whose slots do not divide among the splits,
+    one shorter than a split's share and one that sees nothing; launched twice on one
+    workspace, which each launch leaves as found."""
+    module = build_triton_module(kernel_spec("attention", DTYPE=dtype, HEAD_DIM=16, BLOCK_S=16,
+                                             SPLITS=splits), kernel_cache)
+    B, T, S, HQ, HKV, D = 4, 2, 200, 6, 2, 16
+    ends = [157, 9, 0, 200]
+    mask = torch.zeros(B, T, S, dtype=torch.bool)
+    for b, end in enumerate(ends):
+        for t in range(T):
+            mask[b, t, :max(0, end - T + 1 + t)] = True
+    mask[0, 1, 60:70] = False                         # holes in a causal row
+    q = randn(B, T, HQ, D, dtype=TORCH_DTYPES[dtype], device=device)
+    k_cache, v_cache = (randn(B, S, HKV, D, dtype=TORCH_DTYPES[dtype], device=device)
+                        for _ in range(2))
+    k_nan, v_nan = k_cache.clone(), v_cache.clone()
+    for b, end in enumerate(ends):
+        k_nan[b, end:] = float("nan")
+        v_nan[b, end:] = float("nan")
+    expected = attention_ref(q, k_cache, v_cache, mask.to(device))
+    workspace = module.split_workspace(B, T, HQ, HKV, device)
+    for _ in range(2):
+        out = poisoned((B, T, HQ, D), TORCH_DTYPES[dtype], device)
+        found = poisoned((B,), torch.int32, device)
+        module.launch(q, k_nan, v_nan, mask.to(device), out, kv_len_out=found,
+                      workspace=workspace)
+        assert found.cpu().tolist() == ends
+        assert_matches(out, expected, dtype)
+        assert torch.equal(out[2].cpu().float(), torch.zeros(T, HQ, D))
+        assert not workspace[0].cpu().any()            # every count back at zero
+    out = poisoned((B, T, HQ, D), TORCH_DTYPES[dtype], device)
+    module.launch(q, k_nan, v_nan, mask.to(device), out,
+                  kv_len=torch.tensor(ends, device=device), workspace=workspace)
+    assert_matches(out, expected, dtype)
+    with pytest.raises(ValueError, match="split_workspace"):
+        module.launch(q, k_cache, v_cache, mask.to(device), out)
+    single = build_triton_module(kernel_spec("attention", DTYPE=dtype, HEAD_DIM=16, BLOCK_S=16),
+                                 kernel_cache)
+    with pytest.raises(ValueError, match="no workspace"):
+        single.launch(q, k_cache, v_cache, mask.to(device), out, workspace=workspace)
