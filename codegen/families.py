@@ -26,7 +26,7 @@ rope           launch(q, k, positions, q_out, k_out, inv_freq=None, cos=None, si
                layout, halves duplicated) indexed by positions. HF rotate-half convention with
                HF's rounding order (cos/sin and both products rounded to DTYPE).
 attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None,
-                      workspace=None)
+                      workspace=None, positions=None)
                q/out [B, T, Hq, D], caches [B, S, Hkv, D] with Hq % Hkv == 0 (GQA), mask
                [B, T, S] bool (True = visible), scale defaults to 1/sqrt(D), kv_len [B] int
                optionally bounds the visible slots (slots >= kv_len[b] are skipped); or
@@ -35,7 +35,9 @@ attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, k
                keeps. Softmax in float32; a query that sees no slot gets zeros. SPLITS > 1: the
                walk is shared by that many programs per row block, their partials merged by the
                last to finish; workspace is the module's split_workspace(B, T, Hq, Hkv, device),
-               left as found.
+               left as found. mask None with positions [B, T] (int): a query at position p
+               sees slots 0..p (a chain's cache, where a token's slot is its position), each
+               program's walk bounded by its own rows' positions (no kv_len, no kv_len_out).
 varlen_attention launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out,
                         scale=None, max_seqlen=None)
                Every request's new tokens packed without padding: q/out [N, Hq, D], request r
@@ -255,7 +257,7 @@ ATTENTION = FamilySchema(
     summary="attention of T new queries per request over a static KV cache with an explicit "
             "visibility mask (decode, causal and tree verification), GQA",
     launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None, "
-             "workspace=None)",
+             "workspace=None, positions=None)",
     params=_attention_params("query rows (token, head-in-group) per program") + (
         IntParam("SPLITS", 1, 16, 1, doc="programs that share one row block's walk over the "
                                          "slots, merged by the last to finish"),),

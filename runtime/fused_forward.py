@@ -84,6 +84,11 @@ class FusedForward:
     MAX_FUSED_TOKENS new tokens a call (the model's own forward beyond); every other attribute
     (config, dtype, new_cache, ...) is the model's."""
 
+    # `forward` and `greedy` take mask None for a chain's layout, a query at position p seeing
+    # the cache's slots 0..p (its tokens written at slots equal to their positions): the
+    # attention then reads no mask, and its caller builds none (runtime/graphed_chain.py).
+    sees_by_position = True
+
     def __init__(self, model, kernel_cache=None, specs=None):
         why = fused_forward_refusal(model)
         if why is not None:
@@ -151,11 +156,14 @@ class FusedForward:
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
                 mask: torch.Tensor, cache, logits_at: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """As `Transformer.forward`: tokens [B, T] written at `slots`, mask [B, T, S], float32
-        logits [B, T, V] (or [B, R, V] at the rows logits_at [B, R] picks)."""
+        """As `Transformer.forward`: tokens [B, T] written at `slots`, mask [B, T, S] (or None:
+        slots 0..p visible at position p), float32 logits [B, T, V] (or [B, R, V] at the rows
+        logits_at [B, R] picks)."""
         b, t = tokens.shape
         if b * t > MAX_FUSED_TOKENS:
-            return self.model.forward(tokens, positions, slots, mask, cache, logits_at)
+            return self.model.forward(tokens, positions, slots, self._or_causal(mask, positions,
+                                                                                cache),
+                                      cache, logits_at)
         rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
         return self._head(rows, greedy=False).view(b, -1, self.config.vocab_size)
 
@@ -167,10 +175,20 @@ class FusedForward:
         call at a time (the kernel's workspace is this object's)."""
         b, t = tokens.shape
         if b * t > MAX_FUSED_TOKENS:
+            mask = self._or_causal(mask, positions, cache)
             return torch.argmax(self.model.forward(tokens, positions, slots, mask, cache,
                                                    logits_at), dim=-1)
         rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
         return self._head(rows, greedy=True).view(b, -1)
+
+    @staticmethod
+    def _or_causal(mask: Optional[torch.Tensor], positions: torch.Tensor, cache) -> torch.Tensor:
+        """`mask`, or where it is None the mask it stands for (slots 0..p at position p): the
+        model's own forward, which takes wider calls, reads one."""
+        if mask is not None:
+            return mask
+        slots = torch.arange(cache.capacity, device=positions.device)
+        return slots[None, None, :] <= positions[:, :, None]
 
     def _head(self, rows: torch.Tensor, greedy: bool) -> torch.Tensor:
         """The final norm and LM head of `rows` [R, H]: float32 logits [R, V], or with
@@ -198,8 +216,9 @@ class FusedForward:
         attended = torch.empty_like(q)
         act = torch.empty((m, cfg.intermediate_size), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
-        if mask.stride(-1) != 1:     # the kernels take row strides: a tree level's rows of
-            mask = mask.contiguous()  # its round's mask need no copy
+        causal = mask is None
+        if not causal and mask.stride(-1) != 1:   # the kernels take row strides: a tree
+            mask = mask.contiguous()              # level's rows of its round's mask need no copy
         # Per request, one past the last slot any of its queries sees: the attention walks no
         # further. A decoder's cache is sized for its whole run, so a step early in it would
         # otherwise walk slots nothing sees (on an H200, at batch 16 with 192 of 457 slots in
@@ -215,9 +234,10 @@ class FusedForward:
                             slots, model.inv_freq, q, cache.k[i], cache.v[i], eps,
                             tokens=tokens if first else None, x_out=x if first else None,
                             cache_positions=cache.positions if first else None)
+            bound = ({"positions": positions} if causal else
+                     {"kv_len_out": kv_len} if first else {"kv_len": kv_len})
             self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
-                                  **({"kv_len_out": kv_len} if first else {"kv_len": kv_len}),
-                                  workspace=self._attention_workspace)
+                                  workspace=self._attention_workspace, **bound)
             self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
             self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
             self.down.launch(act, layer.w_down, x, residual=mid)

@@ -222,16 +222,21 @@ class GraphedChainDecoder:
         base = self._base()
         pos = base[:, None] + self.catch_up_offsets
         tokens = torch.stack([self.prev, self.last], dim=1)
-        drafts = [greedy_tokens(self.drafter, tokens, pos, pos, self._mask(pos), self.dcache,
+        # A drafter that sees slots 0..p at position p by itself (the fused kernels) takes no
+        # mask: two launches a round fewer, and its attention reads none.
+        by_position = getattr(self.drafter, "sees_by_position", False)
+        drafts = [greedy_tokens(self.drafter, tokens, pos, pos,
+                                None if by_position else self._mask(pos), self.dcache,
                                 self.catch_up_logit)[:, 0]]
         # The later steps' positions and masks at once, [k - 1, B] and [k - 1, B, S]: each
         # step's is then a contiguous view, not two launches of its own.
         ahead = base[None, :] + self.chain[1:k, None]
-        masks = self._mask(ahead)
+        masks = None if by_position else self._mask(ahead)
         for i in range(1, k):
             pos = ahead[i - 1][:, None]
             drafts.append(greedy_tokens(self.drafter, drafts[-1][:, None], pos, pos,
-                                        masks[i - 1][:, None], self.dcache)[:, 0])
+                                        None if by_position else masks[i - 1][:, None],
+                                        self.dcache)[:, 0])
         return torch.stack(drafts, dim=1)
 
     def _verify(self, drafts: torch.Tensor) -> torch.Tensor:

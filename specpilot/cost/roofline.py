@@ -28,7 +28,8 @@ HEAD_OPS = 2          # final norm + lm_head
 # five launches a layer (norm + q/k/v + RoPE + cache write, attention, o_proj + residual,
 # norm + gate/up + SiLU, down_proj + residual) and one for the final norm with the LM head,
 # which also finds each row's next token when drafting. The attention's bound (each request's
-# last visible slot) costs no launch: the first layer's attention finds it in the mask.
+# last visible slot) costs no launch: the first layer's attention finds it in the mask, or, in
+# a chain's rounds, each program from its rows' positions (no mask is built or read).
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
 # The torch backend's attention by the generated kernel (kernels.attention_kernels "generated",

@@ -166,3 +166,34 @@ def test_split_walks_merge_to_the_reference(kernel_cache, device, splits, dtype)
                                  kernel_cache)
     with pytest.raises(ValueError, match="no workspace"):
         single.launch(q, k_cache, v_cache, mask.to(device), out, workspace=workspace)
+
+
+@pytest.mark.parametrize("splits", [1, 4])
+def test_positions_in_place_of_a_mask_see_every_slot_up_to_their_own(kernel_cache, device,
+                                                                      splits):
+    """mask None, positions [B, T]: a query at position p sees slots 0..p, as the mask
+    slot <= p does. Slots past each request's last position hold NaN, so a walk past it would
+    show; 7 tokens of 3 heads a group need two row blocks, each bounded by its own rows."""
+    module = build_triton_module(kernel_spec("attention", DTYPE="fp32", HEAD_DIM=16, BLOCK_S=16,
+                                             SPLITS=splits), kernel_cache)
+    B, T, S, HQ, HKV, D = 3, 7, 90, 6, 2, 16
+    starts = torch.tensor([40, 3, 83])
+    positions = starts[:, None] + torch.arange(T)[None, :]
+    mask = torch.arange(S)[None, None, :] <= positions[:, :, None]
+    q = randn(B, T, HQ, D, dtype=torch.float32, device=device)
+    k_cache, v_cache = (randn(B, S, HKV, D, dtype=torch.float32, device=device) for _ in range(2))
+    k_nan, v_nan = k_cache.clone(), v_cache.clone()
+    for b in range(B):
+        k_nan[b, int(positions[b, -1]) + 1:] = float("nan")
+        v_nan[b, int(positions[b, -1]) + 1:] = float("nan")
+    workspace = module.split_workspace(B, T, HQ, HKV, device) if splits > 1 else None
+    out = poisoned((B, T, HQ, D), torch.float32, device)
+    module.launch(q, k_nan, v_nan, None, out, positions=positions.to(device),
+                  workspace=workspace)
+    assert_matches(out, attention_ref(q, k_cache, v_cache, mask.to(device)), "fp32")
+    with pytest.raises(ValueError, match="not both"):
+        module.launch(q, k_cache, v_cache, mask.to(device), out,
+                      positions=positions.to(device), workspace=workspace)
+    with pytest.raises(ValueError, match="no kv_len"):
+        module.launch(q, k_cache, v_cache, None, out, positions=positions.to(device),
+                      kv_len=positions[:, -1].to(device) + 1, workspace=workspace)

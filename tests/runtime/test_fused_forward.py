@@ -270,3 +270,32 @@ def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkey
     spec = model_spec_from_config(model.config, "drafter", "bfloat16", str(folder))
     cost = forward_cost("draft", "draft", spec, b, 1, 4, gpu_spec("h100"), fused=True)
     assert cost.launches == len(launched)
+
+
+def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):
+    """mask None (a chain's layout: position p sees slots 0..p): the same logits and cache, bit
+    for bit, as the mask that says so, through the fused kernels and, past MAX_FUSED_TOKENS,
+    through the model's own forward; a chain decoder's fused drafter takes no mask."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    g = torch.Generator().manual_seed(3)
+    b, t, capacity = 3, 4, 20
+    tokens = torch.randint(0, model.config.vocab_size, (b, t), generator=g).to(DEVICE)
+    pos = (torch.tensor([0, 5, 11])[:, None] + torch.arange(t)[None, :]).to(DEVICE)
+    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    caches = [model.new_cache(b, capacity) for _ in range(2)]
+    for mine, twin in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        mine.copy_(torch.randn(mine.shape, generator=g).to(mine))   # K/V in the earlier
+        twin.copy_(mine)                                              # slots, as a decode's
+    with_mask = fused.forward(tokens, pos, pos, mask, caches[0])
+    without = fused.forward(tokens, pos, pos, None, caches[1])
+    assert torch.equal(with_mask, without)
+    assert all(torch.equal(x, y) for x, y in zip(caches[0].k + caches[0].v,
+                                                 caches[1].k + caches[1].v))
+    from specpilot.runtime import fused_forward
+    monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", b * t - 1)
+    wide = fused.greedy(tokens, pos, pos, None, model.new_cache(b, capacity))
+    assert torch.equal(wide, model.forward(tokens, pos, pos, mask,
+                                           model.new_cache(b, capacity)).argmax(-1))
+    assert FusedForward.sees_by_position and not getattr(model, "sees_by_position", False)
