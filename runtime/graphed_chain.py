@@ -37,6 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import torch
 
 from specpilot.ir.errors import SpecPilotError
+from specpilot.ir.program import ACCEPT_KERNELS
 
 from .adaptive_draft import DRAFT_STEP_COST, SMOOTHING
 from .batch_length import BatchLengthPolicy, measure_round_costs
@@ -48,9 +49,6 @@ from .graphed_prefill import StaticPrefill
 from .speculative import SpecResult
 from .ar import ARResult
 from .steps import append_step, check_capacity, greedy_tokens, top2_margin
-
-# How a round ends (a Program's kernels.accept_kernels): torch ops, or one generated kernel.
-ACCEPT_KERNELS = ("ops", "fused")
 
 
 def timing_room(span: int) -> int:
