@@ -49,29 +49,41 @@ def test_every_variant_runs_the_same_round(models):
     assert torch.equal(refill.host_active[0], refill.active)
 
 
-def test_variants_can_be_picked(models, tmp_path, monkeypatch):
+def _script_on(models, monkeypatch):
+    """bench/round_variants.py with these models in place of the ones it would build."""
     target, drafter = models
     script = load_bench_script("round_variants")
     monkeypatch.setattr(script, "decode_models",
                         lambda args, count: (target, drafter, [], [], False))
-    out = tmp_path / "v.json"
+    return script
+
+
+def _run(script, out, blocks, *extra):
     assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
-                        "--batch-sizes", "2", "--blocks", "1", "--replays", "1",
-                        "--variants", "refill_fused,refill", "--out", str(out)]) == 0
-    (row,) = json.loads(out.read_text())["batches"]
+                        "--batch-sizes", "2", "--blocks", str(blocks), "--replays", "1",
+                        *extra, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
+
+
+def test_variants_and_the_drafters_split_walks_can_be_picked(models, tmp_path, monkeypatch):
+    script = _script_on(models, monkeypatch)
+    seen, fused = [], script.FusedForward
+
+    def recording(model, specs=None):           # the fused drafter the script builds
+        seen.append(specs)
+        return fused(model, specs=specs)
+
+    monkeypatch.setattr(script, "FusedForward", recording)
+    doc = _run(script, tmp_path / "v.json", 1,
+               "--variants", "refill_fused,refill", "--attention-splits", "2")
+    (row,) = doc["batches"]
     assert list(row["round_ms"]) == ["refill", "refill_fused"]
+    assert [specs["attention"].get("SPLITS") for specs in seen] == [2]
 
 
 def test_the_script_times_every_variant(models, tmp_path, monkeypatch):
-    target, drafter = models
-    script = load_bench_script("round_variants")
-    monkeypatch.setattr(script, "decode_models",
-                        lambda args, count: (target, drafter, [], [], False))
-    out = tmp_path / "v.json"
-    assert script.main(["--prompt-len", "4", "--new-tokens", "4", "--k", str(K),
-                        "--batch-sizes", "2", "--blocks", "2", "--replays", "1",
-                        "--out", str(out)]) == 0
-    doc = json.loads(out.read_text())
+    script = _script_on(models, monkeypatch)
+    doc = _run(script, tmp_path / "v.json", 2)
     (row,) = doc["batches"]
     assert row["batch"] == 2 and row["k"] == K
     assert set(row["round_ms"]) == set(script.VARIANTS)
