@@ -22,15 +22,29 @@ from .kernel_spec import KernelSpec, kernel_spec
 # Programs per launch past which wider column blocks pay (two waves of an H200's 132 SMs).
 MAX_PROGRAMS = 264
 ROWS_PER_PROGRAM = 16
-# Programs that share one (request, kv head)'s attention walk (the attention family's SPLITS):
-# a drafter step has one row block per request and kv head, too few programs to fill the GPU,
-# and each walks the request's whole visible cache alone.
+# Programs that share one (request, kv head)'s attention walk (the attention family's SPLITS),
+# at most: a drafter step has one row block per request and kv head, too few programs to fill
+# the GPU, and each walks the request's whole visible cache alone. On an H200 at the zoo
+# drafter's shapes four were fastest at batch 16 (32 row blocks) and two at batch 64 (128):
+# 6.1 and 7.4 us a launch against 9.0 and 9.2 unsplit (BENCHMARKS.md, twenty-seventh set),
+# so a launch takes the most splits, up to this, that keep it within MAX_PROGRAMS programs
+# (`attention_splits`).
 ATTENTION_SPLITS = 4
 
 
 def reduction_block(k: int, widest: int = 256) -> int:
     """The reduction step for a reduction of length k: all of it, within 16..widest."""
     return min(widest, max(16, next_power_of_two(k)))
+
+
+def attention_splits(row_blocks: int, most: int) -> int:
+    """The split count for an attention launch of `row_blocks` (request, kv head, row block)
+    walks: the largest power of two up to `most` whose programs stay within MAX_PROGRAMS (at
+    least 1)."""
+    splits = 1
+    while splits * 2 <= most and row_blocks * splits * 2 <= MAX_PROGRAMS:
+        splits *= 2
+    return splits
 
 
 def column_block(n: int) -> int:

@@ -110,6 +110,14 @@ class FusedForward:
         self.qkv, self.attention, self.o_proj, self.down, self.mlp, self.head = (
             build_triton_module(specs[name], cache)
             for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
+        # The attention at each split count up to its spec's, one picked per launch by how many
+        # walks it has (codegen/fused_layer.py, `attention_splits`).
+        most = specs["attention"].get("SPLITS")
+        self._attention_rows = specs["attention"].get("BLOCK_R")    # query rows a program
+        self._attention_by_splits = {
+            splits: (self.attention if splits == most else build_triton_module(
+                specs["attention"].with_params(SPLITS=splits), cache))
+            for splits in (1 << i for i in range(most.bit_length())) if splits <= most}
         self.lm_head_weight = model.lm_head[0]
         # The head again, with each row's argmax in the kernel (`greedy`), and its workspace.
         self.head_argmax = build_triton_module(specs["head"].with_params(ARGMAX=True), cache)
@@ -121,7 +129,7 @@ class FusedForward:
         self._attention_workspace = (
             self.attention.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads,
                                            cfg.num_kv_heads, model.device)
-            if specs["attention"].get("SPLITS") > 1 else None)
+            if most > 1 else None)
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -190,6 +198,18 @@ class FusedForward:
         slots = torch.arange(cache.capacity, device=positions.device)
         return slots[None, None, :] <= positions[:, :, None]
 
+    def _attention_for(self, b: int, t: int):
+        """(the attention module, its workspace or None) for a call of b requests of t tokens:
+        split as `attention_splits` says for its walks."""
+        from specpilot.codegen.fused_layer import attention_splits
+
+        cfg = self.model.config
+        group = cfg.num_heads // cfg.num_kv_heads
+        walks = b * cfg.num_kv_heads * -(-t * group // self._attention_rows)
+        splits = attention_splits(walks, max(self._attention_by_splits))
+        return (self._attention_by_splits[splits],
+                self._attention_workspace if splits > 1 else None)
+
     def _head(self, rows: torch.Tensor, greedy: bool) -> torch.Tensor:
         """The final norm and LM head of `rows` [R, H]: float32 logits [R, V], or with
         `greedy` each row's argmax [R] (int64), found in the same kernel."""
@@ -228,6 +248,7 @@ class FusedForward:
         # and max found it, some 7 us of a 110 us drafter step; BENCHMARKS.md, 23rd set).
         kv_len = torch.empty(b, dtype=torch.int32, device=dev)
         eps = cfg.rms_norm_eps
+        attention, workspace = self._attention_for(b, t)
         for i, layer in enumerate(self.fused_layers):
             first = i == 0
             self.qkv.launch(model.embed if first else x, layer.input_norm, layer.w_qkv, positions,
@@ -236,8 +257,8 @@ class FusedForward:
                             cache_positions=cache.positions if first else None)
             bound = ({"positions": positions} if causal else
                      {"kv_len_out": kv_len} if first else {"kv_len": kv_len})
-            self.attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
-                                  workspace=self._attention_workspace, **bound)
+            attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
+                             workspace=workspace, **bound)
             self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
             self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
             self.down.launch(act, layer.w_down, x, residual=mid)

@@ -1,6 +1,6 @@
 """codegen/fused_layer.py: the fused forward's kernel specs, by hand for the zoo drafter's widths
 (hidden 384, 6 heads of 64, intermediate 1024, vocabulary 8192) and a head too narrow for tl.dot."""
-from specpilot.codegen.fused_layer import fused_layer_specs
+from specpilot.codegen.fused_layer import attention_splits, fused_layer_specs
 
 
 def _params(spec):
@@ -21,7 +21,19 @@ def test_the_zoo_drafters_tiles():
     assert o_proj["BLOCK_N"] == 16 and head["BLOCK_N"] == 64 and mlp["BLOCK_N"] == 32
     assert head["BLOCK_K"] == 128 and mlp["BLOCK_K"] == 128 and head["num_warps"] == 8
     assert head["NORM"] and head["OUT_FP32"] and not head.get("RESIDUAL", False)
-    assert _params(specs["attention"])["num_warps"] == 8
+    attention = _params(specs["attention"])
+    assert attention["num_warps"] == 8 and attention["SPLITS"] == 4
+    two = fused_layer_specs("bf16", 384, 6, 64, 1024, 8192, attention_splits=2)
+    assert _params(two["attention"])["SPLITS"] == 2
+
+
+def test_a_launch_splits_its_walks_while_they_fit_two_waves():
+    # The zoo drafter at batch 16 and 64: 2 kv heads, one row block each (3 query heads a kv
+    # head, 1 or 2 tokens) -> 32 and 128 walks. 32 x 4 = 128 programs; 128 x 4 = 512 is past
+    # 264, 128 x 2 = 256 is not.
+    assert attention_splits(32, 4) == 4 and attention_splits(128, 4) == 2
+    assert attention_splits(133, 4) == 1 and attention_splits(600, 4) == 1
+    assert attention_splits(8, 2) == 2 and attention_splits(8, 1) == 1
 
 
 def test_heads_too_narrow_for_tl_dot_multiply_add():

@@ -299,3 +299,27 @@ def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):
     assert torch.equal(wide, model.forward(tokens, pos, pos, mask,
                                            model.new_cache(b, capacity)).argmax(-1))
     assert FusedForward.sees_by_position and not getattr(model, "sees_by_position", False)
+
+
+def test_each_launch_takes_the_splits_its_walks_fit(tmp_path, monkeypatch):
+    """The attention at 4, 2 and 1 splits, picked per call by its walks (request, kv head, row
+    block) against the programs a launch may have: with room for 8 programs, 2 walks take 4
+    splits, 3 take 2 and 5 take 1; each call's logits are the model's own."""
+    from specpilot.codegen import fused_layer
+
+    folder = make_checkpoint(tmp_path, "llama3", seed=9, **FUSABLE)     # 1 kv head
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    assert sorted(fused._attention_by_splits) == [1, 2, 4]
+    monkeypatch.setattr(fused_layer, "MAX_PROGRAMS", 8)
+    g = torch.Generator().manual_seed(4)
+    for b, splits in ((2, 4), (3, 2), (5, 1)):
+        module, workspace = fused._attention_for(b, 1)
+        assert module is fused._attention_by_splits[splits]
+        assert (workspace is None) == (splits == 1)
+        tokens = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(DEVICE)
+        pos = torch.arange(3, 3 + b, device=DEVICE)[:, None]
+        mask = torch.arange(12, device=DEVICE)[None, None, :] <= pos[:, :, None]
+        torch.testing.assert_close(fused.forward(tokens, pos, pos, None, model.new_cache(b, 12)),
+                                   model.forward(tokens, pos, pos, mask, model.new_cache(b, 12)),
+                                   rtol=1e-4, atol=1e-4)
