@@ -152,3 +152,18 @@ def test_help(argv, fragments, capsys):
     out = capsys.readouterr().out
     for fragment in fragments:
         assert fragment in out
+
+
+def test_show_names_the_kernel_choices_other_than_the_defaults(two_programs, tmp_path, capsys):
+    from specpilot.ir import SetAcceptKernels, SetDrafterKernels
+
+    stock = two_programs[0]
+    save_program(stock, tmp_path / "p.json")
+    assert main(["ir", "show", str(tmp_path / "p.json")]) == 0
+    plain = capsys.readouterr().out
+    assert "accept kernels" not in plain and "drafter kernels" not in plain
+    fused = replay(stock, [SetDrafterKernels("fused"), SetAcceptKernels("fused")])
+    save_program(fused, tmp_path / "p.json")
+    assert main(["ir", "show", str(tmp_path / "p.json")]) == 0
+    assert ("backend torch (fast path ops), fused drafter kernels, fused accept kernels, graph "
+            "capture off") in capsys.readouterr().out
