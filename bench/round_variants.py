@@ -48,8 +48,7 @@ from specpilot.bench.kernel_profile import kernel_profile  # noqa: E402
 from specpilot.bench.script_rows import measure_rows  # noqa: E402
 from specpilot.bench.step_costs import time_median  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
-from specpilot.codegen.fused_layer import fused_layer_specs  # noqa: E402
-from specpilot.runtime.fused_forward import DTYPE_NAMES, FusedForward  # noqa: E402
+from specpilot.runtime.fused_forward import FusedForward, fused_specs  # noqa: E402
 from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 
@@ -157,8 +156,9 @@ def main(argv=None) -> int:
                     help="blocks of replays per decoder, the decoders' order rotated each block")
     ap.add_argument("--replays", type=positive_int, default=20, help="timed replays a block")
     ap.add_argument("--attention-splits", type=positive_int, default=None,
-                    help="the fused drafter's attention walk shared by this many programs "
-                         "(default: codegen/fused_layer.py's ATTENTION_SPLITS)")
+                    help="the most programs that share one of the fused drafter's attention "
+                         "walks; each launch takes the largest power of two up to it whose "
+                         "programs fit (default: codegen/fused_layer.py's ATTENTION_SPLITS)")
     ap.add_argument("--variants", type=variant_names, default=VARIANTS,
                     help=f"comma list of the rounds to race (default all: {','.join(VARIANTS)})")
     ap.add_argument("--out", required=True)
@@ -169,10 +169,8 @@ def main(argv=None) -> int:
         target, drafter, _, _, graphs = decode_models(args, 1)
         specs = None
         if args.attention_splits is not None:
-            cfg = drafter.config
-            specs = {"attention": fused_layer_specs(
-                DTYPE_NAMES[drafter.dtype], cfg.hidden_size, cfg.num_heads, cfg.head_dim,
-                cfg.intermediate_size, cfg.vocab_size, args.attention_splits)["attention"]}
+            specs = {"attention": fused_specs(drafter)["attention"].with_params(
+                SPLITS=args.attention_splits)}
         fused = FusedForward(drafter, specs=specs)
     except SpecPilotError as exc:
         ap.error(str(exc))

@@ -55,6 +55,17 @@ def triton_interpreting() -> bool:
     return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "on", "yes")
 
 
+def triton_refusal(device) -> Optional[str]:
+    """Why Triton kernels cannot run on `device` here (None when they can): off a CUDA device
+    they need Triton's interpreter."""
+    import torch
+    device = torch.device(device)
+    if device.type != "cuda" and not triton_interpreting():
+        return (f"Triton kernels need a CUDA device or Triton's interpreter (TRITON_INTERPRET=1); "
+                f"this is {device}")
+    return None
+
+
 @dataclass
 class CacheStats:
     """What a KernelCache did; tests use it to prove a second build does no work."""

@@ -57,13 +57,13 @@ greedy_accept  launch(logits, draft_tokens, parents, pred_out, accept_count_out,
                first index on ties), accept_count_out [B], path_out [B, N] (accepted node
                indices root to leaf, -1 after the end), bonus_out [B] (prediction after the last
                accepted node). A chain is parents = (-1, 0, 1, ...).
-chain_commit   launch(committed, out, count, length, last, prev, limit, active, log, status,
-                      round_index, drafts=None, n=None, eos=None, row_round=None, n_out=None,
+chain_commit   launch(committed, drafts, out, count, length, last, prev, limit, active, log,
+                      status, round_index, eos=None, row_round=None, n_out=None,
                       before_out=None, r_out=None)
-               A graphed round's end (runtime/graphed_chain.py's `_commit`), one program for
-               the batch. committed int64 [B, C]; n int64 [B], or drafts int64 [B, C - 1] from
-               which n is the count of leading drafts equal to committed[:, j]. On each row b
-               active before: out[b, count_b + j] = committed[b, j] for j <= n_b (columns
+               A graphed chain round's end (runtime/graphed_chain.py's `_accepted` and
+               `_commit`), one program for the batch. committed int64 [B, C], drafts int64
+               [B, C - 1]; n_b is the count of leading drafts equal to committed[b, j]. On each
+               row b active before: out[b, count_b + j] = committed[b, j] for j <= n_b (columns
                clamped to W - 1; out int64 [B, W]), last/prev = committed[b, n_b] and the token
                before it (the old last where n_b = 0), length and count += n_b + 1; the row
                stays active while count < limit and no kept token is in eos (int64 [E]).
@@ -283,9 +283,9 @@ CHAIN_COMMIT = FamilySchema(
     name="chain_commit", backend="triton",
     summary="a graphed round's end in one launch: chain acceptance, the committed tokens out, "
             "the rows' state moved on, who stops, the round's log",
-    launcher="launch(committed, out, count, length, last, prev, limit, active, log, status, "
-             "round_index, drafts=None, n=None, eos=None, row_round=None, n_out=None, "
-             "before_out=None, r_out=None)",
+    launcher="launch(committed, drafts, out, count, length, last, prev, limit, active, log, "
+             "status, round_index, eos=None, row_round=None, n_out=None, before_out=None, "
+             "r_out=None)",
     params=(EnumParam("LOG", ("round", "row", "row_plain"), "round",
                       doc="the round's log: by the batch's round, by each row's own counter "
                           "(continuous refill), or a refilled batch's plain step (counters "

@@ -9,7 +9,8 @@ drafted token. Here each layer is
     norm_qkv_rope      RMSNorm, the q/k/v projection, RoPE, k/v written into the cache
     attention          over the cache with the caller's mask, up to each request's last
                        visible slot (the first layer's kernel finds it in the mask and
-                       hands it on to the others), each walk shared by a few programs
+                       hands it on to the others), or with none in a chain's rounds (slots
+                       up to each query's position); each walk shared by a few programs
     fused_linear       o_proj plus the residual
     norm_gate_up_silu  RMSNorm and the MLP's gate/up with SiLU
     fused_linear       down_proj plus the residual
@@ -53,6 +54,16 @@ class FusedLayer:
     w_down: torch.Tensor
 
 
+def fused_specs(model) -> dict:
+    """The fused kernels' specs for `model`'s widths and dtype (codegen/fused_layer.py's
+    `fused_layer_specs`): what a FusedForward builds unless told otherwise."""
+    from specpilot.codegen.fused_layer import fused_layer_specs
+
+    cfg = model.config
+    return fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
+                             cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+
+
 def fused_forward_refusal(model) -> Optional[str]:
     """Why `model` cannot run as fused kernels (None when it can)."""
     cfg = model.config
@@ -72,11 +83,8 @@ def fused_forward_refusal(model) -> Optional[str]:
     if cfg.head_dim % 2 or not low <= cfg.head_dim <= high:
         return (f"head_dim {cfg.head_dim} is odd or outside {low}..{high} (RoPE pairs its "
                 f"halves; the attention kernel takes {low} to {high})")
-    from specpilot.codegen.cache import triton_interpreting
-    if model.device.type != "cuda" and not triton_interpreting():
-        return (f"Triton kernels need a CUDA device or Triton's interpreter "
-                f"(TRITON_INTERPRET=1); the model is on {model.device}")
-    return None
+    from specpilot.codegen.cache import triton_refusal
+    return triton_refusal(model.device)
 
 
 class FusedForward:
@@ -95,29 +103,28 @@ class FusedForward:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
         # Imported here: only a Program that asks for fused kernels needs codegen.
         from specpilot.codegen.cache import KernelCache, build_triton_module
-        from specpilot.codegen.fused_layer import fused_layer_specs
+        from specpilot.codegen.fused_layer import attention_splits
 
         self.model = model
         cfg = model.config
         self.fused_layers = [self._layer(layer) for layer in model.layers]
         # `specs` replaces some of the six (by name): how a tile sweep times other tiles in a
         # whole forward (bench/fused_tile_sweep.py).
-        specs = {**fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
-                                     cfg.head_dim, cfg.intermediate_size, cfg.vocab_size),
-                 **(specs or {})}
-        # One cache for all six builds: o_proj's and down_proj's specs are often the same.
+        specs = {**fused_specs(model), **(specs or {})}
+        # One cache for all the builds: o_proj's and down_proj's specs are often the same.
         cache = kernel_cache if kernel_cache is not None else KernelCache()
-        self.qkv, self.attention, self.o_proj, self.down, self.mlp, self.head = (
+        self.qkv, self.o_proj, self.down, self.mlp, self.head = (
             build_triton_module(specs[name], cache)
-            for name in ("qkv", "attention", "o_proj", "down", "mlp", "head"))
-        # The attention at each split count up to its spec's, one picked per launch by how many
-        # walks it has (codegen/fused_layer.py, `attention_splits`).
-        most = specs["attention"].get("SPLITS")
-        self._attention_rows = specs["attention"].get("BLOCK_R")    # query rows a program
+            for name in ("qkv", "o_proj", "down", "mlp", "head"))
+        # The attention at each power-of-two split count up to its spec's, one picked per
+        # launch by how many walks it has (codegen/fused_layer.py, `attention_splits`).
+        attention = specs["attention"]
+        most = attention.get("SPLITS")
         self._attention_by_splits = {
-            splits: (self.attention if splits == most else build_triton_module(
-                specs["attention"].with_params(SPLITS=splits), cache))
-            for splits in (1 << i for i in range(most.bit_length())) if splits <= most}
+            1 << i: build_triton_module(attention.with_params(SPLITS=1 << i), cache)
+            for i in range(most.bit_length())}
+        self._attention_rows = attention.get("BLOCK_R")          # query rows a program
+        self._splits_for = attention_splits
         self.lm_head_weight = model.lm_head[0]
         # The head again, with each row's argmax in the kernel (`greedy`), and its workspace.
         self.head_argmax = build_triton_module(specs["head"].with_params(ARGMAX=True), cache)
@@ -126,10 +133,10 @@ class FusedForward:
         # The split attention walks' partials and counts, for any call the fused kernels take
         # (up to MAX_FUSED_TOKENS tokens); made here, not in a captured forward, where the
         # counts' zeroing would become a kernel of every replay.
+        widest = self._attention_by_splits[max(self._attention_by_splits)]
         self._attention_workspace = (
-            self.attention.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads,
-                                           cfg.num_kv_heads, model.device)
-            if most > 1 else None)
+            widest.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads,
+                                   model.device) if most > 1 else None)
 
     @staticmethod
     def _layer(layer) -> FusedLayer:
@@ -201,12 +208,10 @@ class FusedForward:
     def _attention_for(self, b: int, t: int):
         """(the attention module, its workspace or None) for a call of b requests of t tokens:
         split as `attention_splits` says for its walks."""
-        from specpilot.codegen.fused_layer import attention_splits
-
         cfg = self.model.config
         group = cfg.num_heads // cfg.num_kv_heads
         walks = b * cfg.num_kv_heads * -(-t * group // self._attention_rows)
-        splits = attention_splits(walks, max(self._attention_by_splits))
+        splits = self._splits_for(walks, max(self._attention_by_splits))
         return (self._attention_by_splits[splits],
                 self._attention_workspace if splits > 1 else None)
 
@@ -246,7 +251,7 @@ class FusedForward:
         # reads it from the mask itself, so it holds for any caller's layout, and writes it here
         # for the other layers: no launches of its own (two a step when a separate multiply
         # and max found it, some 7 us of a 110 us drafter step; BENCHMARKS.md, 23rd set).
-        kv_len = torch.empty(b, dtype=torch.int32, device=dev)
+        kv_len = None if causal else torch.empty(b, dtype=torch.int32, device=dev)
         eps = cfg.rms_norm_eps
         attention, workspace = self._attention_for(b, t)
         for i, layer in enumerate(self.fused_layers):

@@ -83,17 +83,14 @@ def generated_attention_refusal(device: torch.device, dtype: torch.dtype,
                                 head_dim: int) -> Optional[str]:
     """Why the generated attention cannot run a model on `device` in `dtype` with heads of
     `head_dim` (None when it can)."""
-    from specpilot.codegen.cache import triton_interpreting
+    from specpilot.codegen.cache import triton_refusal
 
     if dtype not in DTYPE_NAMES:
         return f"dtype {dtype} has no generated attention kernel"
     low, high = attention_head_dims()
     if not low <= head_dim <= high:
         return f"head_dim {head_dim} is outside the attention kernel's {low}..{high}"
-    if torch.device(device).type != "cuda" and not triton_interpreting():
-        return (f"Triton kernels need a CUDA device or Triton's interpreter (TRITON_INTERPRET=1); "
-                f"the model is on {device}")
-    return None
+    return triton_refusal(device)
 
 
 class GeneratedAttention:

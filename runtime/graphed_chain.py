@@ -189,7 +189,14 @@ class GraphedChainDecoder:
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
-        self._commit_kernels = self._fused_commit(accept_kernels)
+        self._commit_kernels = self._build_commit_kernels(accept_kernels)
+        if self._commit_kernels is not None and adaptive:
+            # What the length policy reads after the kernel, and each length's drafts per row
+            # (made once per length: a captured round then launches no fill).
+            self._n_out = torch.zeros(batch, dtype=torch.int64, device=dev)
+            self._before_out = torch.zeros(batch, dtype=torch.bool, device=dev)
+            self._r_out = torch.zeros(1, dtype=torch.int64, device=dev)
+            self._drafted_by_k: Dict[int, torch.Tensor] = {}
 
     def _prefill_models(self):
         """The (model, cache) pairs a prefill fills, the target first (then the drafter)."""
@@ -289,9 +296,6 @@ class GraphedChainDecoder:
         in the cache), move the state on, and decide who stops. `drafted` (speculative rounds
         of adaptive lengths only): each row's drafts this round, against which `n` tells a
         rejection."""
-        if self._commit_kernels is not None:
-            self._commit_in_kernel(committed, n=n, drafted=drafted)
-            return
         self._write(committed, n)
         before = self.active.clone()
         step = torch.where(before, n + 1, torch.zeros_like(n))
@@ -329,7 +333,7 @@ class GraphedChainDecoder:
     # each row's own round counter (runtime/graphed_refill.py, `_log_round`).
     commit_log = "round"
 
-    def _fused_commit(self, accept_kernels: str):
+    def _build_commit_kernels(self, accept_kernels: str):
         """The chain_commit kernels {plain step?: module} for "fused", None for "ops"."""
         if accept_kernels not in ACCEPT_KERNELS:
             raise SpecPilotError(f"unknown accept kernels {accept_kernels!r} (known: "
@@ -339,42 +343,33 @@ class GraphedChainDecoder:
         if self.record_margins:
             raise SpecPilotError("the fused commit does not record margins: build references "
                                  "with accept kernels 'ops'")
-        from specpilot.codegen.cache import KernelCache, build_triton_module, triton_interpreting
+        from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
         from specpilot.codegen.kernel_spec import kernel_spec
 
-        if self.device.type != "cuda" and not triton_interpreting():
-            raise SpecPilotError(f"the fused commit is a Triton kernel: it needs a CUDA device "
-                                 f"or Triton's interpreter (TRITON_INTERPRET=1), not "
-                                 f"{self.device}")
+        why = triton_refusal(self.device)
+        if why is not None:
+            raise SpecPilotError(f"the fused commit cannot run: {why}")
         cache = KernelCache()
         plain_log = "row_plain" if self.commit_log == "row" else self.commit_log
-        kernels = {plain: build_triton_module(kernel_spec("chain_commit", LOG=log), cache)
-                   for plain, log in ((False, self.commit_log), (True, plain_log))}
-        if self.adaptive:   # what the length policy reads after the kernel
-            self._n_out = torch.zeros(self.batch, dtype=torch.int64, device=self.device)
-            self._before_out = torch.zeros(self.batch, dtype=torch.bool, device=self.device)
-            self._r_out = torch.zeros(1, dtype=torch.int64, device=self.device)
-            self._drafted_by_k: Dict[int, torch.Tensor] = {}
-        return kernels
+        return {plain: build_triton_module(kernel_spec("chain_commit", LOG=log), cache)
+                for plain, log in ((False, self.commit_log), (True, plain_log))}
 
     def _drafted(self, k: int) -> torch.Tensor:
-        """[B] filled with k, made once per k (a captured round then launches no fill)."""
+        """[B] filled with k, made once per k."""
         if k not in self._drafted_by_k:
             self._drafted_by_k[k] = torch.full((self.batch,), k, dtype=torch.int64,
                                                device=self.device)
         return self._drafted_by_k[k]
 
-    def _commit_in_kernel(self, committed: torch.Tensor, drafts: Optional[torch.Tensor] = None,
-                          n: Optional[torch.Tensor] = None,
+    def _commit_in_kernel(self, committed: torch.Tensor, drafts: torch.Tensor,
                           drafted: Optional[torch.Tensor] = None) -> None:
-        """`_commit` (with `_accepted` where drafts are given, and the class's `_log_round`) in
-        one chain_commit launch; the adaptive length's update after it."""
+        """`_accepted`, `_commit` and the class's `_log_round` in one chain_commit launch; the
+        adaptive length's update after it."""
         outs = (dict(n_out=self._n_out, before_out=self._before_out, r_out=self._r_out)
                 if drafted is not None else {})
         self._commit_kernels[committed.shape[1] == 1].launch(
-            committed, self.out, self.count, self.length, self.last, self.prev, self.limit,
-            self.active, self.accepted, self.status, self.round_index, drafts=drafts, n=n,
-            eos=self.eos, row_round=None if self.commit_log == "round" else self.row_round,
+            committed, drafts, self.out, self.count, self.length, self.last, self.prev,
+            self.limit, self.active, self.accepted, self.status, self.round_index, eos=self.eos, row_round=None if self.commit_log == "round" else self.row_round,
             **outs)
         if drafted is not None:
             self._adapt(self._n_out, drafted, self._before_out, r=self._r_out)

@@ -219,24 +219,22 @@ CHAIN_COMMIT_STATE = ("out", "count", "length", "last", "prev", "limit", "active
                       "row_round", "status", "round_index")
 
 
-def chain_commit_ref(state: dict, committed: torch.Tensor, drafts: Optional[torch.Tensor] = None,
-                     n: Optional[torch.Tensor] = None, eos: Optional[torch.Tensor] = None,
-                     log: str = "round") -> dict:
+def chain_commit_ref(state: dict, committed: torch.Tensor, drafts: torch.Tensor,
+                     eos: Optional[torch.Tensor] = None, log: str = "round") -> dict:
     """A graphed round's end, row by row (the chain_commit family): the state after committing
     committed[b, 0..n_b] on each active row b, as a fresh dict of CHAIN_COMMIT_STATE (row_round
     only for the row logs), plus "n", "before" and "r" (the accepted counts, who was active,
-    the log row used). n is given, or counted from drafts [B, C - 1]: the leading drafts equal
-    to committed[b, j]. `log`: "round" (the batch's round), "row" (each row's own round
+    the log row used). n is counted from drafts [B, C - 1]: the leading drafts equal to
+    committed[b, j]. `log`: "round" (the batch's round), "row" (each row's own round
     counter) or "row_plain" (a refilled batch's plain step: counters only, no status)."""
     s = {key: value.clone() for key, value in state.items() if value is not None}
     B, C = committed.shape
     W = s["out"].shape[1]
     stops = set() if eos is None else set(eos.tolist())
-    if n is None:
-        n = torch.zeros(B, dtype=torch.int64)
-        for b in range(B):
-            while n[b] < C - 1 and int(drafts[b, n[b]]) == int(committed[b, n[b]]):
-                n[b] += 1
+    n = torch.zeros(B, dtype=torch.int64)
+    for b in range(B):
+        while n[b] < C - 1 and int(drafts[b, n[b]]) == int(committed[b, n[b]]):
+            n[b] += 1
     before = s["active"].clone()
     r = min(int(s["round_index"]), W - 1)
     for b in range(B):

@@ -82,9 +82,10 @@ from dataclasses import replace
 from typing import Dict, List, Optional
 
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
-                          SetAcceptKernels, SetAttentionKernels, SetBatchLayout, SetDrafter, SetDrafterKernels,
-                          SetDraftLengthPolicy, SetFastPath, SetLengthEstimator, SetRefill,
-                          SetTopology, SetVerifyPrune, Tree, replay)
+                          SetAcceptKernels, SetAttentionKernels, SetBatchLayout, SetDrafter,
+                          SetDrafterKernels, SetDraftLengthPolicy, SetFastPath,
+                          SetLengthEstimator, SetRefill, SetTopology, SetVerifyPrune, Tree,
+                          replay)
 
 from .shaped_tree_system import HeldOutProfile, shaped_tree_systems
 from .system_pairs import SystemPairs

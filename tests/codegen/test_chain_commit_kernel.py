@@ -37,7 +37,7 @@ def random_round(B: int, C: int, W: int, vocab: int, log: str, seed: int):
     return committed, drafts, state
 
 
-def run_kernel(module, committed, state, device, drafts=None, n=None, eos=None, outs=False):
+def run_kernel(module, committed, drafts, state, device, eos=None, outs=False):
     s = {k: (v.clone().to(device) if v is not None else None) for k, v in state.items()}
     B = committed.shape[0]
     extra = {}
@@ -45,11 +45,10 @@ def run_kernel(module, committed, state, device, drafts=None, n=None, eos=None, 
         extra = dict(n_out=torch.full((B,), -7, dtype=torch.int64, device=device),
                      before_out=torch.zeros(B, dtype=torch.bool, device=device),
                      r_out=torch.full((1,), -7, dtype=torch.int64, device=device))
-    module.launch(committed.to(device), s["out"], s["count"], s["length"], s["last"], s["prev"],
-                  s["limit"], s["active"], s["log"], s["status"], s["round_index"],
-                  drafts=None if drafts is None else drafts.to(device),
-                  n=None if n is None else n.to(device),
-                  eos=None if eos is None else eos.to(device), row_round=s["row_round"], **extra)
+    module.launch(committed.to(device), drafts.to(device), s["out"], s["count"], s["length"],
+                  s["last"], s["prev"], s["limit"], s["active"], s["log"], s["status"],
+                  s["round_index"], eos=None if eos is None else eos.to(device),
+                  row_round=s["row_round"], **extra)
     s.update(extra)
     return {k: v.cpu() for k, v in s.items() if v is not None}
 
@@ -70,22 +69,29 @@ def test_accepting_from_drafts_matches_the_reference(kernel_cache, device, log, 
     for seed in range(3):
         committed, drafts, state = random_round(B, C, 40, 50, log, seed * 7 + B + C)
         eos = torch.tensor([int(committed[1, 0]), int(committed[2 % B, C - 1]), 49])
-        got = run_kernel(module, committed, state, device, drafts=drafts, eos=eos, outs=True)
-        expected = chain_commit_ref(state, committed, drafts=drafts, eos=eos, log=log)
+        got = run_kernel(module, committed, drafts, state, device, eos=eos, outs=True)
+        expected = chain_commit_ref(state, committed, drafts, eos=eos, log=log)
         assert_state_equal(got, expected, outs=True)
         # The case is not trivial: some rows ran, some accepted drafts, some stopped.
         assert expected["before"].any() and (expected["n"][expected["before"]] > 0).any()
         assert (expected["before"] & ~expected["active"]).any()
 
 
-def test_a_given_count_and_no_eos(kernel_cache, device):
+def test_counts_set_by_hand_and_no_eos(kernel_cache, device):
+    """Drafts that agree with the target's argmax for 0, 3, 1, 2, 3, 0 and 2 leading positions
+    (3: every draft of the chain): those counts accepted, their tokens written, no EOS."""
     module = build_triton_module(kernel_spec("chain_commit", LOG="round"), kernel_cache)
-    committed, _, state = random_round(7, 4, 30, 1000, "round", 11)
+    committed, drafts, state = random_round(7, 4, 30, 1000, "round", 11)
     n = torch.tensor([0, 3, 1, 2, 3, 0, 2])
-    got = run_kernel(module, committed, state, device, n=n)
-    expected = chain_commit_ref(state, committed, n=n)
-    assert_state_equal(got, expected)
-    row = int(torch.nonzero(state["active"] & (n == 3))[0])
+    for b, agree in enumerate(n.tolist()):
+        drafts[b] = committed[b, :3] + 1               # no draft right...
+        drafts[b, :agree] = committed[b, :agree]       # ...but the first `agree`
+    state["active"][:] = True
+    got = run_kernel(module, committed, drafts, state, device, outs=True)
+    expected = chain_commit_ref(state, committed, drafts)
+    assert_state_equal(got, expected, outs=True)
+    assert got["n_out"].tolist() == n.tolist()
+    row = int(torch.nonzero(n == 3)[0])
     start = int(state["count"][row])
     assert got["out"][row, start:start + 4].tolist() == committed[row].tolist()
 
@@ -97,8 +103,8 @@ def test_a_plain_step_and_every_row_finishing(kernel_cache, device):
     committed, drafts, state = random_round(6, 1, 20, 100, "row", 3)
     state["active"][:] = True
     state["limit"] = state["count"] + 1
-    got = run_kernel(module, committed, state, device, drafts=drafts)
-    expected = chain_commit_ref(state, committed, drafts=drafts, log="row")
+    got = run_kernel(module, committed, drafts, state, device)
+    expected = chain_commit_ref(state, committed, drafts, log="row")
     assert_state_equal(got, expected)
     assert not got["active"].any()
     r = min(int(state["round_index"]), 19)
@@ -108,8 +114,8 @@ def test_a_plain_step_and_every_row_finishing(kernel_cache, device):
 def test_bad_arguments_are_refused(kernel_cache, device):
     module = build_triton_module(kernel_spec("chain_commit", LOG="round"), kernel_cache)
     committed, drafts, state = random_round(4, 3, 20, 100, "round", 5)
-    with pytest.raises(ValueError, match="either drafts"):
-        run_kernel(module, committed, state, device)
+    with pytest.raises(ValueError, match="drafts must be"):
+        run_kernel(module, committed, drafts[:, :1], state, device)
     with pytest.raises(ValueError, match="no row_round"):
         state["row_round"] = torch.zeros(4, dtype=torch.int64)
-        run_kernel(module, committed, state, device, drafts=drafts)
+        run_kernel(module, committed, drafts, state, device)

@@ -112,3 +112,13 @@ def test_build_kernel_dispatches_on_backend(kernel_cache):
     assert callable(module.launch)
     outcome = try_build_kernel(SPEC, kernel_cache)
     assert outcome.ok and outcome.module is module
+
+
+def test_triton_kernels_are_refused_off_a_gpu_without_the_interpreter(monkeypatch):
+    from specpilot.codegen import cache
+
+    monkeypatch.setattr(cache, "triton_interpreting", lambda: False)
+    assert "need a CUDA device or Triton's interpreter" in cache.triton_refusal("cpu")
+    assert cache.triton_refusal("cuda:0") is None
+    monkeypatch.setattr(cache, "triton_interpreting", lambda: True)
+    assert cache.triton_refusal("cpu") is None

@@ -77,11 +77,13 @@ def test_forcing_with_the_fused_commit_is_clean():
 
 
 class _OneTooMany(GraphedRefillDecoder):
-    """A round end that commits one draft past the first the target rejected."""
+    """A round end that commits one draft past the first the target rejected: the kernel is
+    handed that draft as if the target had agreed."""
 
-    def _commit_in_kernel(self, committed, drafts=None, n=None, drafted=None):
+    def _commit_in_kernel(self, committed, drafts, drafted=None):
         n = self._accepted(drafts, committed)
-        super()._commit_in_kernel(committed, n=(n + 1).clamp(max=drafts.shape[1]),
+        at = torch.arange(drafts.shape[1], device=drafts.device)[None, :] == n[:, None]
+        super()._commit_in_kernel(committed, torch.where(at, committed[:, :-1], drafts),
                                   drafted=drafted)
 
 

@@ -42,6 +42,14 @@ def _steps(model, forward, batch, prompt_len, steps, capacity, seed):
     return out, cache
 
 
+def _chain_call(model, starts, t, capacity, g):
+    """A call's tokens [B, t] (random), positions starts[b] + 0..t-1 and the mask of a chain's
+    layout over `capacity` slots (position p sees slots 0..p), on DEVICE."""
+    tokens = torch.randint(0, model.config.vocab_size, (len(starts), t), generator=g).to(DEVICE)
+    pos = (torch.tensor(starts)[:, None] + torch.arange(t)[None, :]).to(DEVICE)
+    return tokens, pos, torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+
+
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("family", ["llama3", "llama3.1"])
 def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, tmp_path):
@@ -140,9 +148,7 @@ def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path, monkey
     fused = FusedForward(model)
     g = torch.Generator().manual_seed(11)
     b, t, capacity = 6, 3, 12
-    tokens = torch.randint(0, model.config.vocab_size, (b, t), generator=g).to(DEVICE)
-    pos = (torch.arange(b)[:, None] + torch.arange(t)[None, :]).to(DEVICE)
-    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    tokens, pos, mask = _chain_call(model, list(range(b)), t, capacity, g)
     at = torch.randint(0, t, (b, 2), generator=g).to(DEVICE) if logits_at else None
     logits = fused.forward(tokens, pos, pos, mask, model.new_cache(b, capacity), at)
     found = greedy_tokens(fused, tokens, pos, pos, mask, model.new_cache(b, capacity), at)
@@ -252,18 +258,18 @@ def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkey
     fused = FusedForward(model)
     launched = []
     modules = {}      # o_proj and down_proj share one module where their tiles are the same
-    for name in ("qkv", "attention", "o_proj", "mlp", "down", "head", "head_argmax"):
+    for name in ("qkv", "o_proj", "mlp", "down", "head", "head_argmax"):
         modules.setdefault(id(getattr(fused, name)), (name, getattr(fused, name)))
+    for module in fused._attention_by_splits.values():      # one of them each launch
+        modules[id(module)] = ("attention", module)
     for name, module in modules.values():
         plain = module.launch
         monkeypatch.setattr(module, "launch",
                             lambda *a, _plain=plain, _name=name, **k: (launched.append(_name),
                                                                         _plain(*a, **k))[1])
     b, capacity = 3, 8
-    pos = torch.tensor([[2], [4], [1]], device=DEVICE)
-    tokens = torch.randint(0, model.config.vocab_size, (b, 1), generator=torch.Generator()
-                           .manual_seed(1)).to(DEVICE)
-    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    tokens, pos, mask = _chain_call(model, [2, 4, 1], 1, capacity,
+                                    torch.Generator().manual_seed(1))
     fused.greedy(tokens, pos, pos, mask, model.new_cache(b, capacity))
     layers = model.config.num_layers
     assert len(launched) == 5 * layers + 1 and launched[-1] == "head_argmax"
@@ -281,9 +287,7 @@ def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):
     fused = FusedForward(model)
     g = torch.Generator().manual_seed(3)
     b, t, capacity = 3, 4, 20
-    tokens = torch.randint(0, model.config.vocab_size, (b, t), generator=g).to(DEVICE)
-    pos = (torch.tensor([0, 5, 11])[:, None] + torch.arange(t)[None, :]).to(DEVICE)
-    mask = torch.arange(capacity, device=DEVICE)[None, None, :] <= pos[:, :, None]
+    tokens, pos, mask = _chain_call(model, [0, 5, 11], t, capacity, g)
     caches = [model.new_cache(b, capacity) for _ in range(2)]
     for mine, twin in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
         mine.copy_(torch.randn(mine.shape, generator=g).to(mine))   # K/V in the earlier
@@ -317,9 +321,7 @@ def test_each_launch_takes_the_splits_its_walks_fit(tmp_path, monkeypatch):
         module, workspace = fused._attention_for(b, 1)
         assert module is fused._attention_by_splits[splits]
         assert (workspace is None) == (splits == 1)
-        tokens = torch.randint(0, model.config.vocab_size, (b, 1), generator=g).to(DEVICE)
-        pos = torch.arange(3, 3 + b, device=DEVICE)[:, None]
-        mask = torch.arange(12, device=DEVICE)[None, None, :] <= pos[:, :, None]
+        tokens, pos, mask = _chain_call(model, list(range(3, 3 + b)), 1, 12, g)
         torch.testing.assert_close(fused.forward(tokens, pos, pos, None, model.new_cache(b, 12)),
                                    model.forward(tokens, pos, pos, mask, model.new_cache(b, 12)),
                                    rtol=1e-4, atol=1e-4)
