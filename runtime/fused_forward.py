@@ -196,6 +196,13 @@ class FusedForward:
         rows = self._layers(tokens, positions, slots, mask, cache, logits_at)
         return self._head(rows, greedy=True).view(b, -1)
 
+    def kernel_modules(self) -> dict:
+        """{role: [built modules]} of every kernel a forward may launch: the layer's five, the
+        attention at each split count, the head with and without the argmax."""
+        return {"qkv": [self.qkv], "attention": list(self._attention_by_splits.values()),
+                "o_proj": [self.o_proj], "mlp": [self.mlp], "down": [self.down],
+                "head": [self.head], "head_argmax": [self.head_argmax]}
+
     @staticmethod
     def _or_causal(mask: Optional[torch.Tensor], positions: torch.Tensor, cache) -> torch.Tensor:
         """`mask`, or where it is None the mask it stands for (slots 0..p at position p): the

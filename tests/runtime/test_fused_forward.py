@@ -258,10 +258,9 @@ def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkey
     fused = FusedForward(model)
     launched = []
     modules = {}      # o_proj and down_proj share one module where their tiles are the same
-    for name in ("qkv", "o_proj", "mlp", "down", "head", "head_argmax"):
-        modules.setdefault(id(getattr(fused, name)), (name, getattr(fused, name)))
-    for module in fused._attention_by_splits.values():      # one of them each launch
-        modules[id(module)] = ("attention", module)
+    for name, built in fused.kernel_modules().items():     # the attention: one a split count
+        for module in built:
+            modules.setdefault(id(module), (name, module))
     for name, module in modules.values():
         plain = module.launch
         monkeypatch.setattr(module, "launch",

@@ -31,23 +31,29 @@ def _inputs(model, batch, width, seed):
 
 
 def _count_launches(fused, monkeypatch):
-    """Wrap every fused kernel module's launch with a counter: {attribute name: calls}. Modules
-    shared by two attributes (the same spec) are wrapped once, under their first name."""
+    """Wrap every fused kernel module's launch with a counter: {role: calls}. Modules shared
+    by two roles (the same spec) are wrapped once, under their first role."""
     counts, seen = {}, set()
+    roles = fused.kernel_modules()
     for name in ("qkv", "attention", "o_proj", "mlp", "down", "head"):
-        module = getattr(fused, name)
-        if id(module) in seen:
-            continue
-        seen.add(id(module))
-        counts[name] = 0
-        original = module.launch
-
-        def counting(*args, _name=name, _original=original, **kwargs):
-            counts[_name] += 1
-            return _original(*args, **kwargs)
-
-        monkeypatch.setattr(module, "launch", counting)
+        for module in roles[name]:      # the attention: one module a split count
+            if id(module) in seen:
+                continue
+            seen.add(id(module))
+            counts.setdefault(name, 0)
+            _count(module, name, counts, monkeypatch)
     return counts
+
+
+def _count(module, name, counts, monkeypatch):
+    """Count `module`'s launches under `name`."""
+    original = module.launch
+
+    def counting(*args, **kwargs):
+        counts[name] += 1
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(module, "launch", counting)
 
 
 def test_a_call_past_max_fused_tokens_runs_the_models_own_forward(model, monkeypatch):
