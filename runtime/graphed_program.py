@@ -293,7 +293,9 @@ def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_ne
                       target_forwards=sum(p.target_forwards for p in parts),
                       drafter_forwards=sum(p.drafter_forwards for p in parts),
                       accepted_lengths=accepted, mean_accepted=mean_committed(accepted),
-                      stats=stats)
+                      stats=stats,
+                      # one call with refill, so one length rule: a refill decoder's own
+                      length_rule=parts[0].length_rule if len(parts) == 1 else {})
 
 
 def force_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], reference: ARResult,

@@ -302,6 +302,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         k = self.first_length           # forced runs choose theirs per replay below
         replayed, refills = 0, 0
         restarted = 0                   # lengths read back from before this replay are stale
+        # For the result's `length_rule`: the rounds queued when the batch went plain (each
+        # time: a restart may turn it on again) and how often a newcomer alone restarted it.
+        self._off_from, self._restarts = [], 0
         draining = self.policy is None  # the policy is told once, when the queue is empty
         while True:
             if not draining and not queue:
@@ -343,6 +346,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 # Off is for good (until a newcomer alone restarts the batch, below): plain
                 # steps write no length.
                 k = replay_length(self.host_next[read % ring, 1], lengths)
+                if k == 0:
+                    self._off_from.append(rounds_run)
             active = self.host_active[read % ring].tolist()
             if read in counted:
                 counts = self.host_count[read % ring].tolist()
@@ -363,6 +368,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
+                        self._restarts += 1
             if queue:
                 self._row_prefill.prefetch(prompts[queue[0]])
             if all(h is None for h in held):
@@ -415,8 +421,18 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         logged = self._accepted_rows(results, n)
         # The first wave's batched prefill (the drafter's unless that batch started off), then
         # one per refill.
-        return logged_result(self, tokens, logged, by_length, prefills=1 + refills,
-                             stats={"refills": refills})
+        result = logged_result(self, tokens, logged, by_length, prefills=1 + refills,
+                               stats={"refills": refills})
+        if self.adaptive:
+            result.length_rule = self._length_rule()
+        return result
+
+    def _length_rule(self) -> dict:
+        """What the length rule decided a call by, for replaying it on the CPU: the prices of a
+        round of each length in plain steps (measured on the GPU, `_ensure_round_costs`), the
+        rounds queued before each turn-off, and the restarts by a newcomer alone."""
+        return {"prices": [round(float(c), 4) for c in self.policy.round_cost_host],
+                "off_from_round": list(self._off_from), "restarts": self._restarts}
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]

@@ -50,6 +50,9 @@ class SpecResult:
     proposals: List[List[int]] = field(default_factory=list)
     # counters of the mechanism decode loop (runtime/step_loop.py), e.g. verified_tokens
     stats: Dict[str, int] = field(default_factory=dict)
+    # an adaptive graphed refill decoder's length rule: its round prices and when it turned
+    # speculation off (GraphedRefillDecoder._length_rule); empty for every other decoder
+    length_rule: dict = field(default_factory=dict)
 
 
 @torch.no_grad()

@@ -95,6 +95,7 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         "peak_memory_bytes": peak,
         # The first timed run's decoder counts, where the system keeps any.
         **({"run_stats": dict(first.stats)} if first.stats else {}),
+        **({"length_rule": first.length_rule} if first.length_rule else {}),
         **checks,
     }, first
 

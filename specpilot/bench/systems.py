@@ -38,6 +38,9 @@ class RunOutput:
     # The decoder's own counts (a graphed decoder's rounds of each chain length, its refills):
     # what lengths an adaptive decoder chose, and whether it ran plain steps.
     stats: Optional[Dict[str, int]] = None
+    # An adaptive refill decoder's length rule (SpecResult.length_rule): its measured round
+    # prices and when it turned speculation off, so that the call can be replayed.
+    length_rule: Optional[dict] = None
 
 
 class System(ABC):
@@ -214,7 +217,7 @@ class ProgramSystem(System):
         if self.graphed:
             r = run_graphed(self.at_batch(batch_size), self.pair, list(prompts), max_new_tokens)
             return RunOutput(r.tokens, r.target_forwards, r.drafter_forwards, r.mean_accepted,
-                             r.accepted_lengths, dict(r.stats or {}))
+                             r.accepted_lengths, dict(r.stats or {}), r.length_rule or None)
         # The Program's own decode loop: the stock mechanisms in batches, or the mechanism
         # loop (dynamic trees, two-level verification, ragged layout, adaptive lengths, refill).
         program = self.at_batch(batch_size)

@@ -61,6 +61,8 @@ def test_an_adaptive_refill_program_runs_adaptive_lengths_on_the_refill_decoder(
     assert decoder.adaptive and decoder.length_cap == 3
     assert decoder.policy.objective == "throughput"
     assert r.stats["refills"] == len(s["prompts"]) - 2
+    # The call says what its length rule decided by, through run_graphed: the decoder's prices
+    assert r.length_rule["prices"] == [round(float(c), 4) for c in decoder.policy.round_cost_host]
 
 
 @pytest.mark.parametrize("refill", [False, True])

@@ -225,6 +225,36 @@ def test_adaptive_refill_turns_a_useless_drafter_off_and_keeps_a_perfect_one():
     assert perfect.mean_accepted == 5
 
 
+@pytest.mark.parametrize("seed", [11, 4])
+def test_the_result_says_what_the_length_rule_decided_by(seed):
+    # An adaptive call reports the round prices its rule used and the rounds queued when the
+    # batch went plain, so that a turn-off can be replayed on the CPU. Dear rounds and a
+    # useless drafter: the batch speculates, then turns off. A newcomer admitted when both
+    # slots have just emptied starts the batch anew (a restart), which may speculate and turn
+    # off again.
+    s, prompts, reference = mixed_requests(seed)
+    costs = [1.0, 1.6, 2.0, 2.4, 2.8]
+    decoder = GraphedRefillDecoder(s["target"], ContraryDrafter(s["target"]), 2, 64, 4,
+                                   s["eos"], capture=False, adaptive=True, round_costs=costs)
+    r = decoder.generate(prompts, 2 * MAX_NEW)
+    assert r.tokens == generate_ar(s["target"], prompts, 2 * MAX_NEW, eos_ids=s["eos"]).tokens
+    rule = r.length_rule
+    assert rule["prices"] == costs
+    speculative = sum(c for key, c in r.stats.items()
+                      if key.startswith("rounds_chain_") and key != "rounds_chain_0")
+    off = rule["off_from_round"]
+    # Each turn-off follows the batch's start or a restart, in the order they ran.
+    assert 1 <= len(off) <= rule["restarts"] + 1 and off == sorted(off)
+    # Every round queued before the first turn-off was speculative; with no restart, every
+    # speculative round was.
+    assert 0 < off[0] <= speculative
+    if rule["restarts"] == 0:
+        assert off == [speculative]
+    # A fixed-length decoder has no rule to report.
+    fixed = GraphedRefillDecoder(s["target"], s["drafter"], 2, 64, 4, s["eos"], capture=False)
+    assert fixed.generate(prompts, MAX_NEW).length_rule == {}
+
+
 COSTS = [1.0, 1.3, 1.6, 1.9, 2.2]
 
 
