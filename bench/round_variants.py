@@ -18,6 +18,9 @@ alike:
                  event recorded (runtime/graphed_refill.py)
   <name>_fused   chain, adaptive and refill with the round's end in one generated kernel
                  (accept_kernels "fused", the chain_commit family)
+  <name>_fused_folded  the same with the drafter's o_proj and down_proj folded into its
+                 attention and MLP kernels (FusedForward(fold=True), three launches a layer);
+                 the others' drafter is unfolded (fold=False) whatever the default
 
 Per decoder: the median of the blocks' medians (device ms a replay, CUDA events) and each
 block's, and the kernels of one eager round (count, device µs, the costliest names).
@@ -54,12 +57,17 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 
 WARMUP = 5
 VARIANTS = ("chain", "chain_fused", "adaptive", "adaptive_fused", "refill", "refill_fused",
-            "refill_ahead", "refill_loop")
+            "refill_ahead", "refill_loop", "chain_fused_folded", "refill_fused_folded")
 FUSED = "_fused"
+FOLDED = "_folded"
 
 
-def build(name: str, target, fused, batch: int, capacity: int, k: int, graphs: bool):
-    """The decoder whose round variant `name` times (refill_loop: the refill's own)."""
+def build(name: str, target, drafters, batch: int, capacity: int, k: int, graphs: bool):
+    """The decoder whose round variant `name` times (refill_loop: the refill's own); drafters:
+    {False: the unfolded FusedForward, True: the folded one}."""
+    folded = name.endswith(FOLDED)
+    fused = drafters[folded]
+    name = name[:-len(FOLDED)] if folded else name
     accept = "fused" if name.endswith(FUSED) else "ops"
     base = name[:-len(FUSED)] if name.endswith(FUSED) else name
     if base == "chain":
@@ -101,7 +109,7 @@ def loop_replay(dec: GraphedRefillDecoder, replay: Callable[[], None]) -> Callab
     return run
 
 
-def one_batch(args, target, fused, batch: int, graphs: bool) -> dict:
+def one_batch(args, target, drafters, batch: int, graphs: bool) -> dict:
     k, context = args.k, mid_run_context([[0] * args.prompt_len] * batch, args.new_tokens)
     per_block = args.replays
     # Room for every replay a decoder runs from the context: the blocks', their warm-ups, the
@@ -114,7 +122,7 @@ def one_batch(args, target, fused, batch: int, graphs: bool) -> dict:
             decoders[name] = decoders["refill"]
             replays[name] = loop_replay(decoders[name], replays["refill"])
             continue
-        dec = decoders[name] = build(name, target, fused, batch, capacity, k, graphs)
+        dec = decoders[name] = build(name, target, drafters, batch, capacity, k, graphs)
         replays[name] = dec.timing_round(context)
     blocks: Dict[str, List[float]] = {name: [] for name in variants}
     warm, timed = (WARMUP, per_block) if graphs else (0, 1)
@@ -167,14 +175,16 @@ def main(argv=None) -> int:
         ap.error("--pair: a round's cost does not depend on what it accepts; random weights")
     try:
         target, drafter, _, _, graphs = decode_models(args, 1)
-        specs = None
-        if args.attention_splits is not None:
-            specs = {"attention": fused_specs(drafter)["attention"].with_params(
-                SPLITS=args.attention_splits)}
-        fused = FusedForward(drafter, specs=specs)
+        drafters = {}
+        for fold in (False, True):
+            specs = None
+            if args.attention_splits is not None:
+                specs = {"attention": fused_specs(drafter, fold)["attention"].with_params(
+                    SPLITS=args.attention_splits)}
+            drafters[fold] = FusedForward(drafter, specs=specs, fold=fold)
     except SpecPilotError as exc:
         ap.error(str(exc))
-    measure_rows(args.batch_sizes, lambda b: one_batch(args, target, fused, b, graphs), report,
+    measure_rows(args.batch_sizes, lambda b: one_batch(args, target, drafters, b, graphs), report,
                  args.out, target.device.type, vars(args), "batches")
     return 0
 

@@ -26,7 +26,7 @@ rope           launch(q, k, positions, q_out, k_out, inv_freq=None, cos=None, si
                layout, halves duplicated) indexed by positions. HF rotate-half convention with
                HF's rounding order (cos/sin and both products rounded to DTYPE).
 attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None,
-                      workspace=None, positions=None)
+                      workspace=None, positions=None, w_o=None, residual=None)
                q/out [B, T, Hq, D], caches [B, S, Hkv, D] with Hq % Hkv == 0 (GQA), mask
                [B, T, S] bool (True = visible), scale defaults to 1/sqrt(D), kv_len [B] int
                optionally bounds the visible slots (slots >= kv_len[b] are skipped); or
@@ -38,6 +38,11 @@ attention      launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, k
                left as found. mask None with positions [B, T] (int): a query at position p
                sees slots 0..p (a chain's cache, where a token's slot is its position), each
                program's walk bounded by its own rows' positions (no kv_len, no kv_len_out).
+               FOLD_O: launch(..., w_o=, residual=) with the output projection w_o [N, Hq*D]
+               folded in: out is a float32 [B*T, N] residual stream, zeros on entry, that
+               receives residual (float32 [B*T, N]) + the attention rounded to DTYPE @ w_o^T,
+               each program adding its heads' share atomically (the order of the float32
+               additions varies). Torch reference: attention_ref, then fold_ref.
 varlen_attention launch(q, k_cache, v_cache, cu_seqlens, cache_rows, kv_limits, window_bits, out,
                         scale=None, max_seqlen=None)
                Every request's new tokens packed without padding: q/out [N, Hq, D], request r
@@ -84,12 +89,16 @@ fused_linear   launch(x, w, out, residual=None, norm_weight=None, eps=0.0)
                numerics, norm_weight [K]); the product is rounded to DTYPE and, with RESIDUAL,
                added to residual [M, N] and rounded again (a bf16 add). OUT_FP32: out is float32
                holding the DTYPE values (logits). Torch reference: fused_linear_ref.
+               X_FP32 (with NORM): x is a float32 residual stream, normalised into DTYPE.
                ARGMAX: launch(..., argmax_out, workspace) also writes argmax_out int64 [M], each
                row's argmax of out (first column on ties, as torch.argmax); workspace is the
                module's argmax_workspace(M, N, device), left as found.
-norm_gate_up_silu launch(x, norm_weight, w_gate, w_up, out, eps)
+norm_gate_up_silu launch(x, norm_weight, w_gate, w_up, out, eps, w_down=None)
                gate_up_silu of rmsnorm(x, norm_weight, eps). Torch reference:
-               norm_gate_up_silu_ref.
+               norm_gate_up_silu_ref. FOLD_DOWN: x is a float32 residual stream [M, K] and out
+               a float32 [M, K] holding zeros, which receives x + the activation (rounded to
+               DTYPE) @ w_down [K, I]^T, added atomically by column blocks. Torch reference:
+               norm_gate_up_silu_ref, then fold_ref.
 norm_qkv_rope  launch(x, norm_weight, w_qkv, positions, slots, inv_freq, q_out, k_cache, v_cache,
                       eps, tokens=None, x_out=None, cache_positions=None)
                A layer's attention input for B x T tokens (positions/slots [B, T]): RMSNorm, the
@@ -98,6 +107,7 @@ norm_qkv_rope  launch(x, norm_weight, w_qkv, positions, slots, inv_freq, q_out, 
                the caches [B, S, Hkv, D] at slots. x is [B*T, H], or with tokens the embedding
                table [V, H] (rows gathered, also written to x_out [B*T, H]); cache_positions
                [B, S] records positions at slots. Torch reference: norm_qkv_rope_ref.
+               X_FP32: x (the residual stream, when not gathered) and x_out are float32.
 gemv_bf16      launch(x, w, out, bias=None)   (CUDA, sm_90)
                bf16 x [M, K] with M <= M_MAX, w [N, K], out [M, N], bias [N] when HAS_BIAS;
                K % 8 == 0 and 16-byte aligned rows (vectorised loads).
@@ -257,10 +267,15 @@ ATTENTION = FamilySchema(
     summary="attention of T new queries per request over a static KV cache with an explicit "
             "visibility mask (decode, causal and tree verification), GQA",
     launcher="launch(q, k_cache, v_cache, mask, out, scale=None, kv_len=None, kv_len_out=None, "
-             "workspace=None, positions=None)",
+             "workspace=None, positions=None, w_o=None, residual=None)",
     params=_attention_params("query rows (token, head-in-group) per program") + (
         IntParam("SPLITS", 1, 16, 1, doc="programs that share one row block's walk over the "
-                                         "slots, merged by the last to finish"),),
+                                         "slots, merged by the last to finish"),
+        BoolParam("FOLD_O", False, doc="the output projection and the residual folded in: each "
+                                       "row block's heads times their columns of W_o, added "
+                                       "atomically into a float32 residual stream"),
+        IntParam("FOLD_N", 16, 256, 128, power_of_two=True,
+                 doc="output columns per step of the folded projection")),
     check=_check_attention, derive=_attention_constants)
 
 VARLEN_ATTENTION = FamilySchema(
@@ -341,6 +356,12 @@ GEMV_LOSSLESS12 = FamilySchema(
 # The fused layer families (runtime/fused_forward.py): a small model's decoder layer in five
 # launches (norm_qkv_rope, attention, fused_linear with RESIDUAL, norm_gate_up_silu, fused_linear
 # with RESIDUAL) and its LM head in one (fused_linear with NORM and OUT_FP32).
+def _check_fused_linear(p: Mapping[str, Value]) -> Optional[str]:
+    if p["X_FP32"] and not p["NORM"]:
+        return "X_FP32 needs NORM (the norm brings float32 rows to the dtype the product takes)"
+    return check_matmul_tiles(p)
+
+
 FUSED_LINEAR = FamilySchema(
     name="fused_linear", backend="triton",
     summary="y = [residual +] [rmsnorm](x) @ W.T: a linear with its norm and residual add fused",
@@ -351,15 +372,31 @@ FUSED_LINEAR = FamilySchema(
         BoolParam("OUT_FP32", False, doc="write float32 (logits) rather than DTYPE"),
         BoolParam("ARGMAX", False, doc="each row's argmax over all columns too (a drafter's "
                                        "next token), reduced by the last program of a row block"),
+        BoolParam("X_FP32", False, doc="x is a float32 residual stream (with NORM: normalised "
+                                       "into DTYPE)"),
         _warps(4), _stages(2)),
-    check=check_matmul_tiles, derive=_dtype_constants)
+    check=_check_fused_linear, derive=_dtype_constants)
+
+def _check_norm_gate_up_silu(p: Mapping[str, Value]) -> Optional[str]:
+    problem = check_matmul_tiles(p)
+    if problem is None and p["FOLD_DOWN"] and not p["USE_DOT"]:
+        # the folded product's register tile: BLOCK_M rows x BLOCK_N activations x FOLD_N outputs
+        problem = check_matmul_tiles({**p, "BLOCK_K": p["FOLD_N"]})
+    return problem
+
 
 NORM_GATE_UP_SILU = FamilySchema(
     name="norm_gate_up_silu", backend="triton",
     summary="the MLP's input with its RMSNorm: silu(n @ Wg.T) * (n @ Wu.T), n = rmsnorm(x)",
-    launcher="launch(x, norm_weight, w_gate, w_up, out, eps)",
-    params=_matmul_params(32) + (_warps(4), _stages(2)),
-    check=check_matmul_tiles, derive=_dtype_constants)
+    launcher="launch(x, norm_weight, w_gate, w_up, out, eps, w_down=None)",
+    params=_matmul_params(32) + (
+        BoolParam("FOLD_DOWN", False, doc="the down projection and the residual folded in: x is "
+                                          "a float32 residual stream, each program's product "
+                                          "added atomically into the float32 output"),
+        IntParam("FOLD_N", 16, 256, 128, power_of_two=True,
+                 doc="output columns per step of the folded projection"),
+        _warps(4), _stages(2)),
+    check=_check_norm_gate_up_silu, derive=_dtype_constants)
 
 
 def _check_norm_qkv_rope(p: Mapping[str, Value]) -> Optional[str]:
@@ -384,6 +421,7 @@ NORM_QKV_ROPE = FamilySchema(
             IntParam("BLOCK_M", 1, 64, 16, power_of_two=True, doc="tokens per program"),
             IntParam("BLOCK_K", 16, 1024, 64, power_of_two=True, doc="reduction step"),
             BoolParam("USE_DOT", True, doc="tl.dot (tensor cores) or a broadcast multiply-add"),
+            BoolParam("X_FP32", False, doc="the residual stream x (and x_out) is float32"),
             _warps(4), _stages(2)),
     check=_check_norm_qkv_rope, derive=_rope_constants)
 

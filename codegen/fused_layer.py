@@ -14,7 +14,8 @@ by latency, not by the bytes it reads:
 """
 from __future__ import annotations
 
-from typing import Dict
+import os
+from typing import Dict, Optional
 
 from .families import next_power_of_two
 from .kernel_spec import KernelSpec, kernel_spec
@@ -30,6 +31,23 @@ ROWS_PER_PROGRAM = 16
 # so a launch takes the most splits, up to this, that keep it within MAX_PROGRAMS programs
 # (`attention_splits`).
 ATTENTION_SPLITS = 4
+# Whether a layer folds o_proj into the attention and down_proj into the MLP, adding both into
+# a float32 residual stream atomically (three launches a layer, not five): the attention's and
+# the MLP's programs then also read their share of W_o and W_down, in place of two launches of
+# their own (some 6 us a layer of a drafter step at batch 16, BENCHMARKS.md twenty-third set).
+FOLD_RESIDUAL = False
+# Overrides FOLD_RESIDUAL for experiments ("1" folds, "0" does not): how one bench run races a
+# pair's rows with the drafter folded and not.
+FOLD_ENV = "SPECPILOT_FOLD_RESIDUAL"
+# Output columns per step of a folded projection.
+FOLD_COLUMNS = 128
+
+
+def fold_default() -> bool:
+    """Whether fused layers fold by default: SPECPILOT_FOLD_RESIDUAL if it is "0" or "1",
+    FOLD_RESIDUAL otherwise."""
+    value = os.environ.get(FOLD_ENV, "").strip()
+    return {"1": True, "0": False}.get(value, FOLD_RESIDUAL)
 
 
 def reduction_block(k: int, widest: int = 256) -> int:
@@ -57,18 +75,20 @@ def column_block(n: int) -> int:
 
 
 def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, intermediate: int,
-                      vocab: int, attention_splits: int = ATTENTION_SPLITS
-                      ) -> Dict[str, KernelSpec]:
+                      vocab: int, attention_splits: int = ATTENTION_SPLITS,
+                      fold: Optional[bool] = None) -> Dict[str, KernelSpec]:
     """The six specs {qkv, attention, o_proj, down, mlp, head} for a model of these widths in
     `dtype` ("bf16", "fp16" or "fp32"), the attention's walk shared by `attention_splits`
-    programs."""
+    programs; with `fold`, four: o_proj folded into the attention and down_proj into the MLP
+    over a float32 residual stream, which the q/k/v projection and the head read (default:
+    `fold_default()`)."""
     def spec(family, **params):
         return kernel_spec(family, DTYPE=dtype, BLOCK_M=ROWS_PER_PROGRAM, **params)
 
     # tl.dot takes blocks of 16 columns: narrower heads' halves multiply-add instead.
     qkv_tiles = (dict(BLOCK_K=reduction_block(hidden)) if head_dim >= 32
                  else dict(BLOCK_K=16, USE_DOT=False))
-    return {
+    specs = {
         "qkv": spec("norm_qkv_rope", HEAD_DIM=head_dim, **qkv_tiles),
         # Eight warps: a step has one program per (request, kv head), too few to fill the GPU,
         # so each program's walk is the time (bench/attention_sweep.py on an H200, the zoo
@@ -87,3 +107,10 @@ def fused_layer_specs(dtype: str, hidden: int, heads: int, head_dim: int, interm
                      BLOCK_N=min(128, 2 * column_block(vocab)),
                      BLOCK_K=reduction_block(hidden, 128), num_warps=8),
     }
+    if not (fold_default() if fold is None else fold):
+        return specs
+    columns = dict(FOLD_N=min(FOLD_COLUMNS, max(16, next_power_of_two(hidden))))
+    return {"qkv": specs["qkv"].with_params(X_FP32=True),
+            "attention": specs["attention"].with_params(FOLD_O=True, **columns),
+            "mlp": specs["mlp"].with_params(FOLD_DOWN=True, **columns),
+            "head": specs["head"].with_params(X_FP32=True)}

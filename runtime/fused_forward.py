@@ -18,6 +18,13 @@ drafted token. Here each layer is
 and the LM head is one fused_linear with the final norm, writing float32 logits. The first
 layer's norm_qkv_rope also gathers the embeddings and records the tokens' positions in the cache.
 
+Folded (`fold=True`; by default as codegen/fused_layer.py's `fold_default()` says), a layer is
+three launches: the attention adds its heads' share of o_proj, and the MLP its columns' share of
+down_proj, into a float32 residual stream atomically, so neither has a launch of its own. The
+stream is then float32 throughout (each layer's two sums zeroed by one fill a forward), where the
+unfolded kernels round it to the dtype after each add as HF does; the drafter's proposals may
+then differ from the per-op drafter's at near-ties, never the decoder's output.
+
 It serves the drafter (a Program's kernels.drafter_kernels = "fused"). A drafter only proposes
 tokens and the target verifies every one, so the decoder's output does not depend on it; its
 roundings follow the per-op path's (HF's) all the same, except the MLP, which rounds once from
@@ -54,14 +61,16 @@ class FusedLayer:
     w_down: torch.Tensor
 
 
-def fused_specs(model) -> dict:
+def fused_specs(model, fold: Optional[bool] = None) -> dict:
     """The fused kernels' specs for `model`'s widths and dtype (codegen/fused_layer.py's
-    `fused_layer_specs`): what a FusedForward builds unless told otherwise."""
+    `fused_layer_specs`): what a FusedForward builds unless told otherwise. `fold`: o_proj and
+    down_proj folded into the attention and the MLP (default: codegen/fused_layer.py's
+    `fold_default()`)."""
     from specpilot.codegen.fused_layer import fused_layer_specs
 
     cfg = model.config
     return fused_layer_specs(DTYPE_NAMES[model.dtype], cfg.hidden_size, cfg.num_heads,
-                             cfg.head_dim, cfg.intermediate_size, cfg.vocab_size)
+                             cfg.head_dim, cfg.intermediate_size, cfg.vocab_size, fold=fold)
 
 
 def fused_forward_refusal(model) -> Optional[str]:
@@ -97,7 +106,7 @@ class FusedForward:
     # attention then reads no mask, and its caller builds none (runtime/graphed_chain.py).
     sees_by_position = True
 
-    def __init__(self, model, kernel_cache=None, specs=None):
+    def __init__(self, model, kernel_cache=None, specs=None, fold: Optional[bool] = None):
         why = fused_forward_refusal(model)
         if why is not None:
             raise SpecPilotError(f"the fused forward cannot run this model: {why}")
@@ -110,12 +119,16 @@ class FusedForward:
         self.fused_layers = [self._layer(layer) for layer in model.layers]
         # `specs` replaces some of the six (by name): how a tile sweep times other tiles in a
         # whole forward (bench/fused_tile_sweep.py).
-        specs = {**fused_specs(model), **(specs or {})}
+        specs = {**fused_specs(model, fold), **(specs or {})}
+        # Folded: no o_proj or down_proj launches, a float32 residual stream.
+        self.folded = bool(specs["mlp"].get("FOLD_DOWN"))
         # One cache for all the builds: o_proj's and down_proj's specs are often the same.
         cache = kernel_cache if kernel_cache is not None else KernelCache()
-        self.qkv, self.o_proj, self.down, self.mlp, self.head = (
-            build_triton_module(specs[name], cache)
-            for name in ("qkv", "o_proj", "down", "mlp", "head"))
+        self.qkv, self.mlp, self.head = (build_triton_module(specs[name], cache)
+                                         for name in ("qkv", "mlp", "head"))
+        self.o_proj, self.down = ((None, None) if self.folded else
+                                  (build_triton_module(specs[name], cache)
+                                   for name in ("o_proj", "down")))
         # The attention at each power-of-two split count up to its spec's, one picked per
         # launch by how many walks it has (codegen/fused_layer.py, `attention_splits`).
         attention = specs["attention"]
@@ -197,11 +210,12 @@ class FusedForward:
         return self._head(rows, greedy=True).view(b, -1)
 
     def kernel_modules(self) -> dict:
-        """{role: [built modules]} of every kernel a forward may launch: the layer's five, the
-        attention at each split count, the head with and without the argmax."""
-        return {"qkv": [self.qkv], "attention": list(self._attention_by_splits.values()),
-                "o_proj": [self.o_proj], "mlp": [self.mlp], "down": [self.down],
-                "head": [self.head], "head_argmax": [self.head_argmax]}
+        """{role: [built modules]} of every kernel a forward may launch: the layer's five (three
+        folded), the attention at each split count, the head with and without the argmax."""
+        roles = {"qkv": [self.qkv], "attention": list(self._attention_by_splits.values()),
+                 "o_proj": [self.o_proj], "mlp": [self.mlp], "down": [self.down],
+                 "head": [self.head], "head_argmax": [self.head_argmax]}
+        return {role: built for role, built in roles.items() if built != [None]}
 
     @staticmethod
     def _or_causal(mask: Optional[torch.Tensor], positions: torch.Tensor, cache) -> torch.Tensor:
@@ -242,11 +256,18 @@ class FusedForward:
         model, cfg = self.model, self.model.config
         b, t = tokens.shape
         m, hidden, dev, dt = b * t, cfg.hidden_size, tokens.device, model.dtype
-        x = torch.empty((m, hidden), dtype=dt, device=dev)
-        mid = torch.empty_like(x)
         q = torch.empty((b, t, cfg.num_heads, cfg.head_dim), dtype=dt, device=dev)
-        attended = torch.empty_like(q)
-        act = torch.empty((m, cfg.intermediate_size), dtype=dt, device=dev)
+        if self.folded:
+            x = torch.empty((m, hidden), dtype=torch.float32, device=dev)
+            # Each layer's two sums (after the attention, after the MLP), zeros for the atomic
+            # adds: one fill a forward.
+            sums = torch.zeros((len(self.fused_layers), 2, m, hidden), dtype=torch.float32,
+                               device=dev)
+        else:
+            x = torch.empty((m, hidden), dtype=dt, device=dev)
+            mid = torch.empty_like(x)
+            attended = torch.empty_like(q)
+            act = torch.empty((m, cfg.intermediate_size), dtype=dt, device=dev)
         positions, slots = positions.contiguous(), slots.contiguous()
         causal = mask is None
         if not causal and mask.stride(-1) != 1:   # the kernels take row strides: a tree
@@ -269,6 +290,14 @@ class FusedForward:
                             cache_positions=cache.positions if first else None)
             bound = ({"positions": positions} if causal else
                      {"kv_len_out": kv_len} if first else {"kv_len": kv_len})
+            if self.folded:
+                mid, after = sums[i]
+                attention.launch(q, cache.k[i], cache.v[i], mask, mid, model.scale,
+                                 workspace=workspace, w_o=layer.w_o, residual=x, **bound)
+                self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, after, eps,
+                                w_down=layer.w_down)
+                x = after
+                continue
             attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
                              workspace=workspace, **bound)
             self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)

@@ -32,15 +32,18 @@ def gate_up_silu_ref(x: torch.Tensor, w_gate: torch.Tensor, w_up: torch.Tensor) 
 
 
 def rmsnorm_ref(x: torch.Tensor, weight: torch.Tensor, eps: float,
-                residual: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
+                residual: Optional[torch.Tensor] = None,
+                dtype: Optional[torch.dtype] = None) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
     """(out, new_residual): s = x + residual (rounded to x.dtype, as HF's bf16 add), then
     out = weight * (s * rsqrt(mean(s^2) + eps)) with the statistics in float32 and the normalised
     value rounded to x.dtype before the weight multiply (HF LlamaRMSNorm). Without a residual,
-    s = x and new_residual is None."""
+    s = x and new_residual is None. `dtype` (default x.dtype) is the one rounded to: a float32
+    residual stream normalised into the model's dtype (the fused kernels' X_FP32)."""
+    dtype = x.dtype if dtype is None else dtype
     s = x if residual is None else (x.float() + residual.float()).to(x.dtype)
     s32 = s.float()
-    normed = (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
-    out = (weight.float() * normed.float()).to(x.dtype)
+    normed = (s32 * torch.rsqrt(s32.pow(2).mean(-1, keepdim=True) + eps)).to(dtype)
+    out = (weight.float() * normed.float()).to(dtype)
     return out, (None if residual is None else s)
 
 
@@ -175,7 +178,7 @@ def fused_linear_ref(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.
                      out_fp32: bool = False) -> torch.Tensor:
     """[residual +] [rmsnorm](x) @ w^T: the product rounded to x.dtype (linear_ref), then added
     to the residual and rounded again (a bf16 add); float32 holding those values with out_fp32."""
-    y = linear_ref(x if norm_weight is None else rmsnorm_ref(x, norm_weight, eps)[0], w)
+    y = linear_ref(x if norm_weight is None else rmsnorm_ref(x, norm_weight, eps, dtype=w.dtype)[0], w)
     if residual is not None:
         y = (residual.float() + y.float()).to(x.dtype)
     return y.float() if out_fp32 else y
@@ -183,8 +186,17 @@ def fused_linear_ref(x: torch.Tensor, w: torch.Tensor, residual: Optional[torch.
 
 def norm_gate_up_silu_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_gate: torch.Tensor,
                           w_up: torch.Tensor, eps: float) -> torch.Tensor:
-    """gate_up_silu_ref of rmsnorm_ref(x)."""
-    return gate_up_silu_ref(rmsnorm_ref(x, norm_weight, eps)[0], w_gate, w_up)
+    """gate_up_silu_ref of rmsnorm_ref(x), in the weights' dtype (x may be a float32 residual
+    stream)."""
+    return gate_up_silu_ref(rmsnorm_ref(x, norm_weight, eps, dtype=w_gate.dtype)[0], w_gate, w_up)
+
+
+def fold_ref(x: torch.Tensor, w: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+    """residual + x @ w^T with nothing rounded to x's dtype, in float64, returned as float32: a
+    projection folded into the kernel before it, added into a float32 residual stream (the
+    attention's FOLD_O with x its output [B*T, Hq*D], norm_gate_up_silu's FOLD_DOWN with x the
+    activation)."""
+    return (residual.double() + x.double() @ w.double().T).float()
 
 
 def norm_qkv_rope_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.Tensor,
@@ -200,9 +212,9 @@ def norm_qkv_rope_ref(x: torch.Tensor, norm_weight: torch.Tensor, w_qkv: torch.T
     b, t = positions.shape
     hkv, d = k_cache.shape[2], k_cache.shape[3]
     rows = x[tokens.reshape(-1)] if tokens is not None else x
-    qkv = linear_ref(rmsnorm_ref(rows, norm_weight, eps)[0], w_qkv)
+    qkv = linear_ref(rmsnorm_ref(rows, norm_weight, eps, dtype=w_qkv.dtype)[0], w_qkv)
     q, k, v = qkv.split([num_heads * d, hkv * d, hkv * d], dim=-1)
-    cos, sin = rope_cos_sin(positions.reshape(-1), inv_freq, x.dtype)
+    cos, sin = rope_cos_sin(positions.reshape(-1), inv_freq, w_qkv.dtype)
     q = rope_ref(q.reshape(b * t, num_heads, d), cos, sin).reshape(b, t, num_heads, d)
     k = rope_ref(k.reshape(b * t, hkv, d), cos, sin).reshape(b, t, hkv, d)
     batch = torch.arange(b, device=positions.device)[:, None].expand(b, t)

@@ -32,6 +32,21 @@ HEAD_OPS = 2          # final norm + lm_head
 # a chain's rounds, each program from its rows' positions (no mask is built or read).
 FUSED_LAYER_OPS = 5
 FUSED_HEAD_OPS = 1
+# Folded (codegen/fused_layer.py's FOLD_RESIDUAL): o_proj and down_proj add into a float32
+# residual stream from the attention and the MLP, three launches a layer, and one fill a
+# forward zeroes the stream's sums.
+FOLDED_LAYER_OPS = 3
+FOLDED_FORWARD_OPS = 1
+
+
+def fused_forward_launches(num_layers: int) -> int:
+    """Launches of one forward in the fused layer kernels, folded or not as the codegen's
+    default (`fold_default()`) has it."""
+    from specpilot.codegen.fused_layer import fold_default
+
+    if fold_default():
+        return num_layers * FOLDED_LAYER_OPS + FUSED_HEAD_OPS + FOLDED_FORWARD_OPS
+    return num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
 # The torch backend's attention by the generated kernel (kernels.attention_kernels "generated",
 # runtime/generated_attention.py): two launches a forward for its bound. Its attention launch
 # is counted as SDPA's is (one in ATTENTION_OPS), its bytes as the context's either way: what it
@@ -133,7 +148,7 @@ def attention_flops(model: ModelSpec, rows: int, keys: int) -> float:
 def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: float, context: float,
                  gpu: GpuSpec, fused: bool = False, generated_attention: bool = False) -> NodeCost:
     """A whole-model forward of `tokens` new tokens per request after `context` positions;
-    `fused`: in the fused layer kernels (FUSED_LAYER_OPS a layer), not op by op;
+    `fused`: in the fused layer kernels (`fused_forward_launches`), not op by op;
     `generated_attention`: op by op with the generated attention kernel."""
     rows = batch * tokens
     keys = context + tokens
@@ -144,7 +159,7 @@ def forward_cost(name: str, kind: str, model: ModelSpec, batch: int, tokens: flo
     flops = (2.0 * rows * _linear_params(model, model.linears)
              + model.num_layers * attention_flops(model, rows, keys))
     if fused:
-        launches = model.num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
+        launches = fused_forward_launches(model.num_layers)
     else:
         launches = (model.num_layers * (ATTENTION_OPS + MLP_OPS
                                         + (QK_NORM_OPS if model.qk_norm else 0))

@@ -35,9 +35,12 @@ def pair_dirs(tmp_path_factory):
 
 
 @pytest.mark.parametrize("decoder_class", [GraphedChainDecoder, GraphedRefillDecoder])
-@pytest.mark.parametrize("adaptive", [False, True])
+@pytest.mark.parametrize("adaptive,fold", [(False, False), (True, False), (False, True),
+                                           (True, True)])
 def test_captured_rounds_with_a_fused_drafter_draft_as_the_model_does(pair_dirs, decoder_class,
-                                                                      adaptive):
+                                                                      adaptive, fold):
+    """Unfolded and folded (o_proj and down_proj added atomically into a float32 stream, its
+    sums zeroed by a fill in the graph): in float32 the drafts of the model's own drafter."""
     target = Transformer.from_checkpoint(pair_dirs[0], "float32", "cuda")
     drafter = Transformer.from_checkpoint(pair_dirs[1], "float32", "cuda")
     prompts = random_prompts((4, 11, 1, 7, 9, 2), seed=43)
@@ -48,7 +51,7 @@ def test_captured_rounds_with_a_fused_drafter_draft_as_the_model_does(pair_dirs,
     def decoder(d):
         return decoder_class(target, d, 3 if decoder_class is GraphedRefillDecoder else 6, 64, 3,
                              eos, capture=True, adaptive=adaptive, round_costs=costs)
-    plain, fused = decoder(drafter), decoder(FusedForward(drafter))
+    plain, fused = decoder(drafter), decoder(FusedForward(drafter, fold=fold))
     for _ in range(2):                        # a decoder serves many calls
         want, got = plain.generate(prompts, NEW), fused.generate(prompts, NEW)
         assert got.tokens == want.tokens == reference.tokens

@@ -52,10 +52,14 @@ def _chain_call(model, starts, t, capacity, g):
 
 @pytest.mark.parametrize("shape", sorted(SHAPES))
 @pytest.mark.parametrize("family", ["llama3", "llama3.1"])
-def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, tmp_path):
+@pytest.mark.parametrize("fold", [False, True])
+def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, fold, tmp_path):
+    """Unfolded, and folded (o_proj and down_proj added into a float32 stream by the attention
+    and the MLP: in float32 the per-op forward's sums up to their order)."""
     folder = make_checkpoint(tmp_path, family, seed=3, **SHAPES[shape])
     model = Transformer.from_checkpoint(folder, device=DEVICE)
-    fused = FusedForward(model)
+    fused = FusedForward(model, fold=fold)
+    assert fused.folded == fold and ("o_proj" in fused.kernel_modules()) != fold
     expected, cache_ref = _steps(model, model.forward, 3, 5, 3, 16, seed=1)
     actual, cache = _steps(model, fused.forward, 3, 5, 3, 16, seed=1)
     for a, e in zip(actual, expected):
@@ -66,10 +70,11 @@ def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, tmp_p
     assert torch.equal(cache.positions, cache_ref.positions)
 
 
-def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(tmp_path):
+@pytest.mark.parametrize("fold", [False, True])
+def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(fold, tmp_path):
     folder = make_checkpoint(tmp_path, "llama3", seed=5, **SHAPES["dot"])
     model = Transformer.from_checkpoint(folder, dtype="bfloat16", device=DEVICE)
-    fused = FusedForward(model)
+    fused = FusedForward(model, fold=fold)
     g = torch.Generator().manual_seed(2)
     tokens = torch.randint(0, model.config.vocab_size, (2, 6), generator=g).to(DEVICE)
     pos = torch.arange(6, device=DEVICE)[None, :].expand(2, 6).contiguous()
@@ -79,7 +84,8 @@ def test_fused_forward_picks_logit_rows_and_follows_the_model_in_bfloat16(tmp_pa
     theirs = model.forward(tokens, pos, pos, mask, model.new_cache(2, 12), picked)
     assert mine.shape == (2, 2, model.config.vocab_size)
     # bf16 roundings: the MLP rounds once (gate_up_silu's numerics) where the per-op path
-    # rounds its gate, up and product, so logits agree to bf16 precision, not bit for bit.
+    # rounds its gate, up and product, and folded the residual stream is float32 where the
+    # per-op path rounds it after each add, so logits agree to bf16 precision, not bit for bit.
     torch.testing.assert_close(mine, theirs, rtol=0.05, atol=0.15)
     assert (mine.argmax(-1) == theirs.argmax(-1)).float().mean() >= 0.75
 
@@ -103,11 +109,12 @@ def _pair_on_device(seed=11):
     return s, target, drafter, reference
 
 
-def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output():
+@pytest.mark.parametrize("fold", [False, True])
+def test_a_fused_drafter_drafts_what_the_model_drafts_and_keeps_the_output(fold):
     k, batch = 3, 4
     s, target, drafter, reference = _pair_on_device()
     plain = GraphedChainDecoder(target, drafter, batch, 48, k, s["eos"], capture=False)
-    fast = GraphedChainDecoder(target, FusedForward(drafter), batch, 48, k, s["eos"],
+    fast = GraphedChainDecoder(target, FusedForward(drafter, fold=fold), batch, 48, k, s["eos"],
                                capture=False)
     for start in range(0, len(s["prompts"]), batch):
         prompts = s["prompts"][start:start + batch]
@@ -135,8 +142,8 @@ def test_models_the_fused_kernels_cannot_run_are_refused_with_why(family, overri
         FusedForward(model)
 
 
-@pytest.mark.parametrize("logits_at", [False, True])
-def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path, monkeypatch):
+@pytest.mark.parametrize("logits_at,fold", [(False, False), (True, False), (True, True)])
+def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, fold, tmp_path, monkeypatch):
     """`greedy` (the argmax in the LM head's kernel) against torch.argmax of `forward`'s logits
     for the same call on a copy of the cache: 18 rows (two row blocks of the head), and the rows
     logits_at picks; and through `greedy_tokens`, which a model without `greedy` serves by
@@ -145,7 +152,7 @@ def test_greedy_is_the_argmax_of_the_forwards_logits(logits_at, tmp_path, monkey
 
     folder = make_checkpoint(tmp_path, "llama3", seed=5, **FUSABLE)
     model = Transformer.from_checkpoint(folder, device=DEVICE)
-    fused = FusedForward(model)
+    fused = FusedForward(model, fold=fold)
     g = torch.Generator().manual_seed(11)
     b, t, capacity = 6, 3, 12
     tokens, pos, mask = _chain_call(model, list(range(b)), t, capacity, g)
@@ -245,17 +252,22 @@ def test_a_fused_drafter_drafts_a_tree_as_the_model_does(topology, slots):
     assert sum(map(sum, b.accepted_lengths)) > 0
 
 
-def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkeypatch):
-    """A drafting step of the fused forward (`greedy`) launches five kernels a layer and the
-    LM head, nothing for the attention's bound or the argmax, as counted by wrapping every
-    module's `launch`; the cost model's fused forward counts the same."""
+@pytest.mark.parametrize("fold", [False, True])
+def test_the_cost_model_counts_the_fused_drafter_steps_launches(fold, tmp_path, monkeypatch):
+    """A drafting step of the fused forward (`greedy`) launches five kernels a layer (three
+    folded) and the LM head, nothing for the attention's bound or the argmax, as counted by
+    wrapping every module's `launch`; the cost model's fused forward counts the same, and
+    folded the fill that zeroes the residual stream's sums (a torch launch, not a module's)."""
+    from specpilot.codegen import fused_layer
     from specpilot.cost.gpu_specs import gpu_spec
     from specpilot.cost.roofline import forward_cost
     from specpilot.deploy import model_spec_from_config
 
+    monkeypatch.setattr(fused_layer, "FOLD_RESIDUAL", fold)     # the default both read
     folder = make_checkpoint(tmp_path, "llama3", seed=5, **FUSABLE)
     model = Transformer.from_checkpoint(folder, device=DEVICE)
     fused = FusedForward(model)
+    assert fused.folded == fold
     launched = []
     modules = {}      # o_proj and down_proj share one module where their tiles are the same
     for name, built in fused.kernel_modules().items():     # the attention: one a split count
@@ -271,10 +283,11 @@ def test_the_cost_model_counts_the_fused_drafter_steps_launches(tmp_path, monkey
                                     torch.Generator().manual_seed(1))
     fused.greedy(tokens, pos, pos, mask, model.new_cache(b, capacity))
     layers = model.config.num_layers
-    assert len(launched) == 5 * layers + 1 and launched[-1] == "head_argmax"
+    assert len(launched) == (3 if fold else 5) * layers + 1 and launched[-1] == "head_argmax"
+    assert ("o_proj" in launched) != fold and ("down" in launched) != fold
     spec = model_spec_from_config(model.config, "drafter", "bfloat16", str(folder))
     cost = forward_cost("draft", "draft", spec, b, 1, 4, gpu_spec("h100"), fused=True)
-    assert cost.launches == len(launched)
+    assert cost.launches == len(launched) + fold
 
 
 def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):

@@ -26,11 +26,14 @@ def models(tmp_path_factory):
 def test_every_variant_runs_the_same_round(models):
     target, drafter = models
     script = load_bench_script("round_variants")
-    fused = FusedForward(drafter)
-    decoders = {name: fill_all_active(script.build(name, target, fused, BATCH, CAPACITY, K,
+    drafters = {fold: FusedForward(drafter, fold=fold) for fold in (False, True)}
+    decoders = {name: fill_all_active(script.build(name, target, drafters, BATCH, CAPACITY, K,
                                                    False), target, drafter, CONTEXT, seed=5)
                 for name in ("chain", "adaptive", "refill", "refill_ahead", "chain_fused",
-                             "adaptive_fused", "refill_fused")}
+                             "adaptive_fused", "refill_fused", "chain_fused_folded",
+                             "refill_fused_folded")}
+    assert decoders["refill_fused_folded"].drafter is drafters[True]
+    assert decoders["refill_fused"].drafter is drafters[False]
     loop = script.loop_replay(decoders["refill"], lambda: decoders["refill"]._round(K))
     for _ in range(3):
         for name, dec in decoders.items():
@@ -69,16 +72,17 @@ def test_variants_and_the_drafters_split_walks_can_be_picked(models, tmp_path, m
     script = _script_on(models, monkeypatch)
     seen, fused = [], script.FusedForward
 
-    def recording(model, specs=None):           # the fused drafter the script builds
+    def recording(model, specs=None, fold=None):   # the fused drafters the script builds
         seen.append(specs)
-        return fused(model, specs=specs)
+        return fused(model, specs=specs, fold=fold)
 
     monkeypatch.setattr(script, "FusedForward", recording)
     doc = _run(script, tmp_path / "v.json", 1,
                "--variants", "refill_fused,refill", "--attention-splits", "2")
     (row,) = doc["batches"]
     assert list(row["round_ms"]) == ["refill", "refill_fused"]
-    assert [specs["attention"].get("SPLITS") for specs in seen] == [2]
+    assert [specs["attention"].get("SPLITS") for specs in seen] == [2, 2]
+    assert [specs["attention"].get("FOLD_O") for specs in seen] == [False, True]
 
 
 def test_the_script_times_every_variant(models, tmp_path, monkeypatch):
