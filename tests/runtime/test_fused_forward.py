@@ -291,9 +291,11 @@ def test_the_cost_model_counts_the_fused_drafter_steps_launches(fold, tmp_path, 
 
 
 def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):
-    """mask None (a chain's layout: position p sees slots 0..p): the same logits and cache, bit
-    for bit, as the mask that says so, through the fused kernels and, past MAX_FUSED_TOKENS,
-    through the model's own forward; a chain decoder's fused drafter takes no mask."""
+    """mask None (a chain's layout: position p sees slots 0..p): the same logits and cache as
+    the mask that says so (to float32 rounding: bounded by its own rows' positions, a program's
+    split walk may share the slots out otherwise than under the mask's bound), through the
+    fused kernels and, past MAX_FUSED_TOKENS, bit for bit through the model's own forward; a
+    chain decoder's fused drafter takes no mask."""
     folder = make_checkpoint(tmp_path, "llama3", seed=7, **FUSABLE)
     model = Transformer.from_checkpoint(folder, device=DEVICE)
     fused = FusedForward(model)
@@ -306,9 +308,9 @@ def test_no_mask_reads_as_slots_up_to_each_position(tmp_path, monkeypatch):
         twin.copy_(mine)                                              # slots, as a decode's
     with_mask = fused.forward(tokens, pos, pos, mask, caches[0])
     without = fused.forward(tokens, pos, pos, None, caches[1])
-    assert torch.equal(with_mask, without)
-    assert all(torch.equal(x, y) for x, y in zip(caches[0].k + caches[0].v,
-                                                 caches[1].k + caches[1].v))
+    torch.testing.assert_close(with_mask, without, rtol=1e-5, atol=1e-5)
+    for x, y in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        torch.testing.assert_close(x, y, rtol=1e-5, atol=1e-5)
     from specpilot.runtime import fused_forward
     monkeypatch.setattr(fused_forward, "MAX_FUSED_TOKENS", b * t - 1)
     wide = fused.greedy(tokens, pos, pos, None, model.new_cache(b, capacity))
