@@ -423,16 +423,18 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         # one per refill.
         result = logged_result(self, tokens, logged, by_length, prefills=1 + refills,
                                stats={"refills": refills})
+        # Taken off the decoder: a call leaves its attributes as it found them.
+        off_from, restarts = self.__dict__.pop("_off_from", []), self.__dict__.pop("_restarts", 0)
         if self.adaptive:
-            result.length_rule = self._length_rule()
+            result.length_rule = self._length_rule(off_from, restarts)
         return result
 
-    def _length_rule(self) -> dict:
+    def _length_rule(self, off_from: List[int], restarts: int) -> dict:
         """What the length rule decided a call by, for replaying it on the CPU: the prices of a
         round of each length in plain steps (measured on the GPU, `_ensure_round_costs`), the
         rounds queued before each turn-off, and the restarts by a newcomer alone."""
         return {"prices": [round(float(c), 4) for c in self.policy.round_cost_host],
-                "off_from_round": list(self._off_from), "restarts": self._restarts}
+                "off_from_round": list(off_from), "restarts": restarts}
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
