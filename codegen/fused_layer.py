@@ -32,9 +32,11 @@ ROWS_PER_PROGRAM = 16
 # (`attention_splits`).
 ATTENTION_SPLITS = 4
 # Whether a layer folds o_proj into the attention and down_proj into the MLP, adding both into
-# a float32 residual stream atomically (three launches a layer, not five): the attention's and
-# the MLP's programs then also read their share of W_o and W_down, in place of two launches of
-# their own (some 6 us a layer of a drafter step at batch 16, BENCHMARKS.md twenty-third set).
+# a float32 residual stream atomically (three launches a layer, not five), in place of two
+# launches of their own (some 6 us a layer of a drafter step at batch 16, BENCHMARKS.md
+# twenty-third set). Off: on an H200 the folded chain(4) round ran 4.5-5 % longer at batch 16
+# and 64, the attention's merge program folding after every split has finished (+7 us a
+# launch; twenty-ninth set).
 FOLD_RESIDUAL = False
 # Overrides FOLD_RESIDUAL for experiments ("1" folds, "0" does not): how one bench run races a
 # pair's rows with the drafter folded and not.

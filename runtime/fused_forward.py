@@ -120,8 +120,17 @@ class FusedForward:
         # `specs` replaces some of the six (by name): how a tile sweep times other tiles in a
         # whole forward (bench/fused_tile_sweep.py).
         specs = {**fused_specs(model, fold), **(specs or {})}
-        # Folded: no o_proj or down_proj launches, a float32 residual stream.
+        # Folded: no o_proj or down_proj launches, a float32 residual stream, which every kernel
+        # that reads or writes the stream must take.
         self.folded = bool(specs["mlp"].get("FOLD_DOWN"))
+        mixed = [name for name, flag in (("attention", "FOLD_O"), ("qkv", "X_FP32"),
+                                         ("head", "X_FP32"))
+                 if bool(specs[name].get(flag)) != self.folded]
+        if mixed:
+            raise SpecPilotError(
+                f"the fused specs mix folded and unfolded kernels: the MLP's FOLD_DOWN is "
+                f"{self.folded}, but {', '.join(mixed)} disagree (FOLD_O on the attention, "
+                f"X_FP32 on qkv and head must match it)")
         # One cache for all the builds: o_proj's and down_proj's specs are often the same.
         cache = kernel_cache if kernel_cache is not None else KernelCache()
         self.qkv, self.mlp, self.head = (build_triton_module(specs[name], cache)

@@ -60,6 +60,11 @@ def test_fused_forward_equals_the_per_op_forward_in_float32(shape, family, fold,
     model = Transformer.from_checkpoint(folder, device=DEVICE)
     fused = FusedForward(model, fold=fold)
     assert fused.folded == fold and ("o_proj" in fused.kernel_modules()) != fold
+    if fold and shape == "dot" and family == "llama3":
+        from specpilot.runtime.fused_forward import fused_specs
+        unfolded_head = {"head": fused_specs(model, fold=False)["head"]}
+        with pytest.raises(SpecPilotError, match="mix folded and unfolded kernels: .*head"):
+            FusedForward(model, specs=unfolded_head, fold=True)
     expected, cache_ref = _steps(model, model.forward, 3, 5, 3, 16, seed=1)
     actual, cache = _steps(model, fused.forward, 3, 5, 3, 16, seed=1)
     for a, e in zip(actual, expected):
