@@ -139,6 +139,13 @@ def _dtype(default: str = "bf16") -> EnumParam:
     return EnumParam("DTYPE", DTYPES, default, doc="dtype of activations, weights and outputs")
 
 
+def _fold_columns() -> IntParam:
+    """FOLD_N of the families that fold a projection in (attention's FOLD_O,
+    norm_gate_up_silu's FOLD_DOWN)."""
+    return IntParam("FOLD_N", 16, 256, 128, power_of_two=True,
+                    doc="output columns per step of the folded projection")
+
+
 def _warps(default: int) -> IntParam:
     return IntParam("num_warps", 1, 16, default, power_of_two=True, doc="warps per program")
 
@@ -274,8 +281,7 @@ ATTENTION = FamilySchema(
         BoolParam("FOLD_O", False, doc="the output projection and the residual folded in: each "
                                        "row block's heads times their columns of W_o, added "
                                        "atomically into a float32 residual stream"),
-        IntParam("FOLD_N", 16, 256, 128, power_of_two=True,
-                 doc="output columns per step of the folded projection")),
+        _fold_columns()),
     check=_check_attention, derive=_attention_constants)
 
 VARLEN_ATTENTION = FamilySchema(
@@ -353,15 +359,25 @@ GEMV_LOSSLESS12 = FamilySchema(
     host_launcher=launch_gemv_lossless12)
 
 
-# The fused layer families (runtime/fused_forward.py): a small model's decoder layer in five
-# launches (norm_qkv_rope, attention, fused_linear with RESIDUAL, norm_gate_up_silu, fused_linear
-# with RESIDUAL) and its LM head in one (fused_linear with NORM and OUT_FP32).
 def _check_fused_linear(p: Mapping[str, Value]) -> Optional[str]:
     if p["X_FP32"] and not p["NORM"]:
         return "X_FP32 needs NORM (the norm brings float32 rows to the dtype the product takes)"
     return check_matmul_tiles(p)
 
 
+def _check_norm_gate_up_silu(p: Mapping[str, Value]) -> Optional[str]:
+    problem = check_matmul_tiles(p)
+    if problem is None and p["FOLD_DOWN"] and not p["USE_DOT"]:
+        # the folded product's register tile: BLOCK_M rows x BLOCK_N activations x FOLD_N outputs
+        problem = check_matmul_tiles({**p, "BLOCK_K": p["FOLD_N"]})
+    return problem
+
+
+# The fused layer families (runtime/fused_forward.py): a small model's decoder layer in five
+# launches (norm_qkv_rope, attention, fused_linear with RESIDUAL, norm_gate_up_silu, fused_linear
+# with RESIDUAL) and its LM head in one (fused_linear with NORM and OUT_FP32); or folded in
+# three (attention with FOLD_O, norm_gate_up_silu with FOLD_DOWN) over a float32 residual
+# stream that norm_qkv_rope and the head read (X_FP32).
 FUSED_LINEAR = FamilySchema(
     name="fused_linear", backend="triton",
     summary="y = [residual +] [rmsnorm](x) @ W.T: a linear with its norm and residual add fused",
@@ -377,14 +393,6 @@ FUSED_LINEAR = FamilySchema(
         _warps(4), _stages(2)),
     check=_check_fused_linear, derive=_dtype_constants)
 
-def _check_norm_gate_up_silu(p: Mapping[str, Value]) -> Optional[str]:
-    problem = check_matmul_tiles(p)
-    if problem is None and p["FOLD_DOWN"] and not p["USE_DOT"]:
-        # the folded product's register tile: BLOCK_M rows x BLOCK_N activations x FOLD_N outputs
-        problem = check_matmul_tiles({**p, "BLOCK_K": p["FOLD_N"]})
-    return problem
-
-
 NORM_GATE_UP_SILU = FamilySchema(
     name="norm_gate_up_silu", backend="triton",
     summary="the MLP's input with its RMSNorm: silu(n @ Wg.T) * (n @ Wu.T), n = rmsnorm(x)",
@@ -393,8 +401,7 @@ NORM_GATE_UP_SILU = FamilySchema(
         BoolParam("FOLD_DOWN", False, doc="the down projection and the residual folded in: x is "
                                           "a float32 residual stream, each program's product "
                                           "added atomically into the float32 output"),
-        IntParam("FOLD_N", 16, 256, 128, power_of_two=True,
-                 doc="output columns per step of the folded projection"),
+        _fold_columns(),
         _warps(4), _stages(2)),
     check=_check_norm_gate_up_silu, derive=_dtype_constants)
 

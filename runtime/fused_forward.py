@@ -299,19 +299,19 @@ class FusedForward:
                             cache_positions=cache.positions if first else None)
             bound = ({"positions": positions} if causal else
                      {"kv_len_out": kv_len} if first else {"kv_len": kv_len})
-            if self.folded:
+            if self.folded:       # o_proj and down_proj add into this layer's two sums
                 mid, after = sums[i]
                 attention.launch(q, cache.k[i], cache.v[i], mask, mid, model.scale,
                                  workspace=workspace, w_o=layer.w_o, residual=x, **bound)
                 self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, after, eps,
                                 w_down=layer.w_down)
                 x = after
-                continue
-            attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
-                             workspace=workspace, **bound)
-            self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
-            self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
-            self.down.launch(act, layer.w_down, x, residual=mid)
+            else:
+                attention.launch(q, cache.k[i], cache.v[i], mask, attended, model.scale,
+                                 workspace=workspace, **bound)
+                self.o_proj.launch(attended.view(m, -1), layer.w_o, mid, residual=x)
+                self.mlp.launch(mid, layer.post_norm, layer.w_gate, layer.w_up, act, eps)
+                self.down.launch(act, layer.w_down, x, residual=mid)
         rows = x.view(b, t, hidden)
         if logits_at is not None:
             rows = torch.gather(rows, 1, logits_at[:, :, None].expand(-1, -1, hidden))

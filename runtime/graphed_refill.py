@@ -51,7 +51,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
 import torch
 
@@ -62,6 +62,15 @@ from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
 from .row_prefill import RowPrefill
 from .speculative import SpecResult
+
+
+class _Call(NamedTuple):
+    """What the host loop (`GraphedRefillDecoder._run`) leaves of a call."""
+    results: Dict[int, dict]     # per request: its row's results (`_take_row`)
+    by_length: Dict[int, int]    # rounds run per chain length
+    refills: int
+    off_from: List[int]          # rounds queued each time the batch went plain
+    restarts: int                # newcomers alone that started the batch anew
 
 
 ROUNDS_ENV = "SPECPILOT_REFILL_ROUNDS"
@@ -259,8 +268,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     def _run(self, prompts, limits: List[int], references=None):
         """Decode every prompt (each up to its limit; forced when `references` are given),
-        refilling slots as requests finish; returns (per request: its row's results, the rounds
-        run per chain length, the refills made). The host reads a replay back `lag` replays
+        refilling slots as requests finish (a `_Call`). The host reads a replay back `lag` replays
         after it (one by default) and admits newcomers then. An adaptive decoder replays the
         length its policy chose lag + 1 replays back: its first lag + 1 replays run the length
         the call started with (the longest, or 0 where the workload memory started a call with
@@ -304,7 +312,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         restarted = 0                   # lengths read back from before this replay are stale
         # For the result's `length_rule`: the rounds queued when the batch went plain (each
         # time: a restart may turn it on again) and how often a newcomer alone restarted it.
-        self._off_from, self._restarts = [], 0
+        off_from: List[int] = []
+        restarts = 0
         draining = self.policy is None  # the policy is told once, when the queue is empty
         while True:
             if not draining and not queue:
@@ -347,7 +356,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 # steps write no length.
                 k = replay_length(self.host_next[read % ring, 1], lengths)
                 if k == 0:
-                    self._off_from.append(rounds_run)
+                    off_from.append(rounds_run)
             active = self.host_active[read % ring].tolist()
             if read in counted:
                 counts = self.host_count[read % ring].tolist()
@@ -368,7 +377,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     refills += 1
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
-                        self._restarts += 1
+                        restarts += 1
             if queue:
                 self._row_prefill.prefetch(prompts[queue[0]])
             if all(h is None for h in held):
@@ -379,7 +388,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             if replayed > (n + b) * (-(-(self.width + 1) // per) + 1 + lag):
                 raise SpecPilotError("the refill loop ran past every request's limit: a "
                                      "request never finished")
-        return results, by_length, refills
+        return _Call(results, by_length, refills, off_from, restarts)
 
     def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
         """Every request's tokens from its row's results (`_take_row`), read back at once."""
@@ -411,7 +420,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         limits = request_limits(max_new_tokens, n)
         for start in range(0, n, self.batch):
             self._check(prompts[start:start + self.batch], max(limits[start:start + self.batch]))
-        results, by_length, refills = self._run(prompts, limits)
+        call = self._run(prompts, limits)
+        results, by_length, refills = call.results, call.by_length, call.refills
         if self.policy is not None and self._drains_from_start(n):
             # A call with no queue ran as one padded batch (one request per row): the workload
             # memory learns from it as from a padded decoder's batch. A refilled row's counts
@@ -423,18 +433,16 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         # one per refill.
         result = logged_result(self, tokens, logged, by_length, prefills=1 + refills,
                                stats={"refills": refills})
-        # Taken off the decoder: a call leaves its attributes as it found them.
-        off_from, restarts = self.__dict__.pop("_off_from", []), self.__dict__.pop("_restarts", 0)
         if self.adaptive:
-            result.length_rule = self._length_rule(off_from, restarts)
+            result.length_rule = self._length_rule(call)
         return result
 
-    def _length_rule(self, off_from: List[int], restarts: int) -> dict:
+    def _length_rule(self, call: _Call) -> dict:
         """What the length rule decided a call by, for replaying it on the CPU: the prices of a
         round of each length in plain steps (measured on the GPU, `_ensure_round_costs`), the
         rounds queued before each turn-off, and the restarts by a newcomer alone."""
         return {"prices": [round(float(c), 4) for c in self.policy.round_cost_host],
-                "off_from_round": list(off_from), "restarts": restarts}
+                "off_from_round": call.off_from, "restarts": call.restarts}
 
     @torch.no_grad()
     def force(self, prompts: Sequence[Sequence[int]], reference: Sequence[Sequence[int]]
@@ -447,5 +455,5 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         for start in range(0, len(prompts), self.batch):
             self._check(prompts[start:start + self.batch], longest)
         limits = [len(r) for r in reference]
-        results, _, _ = self._run(prompts, limits, references=reference)
-        return self._tokens(results, limits, trim_eos=False)
+        return self._tokens(self._run(prompts, limits, references=reference).results, limits,
+                            trim_eos=False)

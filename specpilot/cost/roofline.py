@@ -37,16 +37,6 @@ FUSED_HEAD_OPS = 1
 # forward zeroes the stream's sums.
 FOLDED_LAYER_OPS = 3
 FOLDED_FORWARD_OPS = 1
-
-
-def fused_forward_launches(num_layers: int) -> int:
-    """Launches of one forward in the fused layer kernels, folded or not as the codegen's
-    default (`fold_default()`) has it."""
-    from specpilot.codegen.fused_layer import fold_default
-
-    if fold_default():
-        return num_layers * FOLDED_LAYER_OPS + FUSED_HEAD_OPS + FOLDED_FORWARD_OPS
-    return num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
 # The torch backend's attention by the generated kernel (kernels.attention_kernels "generated",
 # runtime/generated_attention.py): two launches a forward for its bound. Its attention launch
 # is counted as SDPA's is (one in ATTENTION_OPS), its bytes as the context's either way: what it
@@ -138,6 +128,16 @@ def _linear_params(model: ModelSpec, linears) -> int:
 def kv_row_bytes(model: ModelSpec) -> int:
     """K and V bytes of one token in one layer."""
     return 2 * model.num_kv_heads * model.head_dim * DTYPE_BYTES[model.dtype]
+
+
+def fused_forward_launches(num_layers: int) -> int:
+    """Launches of one forward in the fused layer kernels, folded or not as the codegen's
+    default (`fold_default()`) has it."""
+    from specpilot.codegen.fused_layer import fold_default
+
+    if fold_default():
+        return num_layers * FOLDED_LAYER_OPS + FUSED_HEAD_OPS + FOLDED_FORWARD_OPS
+    return num_layers * FUSED_LAYER_OPS + FUSED_HEAD_OPS
 
 
 def attention_flops(model: ModelSpec, rows: int, keys: int) -> float:

@@ -33,3 +33,20 @@ def poisoned(shape, dtype, device) -> torch.Tensor:
 
 def randn(*shape, dtype, device) -> torch.Tensor:
     return torch.randn(*shape, dtype=torch.float32).to(device=device, dtype=dtype)
+
+
+def qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None, far=0):
+    """Random operands of norm_qkv_rope: distinct slots per row, positions apart from slots
+    (a tree's nodes share a position) and `far` further on, caches already holding other
+    values."""
+    g = torch.Generator().manual_seed(b * 100 + t)
+    slots = torch.stack([torch.randperm(capacity, generator=g)[:t] for _ in range(b)]).to(device)
+    positions = (slots + far + torch.randint(0, 50, (b, 1), generator=g).to(device))
+    inv_freq = (1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))).to(device)
+    rows = vocab if vocab is not None else b * t
+    return dict(x=randn(rows, hidden, dtype=dtype, device=device),
+                norm_weight=randn(hidden, dtype=dtype, device=device),
+                w_qkv=randn((hq + 2 * hkv) * d, hidden, dtype=dtype, device=device) / 4,
+                positions=positions, slots=slots, inv_freq=inv_freq,
+                k_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device),
+                v_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device))

@@ -4,7 +4,7 @@ against its torch reference (attention_ref / norm_gate_up_silu_ref, then fold_re
 import pytest
 import torch
 
-from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, randn
+from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, qkv_case, randn
 from specpilot.codegen.cache import build_triton_module
 from specpilot.codegen.errors import KernelSpecError
 from specpilot.codegen.kernel_spec import kernel_spec
@@ -95,7 +95,7 @@ def test_the_mlp_with_w_down_folded_in_adds_its_projection_into_the_residual_str
     out = torch.zeros(M, K, dtype=torch.float32, device=device)
     module.launch(x, norm_weight, w_gate, w_up, out, 1e-6, w_down=w_down)
     _assert_folded(out, expected, dtype)
-    with pytest.raises(ValueError, match="x must be float32"):
+    with pytest.raises(ValueError, match="x must be torch.float32"):
         module.launch(x.to(torch_dtype) if dtype != "fp32" else x.double(), norm_weight, w_gate,
                       w_up, out, 1e-6, w_down=w_down)
     with pytest.raises(ValueError, match="w_down must be"):
@@ -114,18 +114,15 @@ def test_norm_qkv_rope_reads_and_writes_a_float32_residual_stream(gather, kernel
     embedding rows are written to a float32 x_out exactly."""
     spec = kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=32, X_FP32=True)
     module = build_triton_module(spec, kernel_cache)
-    b, t, hq, hkv, d, hidden, capacity = 2, 3, 4, 2, 32, 48, 11
-    g = torch.Generator().manual_seed(5)
-    slots = torch.stack([torch.randperm(capacity, generator=g)[:t] for _ in range(b)]).to(device)
-    inv_freq = (1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))).to(device)
-    x = (randn(29, hidden, dtype=torch.bfloat16, device=device) if gather
-         else randn(b * t, hidden, dtype=torch.float32, device=device))
-    tokens = torch.randint(0, 29, (b, t), generator=g).to(device) if gather else None
-    case = dict(x=x, norm_weight=randn(hidden, dtype=torch.bfloat16, device=device),
-                w_qkv=randn((hq + 2 * hkv) * d, hidden, dtype=torch.bfloat16, device=device) / 4,
-                positions=slots + 3, slots=slots, inv_freq=inv_freq)
-    k_cache = randn(b, capacity, hkv, d, dtype=torch.bfloat16, device=device)
-    v_cache = randn(b, capacity, hkv, d, dtype=torch.bfloat16, device=device)
+    b, t, hq, hkv, d, hidden = 2, 3, 4, 2, 32, 48
+    case = qkv_case(torch.bfloat16, device, b, t, hq, hkv, d, hidden, capacity=11,
+                    vocab=29 if gather else None)
+    if not gather:        # a float32 stream: values the dtype cannot hold
+        case["x"] = randn(b * t, hidden, dtype=torch.float32, device=device)
+    x = case["x"]
+    tokens = (torch.randint(0, 29, (b, t), generator=torch.Generator().manual_seed(5)).to(device)
+              if gather else None)
+    k_cache, v_cache = case.pop("k_cache"), case.pop("v_cache")
     q_exp, k_exp, v_exp, rows_exp, _ = norm_qkv_rope_ref(**case, k_cache=k_cache, v_cache=v_cache,
                                                          eps=1e-6, num_heads=hq, tokens=tokens)
     q_out = poisoned((b, t, hq, d), torch.bfloat16, device)
@@ -153,5 +150,7 @@ def test_the_lm_head_normalises_a_float32_residual_stream(kernel_cache, device):
     out = poisoned((5, 70), torch.float32, device)
     module.launch(x, w, out, norm_weight=norm_weight, eps=1e-5)
     assert_matches(out, fused_linear_ref(x, w, None, norm_weight, 1e-5, True), "bf16")
+    with pytest.raises(ValueError, match="x must be torch.float32"):
+        module.launch(x.bfloat16(), w, out, norm_weight=norm_weight, eps=1e-5)
     with pytest.raises(KernelSpecError, match="X_FP32 needs NORM"):
         kernel_spec("fused_linear", DTYPE="bf16", X_FP32=True)

@@ -3,7 +3,7 @@ references, which compose the per-op references exactly as runtime/model.py's la
 import pytest
 import torch
 
-from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, randn
+from kernel_checks import TORCH_DTYPES, assert_matches, poisoned, qkv_case, randn
 from specpilot.codegen.cache import build_triton_module
 from specpilot.codegen.errors import KernelSpecError
 from specpilot.codegen.kernel_spec import kernel_spec
@@ -104,23 +104,6 @@ def test_norm_gate_up_silu_matches_reference(params, M, I, K, kernel_cache, devi
     assert_matches(out, norm_gate_up_silu_ref(x, norm_weight, w_gate, w_up, 1e-6), spec.get("DTYPE"))
 
 
-def _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity, vocab=None, far=0):
-    """Random operands of norm_qkv_rope: distinct slots per row, positions apart from slots
-    (a tree's nodes share a position) and `far` further on, caches already holding other
-    values."""
-    g = torch.Generator().manual_seed(b * 100 + t)
-    slots = torch.stack([torch.randperm(capacity, generator=g)[:t] for _ in range(b)]).to(device)
-    positions = (slots + far + torch.randint(0, 50, (b, 1), generator=g).to(device))
-    inv_freq = (1.0 / (10000 ** (torch.arange(0, d, 2, dtype=torch.float32) / d))).to(device)
-    rows = vocab if vocab is not None else b * t
-    return dict(x=randn(rows, hidden, dtype=dtype, device=device),
-                norm_weight=randn(hidden, dtype=dtype, device=device),
-                w_qkv=randn((hq + 2 * hkv) * d, hidden, dtype=dtype, device=device) / 4,
-                positions=positions, slots=slots, inv_freq=inv_freq,
-                k_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device),
-                v_cache=randn(b, capacity, hkv, d, dtype=dtype, device=device))
-
-
 @pytest.mark.parametrize("params,b,t,hq,hkv,hidden,gather,far", [
     (dict(DTYPE="bf16", HEAD_DIM=32), 2, 3, 4, 2, 48, False, 0),
     (dict(DTYPE="fp32", HEAD_DIM=32), 2, 3, 4, 2, 48, False, 7000),   # large RoPE angles
@@ -133,7 +116,7 @@ def test_norm_qkv_rope_matches_reference(params, b, t, hq, hkv, hidden, gather, 
     spec = kernel_spec("norm_qkv_rope", **params)
     dtype, d, capacity = TORCH_DTYPES[spec.get("DTYPE")], spec.get("HEAD_DIM"), 11
     module = build_triton_module(spec, kernel_cache)
-    case = _qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity,
+    case = qkv_case(dtype, device, b, t, hq, hkv, d, hidden, capacity,
                      vocab=29 if gather else None, far=far)
     tokens = (torch.randint(0, 29, (b, t), generator=torch.Generator().manual_seed(7)).to(device)
               if gather else None)
@@ -158,7 +141,7 @@ def test_norm_qkv_rope_matches_reference(params, b, t, hq, hkv, hidden, gather, 
 
 def test_norm_qkv_rope_refuses_mismatched_operands(kernel_cache, device):
     module = build_triton_module(kernel_spec("norm_qkv_rope", DTYPE="bf16", HEAD_DIM=32), kernel_cache)
-    case = _qkv_case(torch.bfloat16, device, 2, 1, 2, 1, 32, 32, 8)
+    case = qkv_case(torch.bfloat16, device, 2, 1, 2, 1, 32, 32, 8)
     q_out = poisoned((2, 1, 2, 32), torch.bfloat16, device)
     with pytest.raises(ValueError, match="w_qkv is"):
         module.launch(**{**case, "w_qkv": case["w_qkv"][:-1]}, q_out=q_out, eps=1e-6)
