@@ -64,7 +64,7 @@ from .row_prefill import RowPrefill
 from .speculative import SpecResult
 
 
-class _Call(NamedTuple):
+class _LoopResult(NamedTuple):
     """What the host loop (`GraphedRefillDecoder._run`) leaves of a call."""
     results: Dict[int, dict]     # per request: its row's results (`_take_row`)
     by_length: Dict[int, int]    # rounds run per chain length
@@ -268,8 +268,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
 
     def _run(self, prompts, limits: List[int], references=None):
         """Decode every prompt (each up to its limit; forced when `references` are given),
-        refilling slots as requests finish (a `_Call`). The host reads a replay back `lag` replays
-        after it (one by default) and admits newcomers then. An adaptive decoder replays the
+        refilling slots as requests finish (a `_LoopResult`). The host reads a replay back `lag`
+        replays after it (one by default) and admits newcomers then. An adaptive decoder replays the
         length its policy chose lag + 1 replays back: its first lag + 1 replays run the length
         the call started with (the longest, or 0 where the workload memory started a call with
         no queue off), and the lag + 1 after a newcomer alone starts the batch anew the
@@ -388,7 +388,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             if replayed > (n + b) * (-(-(self.width + 1) // per) + 1 + lag):
                 raise SpecPilotError("the refill loop ran past every request's limit: a "
                                      "request never finished")
-        return _Call(results, by_length, refills, off_from, restarts)
+        return _LoopResult(results, by_length, refills, off_from, restarts)
 
     def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
         """Every request's tokens from its row's results (`_take_row`), read back at once."""
@@ -437,7 +437,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             result.length_rule = self._length_rule(call)
         return result
 
-    def _length_rule(self, call: _Call) -> dict:
+    def _length_rule(self, call: _LoopResult) -> dict:
         """What the length rule decided a call by, for replaying it on the CPU: the prices of a
         round of each length in plain steps (measured on the GPU, `_ensure_round_costs`), the
         rounds queued before each turn-off, and the restarts by a newcomer alone."""
