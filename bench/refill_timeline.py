@@ -25,8 +25,8 @@ replay and every admission:
 per batch size, decoder, rounds a replay (--rounds-per-replay: a finished request's slot
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
 host work a round) and newcomer prefill placement (--prefill-placements: `ahead` of the
-admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py) and
-read-back lag (--readback-lags: replays the host reads finished rows back behind, so that
+admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py; with
+`ahead`, --ahead-depths: how many newcomers are held prefilled) and read-back lag (--readback-lags: replays the host reads finished rows back behind, so that
 more are queued while it admits; runtime/graphed_refill.py).
 
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
@@ -41,7 +41,7 @@ import itertools
 import os
 import statistics
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import torch
 
@@ -58,8 +58,9 @@ from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (LAG_ENV, MAX_READBACK_LAG,  # noqa: E402
                                               GraphedRefillDecoder, refill_readback_lag,
                                               refill_rounds_per_replay)
-from specpilot.runtime.row_prefill import (PLACEMENT_ENV, PLACEMENTS,  # noqa: E402
-                                           prefill_placement)
+from specpilot.runtime.row_prefill import (AHEAD_DEPTH, AHEAD_ENV,  # noqa: E402
+                                           MAX_AHEAD_DEPTH, PLACEMENT_ENV, PLACEMENTS,
+                                           ahead_depth, prefill_placement)
 
 
 class Timeline:
@@ -106,12 +107,13 @@ class Timeline:
         self.host_admit.append((time.perf_counter() - t0) * 1e3)
         self.marks.append(("admit", None, start, self.mark()))
 
-    def _prefetch(self, prompt):
+    def _prefetch(self, upcoming):
         t0 = time.perf_counter()
-        held = self.decoder._row_prefill._held
-        self._inner_prefetch(prompt)
-        if self.decoder._row_prefill._held is not held:       # it prefilled one now
-            self.host_prefetch.append((time.perf_counter() - t0) * 1e3)
+        count = self._inner_prefetch(upcoming)
+        if count:                                   # it prefilled newcomers now
+            ms = (time.perf_counter() - t0) * 1e3
+            self.host_prefetch.extend([ms / count] * count)
+        return count
 
     def ms(self, a, b) -> float:
         return a.elapsed_time(b) if self.cuda else (b - a) * 1e3
@@ -154,12 +156,12 @@ class Timeline:
 
 
 def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
-             placement: str, lag: int, args) -> dict:
+             placement: str, depth: Optional[int], lag: int, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
                                    capture=target.device.type == "cuda", adaptive=adaptive,
                                    rounds_per_replay=per, prefill_placement=placement,
-                                   readback_lag=lag)
+                                   ahead_depth=depth, readback_lag=lag)
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -171,7 +173,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
             "tokens_per_s", "host_admit_ms", "host_admit_median_ms", "host_prefetch_ms")
     return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
             "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
-            "readback_lag": decoder.lag,
+            "ahead_depth": decoder._row_prefill.depth, "readback_lag": decoder.lag,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
 
@@ -179,8 +181,10 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
 def report(cell: dict) -> str:
     m = cell["median"]
     last = cell["calls"][-1]
+    ahead = f" ({cell['ahead_depth']} held)" if cell["ahead_depth"] else ""
     return (f"batch {cell['batch']} {cell['decoder']}, {cell['rounds_per_replay']} rounds a "
-            f"replay, prefill {cell['prefill_placement']}, read back {cell['readback_lag']} "
+            f"replay, prefill {cell['prefill_placement']}{ahead}, read back "
+            f"{cell['readback_lag']} "
             f"behind: {m['wall_ms']:.1f} ms "
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
@@ -209,6 +213,10 @@ def main(argv=None) -> int:
     ap.add_argument("--prefill-placements", default=None,
                     help=f"newcomer prefill placements, one cell each, of {', '.join(PLACEMENTS)} "
                          f"(default: the decoder's, {PLACEMENT_ENV} included)")
+    ap.add_argument("--ahead-depths", type=positive_counts, default=None,
+                    help="newcomers held prefilled with the placement ahead, one cell per "
+                         f"value (1..{MAX_AHEAD_DEPTH}; default: {AHEAD_ENV}'s or "
+                         f"{AHEAD_DEPTH})")
     ap.add_argument("--readback-lags", type=positive_counts, default=None,
                     help="replays the host reads finished rows back behind, one cell per value "
                          f"(1..{MAX_READBACK_LAG}; default: the decoder's, {LAG_ENV} included)")
@@ -232,6 +240,7 @@ def main(argv=None) -> int:
             args.readback_lags = [refill_readback_lag()]
         for lag in args.readback_lags:
             refill_readback_lag(lag)
+        depths = [ahead_depth(d) for d in args.ahead_depths or [None]]
         target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
         if args.drafter_kernels == "fused":
             drafter = FusedForward(drafter)
@@ -239,11 +248,13 @@ def main(argv=None) -> int:
         ap.error(str(exc))
 
     def cell(case) -> dict:
-        batch, per, kind, placement, lag = case
+        batch, per, kind, (placement, depth), lag = case
         return one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
-                        placement, lag, args)
+                        placement, depth, lag, args)
 
-    cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placements,
+    # Each depth is a cell of its own where the placement is ahead; it means nothing elsewhere.
+    placed = [(p, d) for p in placements for d in (depths if p == "ahead" else [None])]
+    cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placed,
                               args.readback_lags)
     measure_rows(cases, cell, report, args.out, target.device.type, vars(args), "cells")
     return 0

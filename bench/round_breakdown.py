@@ -132,7 +132,7 @@ def admission(dec: GraphedRefillDecoder, prompt: List[int], context: int, graphs
         # As the refill's loop does with the placement `ahead`: the newcomer prefilled ahead,
         # beside the round before its admission, which then only copies it into the row.
         def ahead_round_then_admit():
-            dec._row_prefill.prefetch(prompt)
+            dec._row_prefill.prefetch([prompt])
             round_()
             admit()
 

@@ -49,6 +49,7 @@ that memory.
 """
 from __future__ import annotations
 
+import itertools
 import os
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
@@ -161,8 +162,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
     (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
     runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default beside the
-    round at its admission). `readback_lag`: replays the host's read-back of finished rows
-    runs behind (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1)."""
+    round at its admission). `ahead_depth`: with the placement `ahead`, how many of the queue's
+    next newcomers are held prefilled (None: SPECPILOT_REFILL_AHEAD's). `readback_lag`: replays
+    the host's read-back of finished rows runs behind (`refill_readback_lag`; None:
+    SPECPILOT_REFILL_LAG's, by default 1)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
@@ -172,7 +175,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     def __init__(self, target, drafter, batch: int, capacity: int, k: int,
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  prefill_placement: Optional[str] = None,
-                 readback_lag: Optional[int] = None, **options):
+                 readback_lag: Optional[int] = None, ahead_depth: Optional[int] = None,
+                 **options):
         if options.get("record_margins"):
             raise SpecPilotError("continuous refill does not record margins: build the "
                                  "reference with the padded decoder")
@@ -192,7 +196,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.host_count = torch.zeros((ring, batch), dtype=torch.int64, pin_memory=cuda)
         self.ring_events = [torch.cuda.Event() for _ in range(ring)] if cuda else []
         self._row_prefill = RowPrefill(self._prefill_models(), capacity, capture,
-                                       prefill_placement)
+                                       prefill_placement, ahead_depth)
 
     # ---- the round's log: per row, by the row's own round counter ---------------------------
 
@@ -258,6 +262,12 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                 torch.tensor(list(reference), dtype=torch.int64), self.device)
         self._begin(slice(row, row + 1), g0, forced=reference is not None)
 
+    def _prefetch(self, prompts, queue: deque) -> None:
+        """The queue's next newcomers prefilled ahead, as many as the placement holds."""
+        depth = self._row_prefill.depth
+        if depth and queue:
+            self._row_prefill.prefetch([prompts[i] for i in itertools.islice(queue, depth)])
+
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
         """Capture the prefill graphs these prompts will need now, as a first-wave batch and
         as newcomers."""
@@ -291,12 +301,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self._start([prompts[i] for i in first], [limits[i] for i in first],
                     None if references is None else [references[i] for i in first], requests=n)
         queue = deque(range(len(first), n))
-        # Where the placement is `ahead`, the queue's next newcomer is prefilled ahead of its
-        # admission, beside the rounds (runtime/row_prefill.py), each time the one before it is
-        # admitted; otherwise prefetch does nothing.
+        # Where the placement is `ahead`, the queue's next newcomers are prefilled ahead of
+        # their admission, beside the rounds (runtime/row_prefill.py), and topped up after each
+        # read-back's admissions; otherwise prefetch does nothing.
         self._row_prefill.forget()
-        if queue:
-            self._row_prefill.prefetch(prompts[queue[0]])
+        self._prefetch(prompts, queue)
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         # Rounds queued so far; per drain replay (its counts copied back), the rounds queued
@@ -378,8 +387,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
                         restarts += 1
-            if queue:
-                self._row_prefill.prefetch(prompts[queue[0]])
+            self._prefetch(prompts, queue)
             if all(h is None for h in held):
                 break
             # Each request holds its slot for at most its rounds' replays and lag + 1 more (the

@@ -18,11 +18,21 @@ row), is on the batch's stream. Two sets of scratch caches alternate, so a secon
 the same gap need not wait for the first one's copy before its prefill starts.
 SPECPILOT_REFILL_PREFILL=after queues it on the batch's stream after the round instead (one
 scratch set), to measure what running beside the round gains.
+
+SPECPILOT_REFILL_PREFILL=ahead prefills the queue's next newcomers before any row is free for
+them (up to `ahead_depth` of them, SPECPILOT_REFILL_AHEAD), beside the rounds: each is copied
+from its scratch set into a staging cache of its own on the prefill's stream, so the scratch
+sets stay free for the next prefill, and its admission is then only the copy from staging into
+the row. Beside, the admission's prefill is on the batch's critical path: the host queues it
+once it has read a finished row back, while the replay after that row runs, and the next
+replay waits for it.
 """
 from __future__ import annotations
 
 import os
-from typing import List, NamedTuple, Optional, Sequence, Tuple
+from collections import deque
+from contextlib import nullcontext
+from typing import Deque, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
@@ -31,9 +41,16 @@ from specpilot.ir.errors import SpecPilotError
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
 
-SCRATCH_SETS = 2     # beside the rounds or ahead of the admission; one after the round
+SCRATCH_SETS = 2     # on the prefill's own stream; one on the batch's (after the round)
 PLACEMENT_ENV = "SPECPILOT_REFILL_PREFILL"
 PLACEMENTS = ("ahead", "beside", "after")
+AHEAD_ENV = "SPECPILOT_REFILL_AHEAD"
+# Newcomers held prefilled ahead of their admission (placement `ahead`): more than one, since
+# several rows may finish between two read-backs (BENCHMARKS.md, twenty-fourth set: 18 gaps
+# of 902 had more than one admission at batch 16). A staging cache each: at the zoo pair's
+# shapes and a 1272-slot cache some 65 MB.
+AHEAD_DEPTH = 4
+MAX_AHEAD_DEPTH = 16
 
 
 def prefill_placement(placement: Optional[str] = None) -> str:
@@ -54,33 +71,54 @@ def prefill_placement(placement: Optional[str] = None) -> str:
     return value
 
 
+def ahead_depth(depth: Optional[int] = None) -> int:
+    """How many newcomers the placement `ahead` holds prefilled: `depth` as given, else the
+    environment variable SPECPILOT_REFILL_AHEAD's, else AHEAD_DEPTH; 1..MAX_AHEAD_DEPTH."""
+    where = f"ahead depth {depth!r}"
+    if depth is None:
+        value = os.environ.get(AHEAD_ENV)
+        if value is None:
+            return AHEAD_DEPTH
+        where = f"{AHEAD_ENV}={value!r}"
+        try:
+            depth = int(value)
+        except ValueError:
+            depth = 0
+    if not 1 <= depth <= MAX_AHEAD_DEPTH:
+        raise SpecPilotError(f"{where}: expected a whole number of newcomers, "
+                             f"1..{MAX_AHEAD_DEPTH}")
+    return depth
+
+
 class _Ahead(NamedTuple):
-    """A newcomer prefilled ahead of its admission: its prompt, the scratch set holding it, the
-    bucket width and the logits at its last token (the set's own output buffer)."""
+    """A newcomer prefilled ahead of its admission: its prompt, the staging slot holding its
+    K/V and logits, and its bucket width."""
     prompt: Tuple[int, ...]
-    set: int
+    slot: int
     width: int
-    logits: torch.Tensor
 
 
 class RowPrefill:
     """Prefill of one prompt into a chosen row of each (model, cache) of `models`; `run`
     returns the first model's float32 logits at the prompt's last token, [1, V]. `placement`:
-    `prefill_placement`'s (None: the environment's)."""
+    `prefill_placement`'s (None: the environment's); `depth`: `ahead_depth`'s, read only where
+    the placement is `ahead` (None: the environment's)."""
 
     def __init__(self, models: Sequence[Tuple[object, KVCache]], capacity: int, capture: bool,
-                 placement: Optional[str] = None):
+                 placement: Optional[str] = None, depth: Optional[int] = None):
         self.device = models[0][0].device
         # Beside the batch's stream only where the prefill is a graph: its graphs are captured
         # on this stream (cuda_graphs.capture_graph says why). High priority: the pool of
         # high-priority streams is apart from the one every other capture draws from.
         placement = prefill_placement(placement)
         self.ahead = placement == "ahead"
+        self.depth = ahead_depth(depth) if self.ahead else 0
         self.stream = (torch.cuda.Stream(device=self.device, priority=-1)
                        if capture and self.device.type == "cuda" and placement != "after"
                        else None)
-        # A set held by a newcomer prefilled ahead leaves another for the rest.
-        sets = SCRATCH_SETS if self.stream is not None or self.ahead else 1
+        # On its own stream a newcomer's prefill may start while the one before it is still
+        # being copied out of the other set.
+        sets = SCRATCH_SETS if self.stream is not None else 1
         # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
         self.caches: List[Tuple[KVCache, List[KVCache]]] = [
             (cache, [model.new_cache(1, capacity) for _ in range(sets)]) for model, cache in models]
@@ -88,11 +126,19 @@ class RowPrefill:
                                          in zip(models, self.caches)],
                                         1, capacity, capture, bounded=True, stream=self.stream)
                           for s in range(sets)]
+        # Per model, a one-row staging cache per newcomer held ahead; their logits [depth, V]
+        # are allocated at the first prefill ahead (V is the prefill's to tell).
+        self.staging: List[List[KVCache]] = [[model.new_cache(1, capacity)
+                                              for _ in range(self.depth)] for model, _ in models]
+        self._staged_logits: Optional[torch.Tensor] = None
         if self.stream is not None:
             self._prefilled = [torch.cuda.Event() for _ in range(sets)]
             self._read = [torch.cuda.Event() for _ in range(sets)]    # the set's scratch is free
+            self._staged = [torch.cuda.Event() for _ in range(self.depth)]  # the slot is filled
+            self._taken = [torch.cuda.Event() for _ in range(self.depth)]   # ... and copied out
         self._next = 0
-        self._held: Optional[_Ahead] = None
+        self._held: Deque[_Ahead] = deque()
+        self._free: Deque[int] = deque(range(self.depth))
 
     def prepare(self, lengths: Sequence[int]) -> None:
         """Build (capture) the buckets of these prompt lengths now, e.g. before timing."""
@@ -107,11 +153,8 @@ class RowPrefill:
             cache.copy_row_from(row, scratch[s], 0, width)
 
     def _take_set(self) -> int:
-        """The next scratch set in turn that no newcomer prefilled ahead holds."""
-        held = None if self._held is None else self._held.set
+        """The next scratch set in turn."""
         s = self._next
-        if s == held:
-            s = (s + 1) % len(self._prefills)
         self._next = (s + 1) % len(self._prefills)
         return s
 
@@ -128,31 +171,69 @@ class RowPrefill:
         return logits, prefill.width_for(len(prompt))
 
     def forget(self) -> None:
-        """Drop a newcomer prefilled ahead (a call's end or start: the next call's queue is
-        another)."""
-        self._held = None
+        """Drop the newcomers prefilled ahead (a call's end or start: the next call's queue is
+        another). Their staging slots are free again: a slot's next fill waits, on the prefill's
+        stream, for its last copy into a row."""
+        self._held.clear()
+        self._free = deque(range(self.depth))
 
-    def prefetch(self, prompt: Sequence[int]) -> None:
-        """Prefill `prompt`, the next newcomer, ahead of its admission, where the placement is
-        `ahead` and no other is held: its `run` then only copies it into its row."""
-        if not self.ahead or self._held is not None:
-            return
+    def prefetch(self, upcoming: Sequence[Sequence[int]]) -> int:
+        """Where the placement is `ahead`, hold the first `depth` of `upcoming` (the queue's
+        next newcomers, in the order they will be admitted) prefilled, each in a staging slot:
+        their `run` then only copies. Those held already are the first of them; a queue that
+        no longer starts with them drops them. Returns how many it prefilled now."""
+        if not self.ahead:
+            return 0
+        want = [tuple(p) for p in upcoming[:self.depth]]
+        if [a.prompt for a in self._held] != want[:len(self._held)]:
+            self.forget()
+        count = 0
+        for prompt in want[len(self._held):]:
+            self._stage(prompt)
+            count += 1
+        return count
+
+    def _stage(self, prompt: Tuple[int, ...]) -> None:
+        """Prefill `prompt` into a scratch set and copy it into a free staging slot (both on
+        the prefill's stream, where it has one): the set is free again for the next prefill."""
+        slot = self._free.popleft()
         s = self._take_set()
         logits, width = self._prefill(s, prompt)
-        self._held = _Ahead(tuple(prompt), s, width, logits)
+        if self._staged_logits is None:
+            self._staged_logits = torch.empty((self.depth, logits.shape[-1]),
+                                              dtype=logits.dtype, device=logits.device)
+        if self.stream is not None:
+            self.stream.wait_event(self._taken[slot])
+        with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
+            for staging, (_, scratch) in zip(self.staging, self.caches):
+                staging[slot].copy_row_from(0, scratch[s], 0, width)
+            self._staged_logits[slot].copy_(logits[0])
+            if self.stream is not None:
+                self._staged[slot].record()
+                self._read[s].record()
+        self._held.append(_Ahead(prompt, slot, width))
 
     def run(self, row: int, prompt: Sequence[int]) -> torch.Tensor:
         """Prefill `prompt` into `row` of every cache; the logits at its last token (a tensor
         of its own). On the batch's stream, the row is written after everything queued there
-        before this call, and the logits are ready for what is queued after it. A prompt
-        prefilled ahead (`prefetch`) is only copied."""
+        before this call, and the logits are ready for what is queued after it. The next
+        newcomer held ahead (`prefetch`), where it is this prompt, is only copied."""
         held = self._held
-        if held is not None and held.prompt == tuple(prompt):
-            self._held = None
-            s, width, logits = held.set, held.width, held.logits
-        else:
-            s = self._take_set()
-            logits, width = self._prefill(s, prompt)
+        if held and held[0].prompt == tuple(prompt):
+            ahead = held.popleft()
+            if self.stream is not None:
+                torch.cuda.current_stream(self.device).wait_event(self._staged[ahead.slot])
+            for (cache, _), staging in zip(self.caches, self.staging):
+                cache.copy_row_from(row, staging[ahead.slot], 0, ahead.width)
+            logits = self._staged_logits[ahead.slot:ahead.slot + 1].clone()
+            if self.stream is not None:
+                self._taken[ahead.slot].record()
+            self._free.append(ahead.slot)
+            return logits
+        if held:
+            self.forget()          # admitted out of the queue's order: hold them no more
+        s = self._take_set()
+        logits, width = self._prefill(s, prompt)
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefilled[s])
         self._copy(s, row, width)
@@ -160,3 +241,4 @@ class RowPrefill:
         if self.stream is not None:
             self._read[s].record()
         return logits
+

@@ -100,3 +100,42 @@ def test_the_copy_waits_for_a_slow_prefill_on_its_own_stream(tmp_path, monkeypat
     n = len(prompt)
     for mine, theirs in zip(rows, eager.k + eager.v):
         torch.testing.assert_close(mine[:n], theirs[0, :n], rtol=1e-4, atol=1e-4)
+
+
+def test_newcomers_staged_ahead_land_in_their_rows_after_the_batch_stream_writes_them(tmp_path):
+    """Placed ahead, newcomers are prefilled into staging on the prefill's stream before their
+    rows are free; each admission's copy from staging waits for the batch's stream (busy, then
+    writing the row as a round does), and a slot freed by one admission takes the next newcomer
+    without overwriting what its row has not yet read. Rows and logits are the eager prefill's."""
+    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=46),
+                                         "float32", "cuda")
+    drafter = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=47),
+                                          "float32", "cuda")
+    caches = [target.new_cache(3, CAPACITY), drafter.new_cache(3, CAPACITY)]
+    for c in caches:
+        for t in c.k + c.v:
+            t.normal_()
+    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY, capture=True,
+                         placement="ahead", depth=2)
+    prompts = random_prompts((12, 75, 33, 8), seed=48)
+    prefill.prepare([len(p) for p in prompts])
+    queue = list(prompts)
+    assert prefill.prefetch(queue) == 2
+    rows = (2, 0, 1, 2)
+    got, kept = [], []
+    for i, (row, prompt) in enumerate(zip(rows, prompts)):
+        torch.cuda._sleep(20_000_000)
+        for c in caches:
+            for t in c.k + c.v:
+                t[row].fill_(7.0)
+        got.append(prefill.run(row, prompt))
+        kept.append([t[row].clone() for c in caches for t in c.k + c.v])
+        prefill.prefetch(queue[i + 1:])               # the freed slot takes the next one
+    torch.cuda.synchronize()
+    for prompt, logits, rows_now in zip(prompts, got, kept):
+        n = len(prompt)
+        torch.testing.assert_close(logits, _eager(target, prompt)[0], rtol=1e-4, atol=1e-4)
+        eager = _eager(target, prompt)[1], _eager(drafter, prompt)[1]
+        want = [t[0, :n] for c in eager for t in c.k + c.v]
+        for mine, theirs in zip(rows_now, want):
+            torch.testing.assert_close(mine[:n], theirs, rtol=1e-4, atol=1e-4)

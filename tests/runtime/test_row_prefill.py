@@ -7,7 +7,8 @@ import pytest
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.row_prefill import RowPrefill, prefill_placement
+from specpilot.runtime.row_prefill import (AHEAD_DEPTH, RowPrefill, ahead_depth,
+                                           prefill_placement)
 from specpilot.runtime.steps import append_step
 
 from mechanism_setup import pair_setup
@@ -63,13 +64,29 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
         RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
     monkeypatch.delenv("SPECPILOT_REFILL_PREFILL")
     assert prefill_placement() == "beside"      # the default: ahead was no faster on the GPU
-    for placement, sets in (("beside", 1), ("after", 1), ("ahead", 2)):
+    for placement, depth in (("beside", 0), ("after", 0), ("ahead", 4)):
         monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", placement)
         prefill = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
-        # uncaptured, the prefill is the caller's own work, on the caller's stream; ahead, a
-        # newcomer prefilled early holds a scratch set and leaves the other for the rest
-        assert prefill.stream is None and len(prefill.caches[0][1]) == sets
+        # uncaptured, the prefill is the caller's own work, on the caller's stream, in one
+        # scratch set; ahead, newcomers prefilled early wait in staging caches of their own
+        assert prefill.stream is None and len(prefill.caches[0][1]) == 1
         assert prefill.ahead == (placement == "ahead")
+        assert prefill.depth == depth and len(prefill.staging[0]) == depth
+    monkeypatch.setenv("SPECPILOT_REFILL_AHEAD", "2")
+    assert RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False).depth == 2
+    assert ahead_depth(3) == 3                  # given, it overrides the environment's
+    for bad in ("0", "17", "two"):
+        monkeypatch.setenv("SPECPILOT_REFILL_AHEAD", bad)
+        with pytest.raises(SpecPilotError, match=f"SPECPILOT_REFILL_AHEAD='{bad}'"):
+            RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
+    with pytest.raises(SpecPilotError, match="ahead depth 0"):
+        ahead_depth(0)
+    monkeypatch.delenv("SPECPILOT_REFILL_AHEAD")
+    assert ahead_depth() == AHEAD_DEPTH
+    monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "beside")    # beside reads no depth
+    monkeypatch.setenv("SPECPILOT_REFILL_AHEAD", "two")
+    assert RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False).depth == 0
+    monkeypatch.delenv("SPECPILOT_REFILL_AHEAD")
     # given to the constructor, the placement overrides the environment's, and is checked too
     given = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False, placement="beside")
     assert not given.ahead and len(given.caches[0][1]) == 1
@@ -77,23 +94,56 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
         RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False, placement="sideways")
 
 
-def test_a_newcomer_prefilled_ahead_keeps_its_set_while_others_come_and_go():
-    """`prefetch` prefills the queue's next newcomer before a row is free for it. Two other
-    newcomers are admitted meanwhile (each prefilled at its admission, in the set the held one
-    leaves free); then the held one's `run` only copies: every row ends with what an eager
-    prefill of its own prompt writes, and the logits are its own. A second `prefetch` while one
-    is held does nothing, and `forget` drops the held one (its `run` then prefills anew)."""
+def test_newcomers_prefilled_ahead_wait_in_staging_while_others_come_and_go():
+    """`prefetch` prefills the queue's next newcomers (two held here) before a row is free for
+    them; a second `prefetch` of the same queue prefills nothing more. Their `run` only copies
+    from staging, and an admission of a prompt not held (prefilled then, in the scratch set)
+    leaves nothing held. Every row ends with what an eager prefill of its own prompt writes,
+    and the logits are its own; a staging slot freed by its admission takes the next newcomer;
+    `forget` drops those held (their `run` then prefills anew)."""
     s = pair_setup(7)
     target, drafter = s["target"], s["drafter"]
     caches = [_filled(target, 3, 96, 1), _filled(drafter, 3, 96, 2)]
     prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], 96, capture=False,
-                         placement="ahead")
-    ahead, others = s["prompts"][2], (s["prompts"][0], s["prompts"][3])
-    prefill.prefetch(ahead)
-    prefill.prefetch(others[0])                      # one is held: nothing happens
-    got = {0: prefill.run(0, others[0]), 2: prefill.run(2, others[1]), 1: prefill.run(1, ahead)}
-    prefill.prefetch(others[1])
-    prefill.forget()
-    got[0] = prefill.run(0, others[1])               # dropped: prefilled again, same result
-    for row, prompt in ((0, others[1]), (1, ahead), (2, others[1])):
+                         placement="ahead", depth=2)
+    p = s["prompts"]
+    queue = [p[2], p[0], p[3], p[1]]
+    assert prefill.prefetch(queue) == 2                  # the first two
+    assert prefill.prefetch(queue) == 0                  # held already
+    assert [a.prompt for a in prefill._held] == [tuple(p[2]), tuple(p[0])]
+    got = {1: prefill.run(1, p[2])}                      # from staging
+    assert [a.prompt for a in prefill._held] == [tuple(p[0])]
+    _assert_holds_eager_prefill(target, drafter, caches, 1, p[2], got[1])
+    assert prefill.prefetch(queue[1:]) == 1              # the freed slot takes p[3]
+    got[0] = prefill.run(0, p[0])
+    got[2] = prefill.run(2, p[3])
+    assert not prefill._held
+    for row, prompt in ((0, p[0]), (2, p[3])):
         _assert_holds_eager_prefill(target, drafter, caches, row, prompt, got[row])
+    # out of the queue's order: p[1] is not held's head, so it is prefilled at its admission
+    assert prefill.prefetch([p[0], p[3]]) == 2
+    got[1] = prefill.run(1, p[1])
+    assert not prefill._held                             # dropped
+    _assert_holds_eager_prefill(target, drafter, caches, 1, p[1], got[1])
+    assert prefill.prefetch([p[3]]) == 1
+    prefill.forget()
+    assert not prefill._held and list(prefill._free) == [0, 1]
+    got[0] = prefill.run(0, p[3])                        # dropped: prefilled again, same result
+    for row, prompt in ((0, p[3]), (1, p[1]), (2, p[3])):
+        _assert_holds_eager_prefill(target, drafter, caches, row, prompt, got[row])
+
+
+def test_a_queue_that_no_longer_starts_with_those_held_drops_them():
+    s = pair_setup(7)
+    target = s["target"]
+    cache = _filled(target, 2, 96, 3)
+    prefill = RowPrefill([(target, cache)], 96, capture=False, placement="ahead", depth=3)
+    p = s["prompts"]
+    assert prefill.prefetch([p[0], p[1]]) == 2
+    # another queue: those held are dropped and its head is prefilled instead
+    assert prefill.prefetch([p[2], p[0]]) == 2
+    assert [a.prompt for a in prefill._held] == [tuple(p[2]), tuple(p[0])]
+    logits = prefill.run(1, p[2])
+    eager = target.new_cache(1, 96)
+    want = append_step(target, eager, torch.zeros(1, dtype=torch.int64), [list(p[2])])
+    torch.testing.assert_close(logits, want, rtol=1e-5, atol=1e-5)

@@ -73,6 +73,20 @@ def test_each_prefill_placement_is_a_cell_of_its_own(tmp_path, monkeypatch):
     assert cells[1]["calls"][0]["prefetches"] >= 1 and cells[1]["median"]["host_prefetch_ms"] > 0
 
 
+def test_each_ahead_depth_is_a_cell_of_its_own_where_the_placement_is_ahead(tmp_path):
+    """--ahead-depths: one cell per depth with the placement ahead, each decoder holding that
+    many newcomers (one prefilled ahead per newcomer, however many are held); beside is one
+    cell, holding none."""
+    cells = timeline_cells(tmp_path, 6, 4, 1, "--decoders", "chain",
+                           "--prefill-placements", "beside,ahead", "--ahead-depths", "1,3")
+    assert [(c["prefill_placement"], c["ahead_depth"]) for c in cells] == [
+        ("beside", 0), ("ahead", 1), ("ahead", 3)]
+    beside, one, three = (c["calls"][0] for c in cells)
+    assert beside["prefetches"] == 0
+    # every newcomer prefilled ahead once held three deep (two slots: at most two a gap)
+    assert three["prefetches"] == 6 - 2 >= one["prefetches"] >= 1
+
+
 def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     """--readback-lags: one cell per lag, its decoder reading back that far behind; a finished
     row then waits a replay more for its newcomer, so a call runs more rounds (every request
@@ -90,6 +104,7 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
     (["--readback-lags", "1,5"], "readback lag 5"),
+    (["--ahead-depths", "17"], "ahead depth 17"),
 ])
 def test_bad_arguments_are_refused(tmp_path, capsys, args, message):
     script = load_bench_script("refill_timeline")
