@@ -34,6 +34,7 @@ each tested against its torch reference.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from typing import Optional
 
@@ -159,6 +160,22 @@ class FusedForward:
         self._attention_workspace = (
             widest.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads,
                                    model.device) if most > 1 else None)
+
+    def with_own_workspaces(self) -> "FusedForward":
+        """This forward with workspaces of its own, weights and kernels shared: for forwards
+        that may run at the same time as this one's on another stream (a newcomer's prefill
+        beside the rounds: runtime/row_prefill.py). A workspace serves one call at a time: two
+        split attentions at once on the same partials and counts corrupt each other's merge, and
+        a count left off by that breaks every later merge of its program."""
+        twin = copy.copy(self)
+        cfg, dev = self.model.config, self.model.device
+        twin._argmax_workspace = self.head_argmax.argmax_workspace(
+            MAX_FUSED_TOKENS, cfg.vocab_size, dev)
+        if self._attention_workspace is not None:
+            widest = self._attention_by_splits[max(self._attention_by_splits)]
+            twin._attention_workspace = widest.split_workspace(
+                MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads, dev)
+        return twin
 
     @staticmethod
     def _layer(layer) -> FusedLayer:

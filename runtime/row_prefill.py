@@ -90,6 +90,13 @@ def ahead_depth(depth: Optional[int] = None) -> int:
     return depth
 
 
+def own_workspaces(model):
+    """`model`, or where it keeps workspaces that serve one call at a time, a twin with its
+    own (`FusedForward.with_own_workspaces`)."""
+    twin = getattr(model, "with_own_workspaces", None)
+    return twin() if twin is not None else model
+
+
 class _Ahead(NamedTuple):
     """A newcomer prefilled ahead of its admission: its prompt, the staging slot holding its
     K/V and logits, and its bucket width."""
@@ -119,6 +126,10 @@ class RowPrefill:
         # On its own stream a newcomer's prefill may start while the one before it is still
         # being copied out of the other set.
         sets = SCRATCH_SETS if self.stream is not None else 1
+        if self.stream is not None:
+            # ... and runs while the rounds run the same models: a model with workspaces (the
+            # fused drafter's split attention) prefills with workspaces of its own.
+            models = [(own_workspaces(model), cache) for model, cache in models]
         # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
         self.caches: List[Tuple[KVCache, List[KVCache]]] = [
             (cache, [model.new_cache(1, capacity) for _ in range(sets)]) for model, cache in models]

@@ -139,3 +139,36 @@ def test_newcomers_staged_ahead_land_in_their_rows_after_the_batch_stream_writes
         want = [t[0, :n] for c in eager for t in c.k + c.v]
         for mine, theirs in zip(rows_now, want):
             torch.testing.assert_close(mine[:n], theirs, rtol=1e-4, atol=1e-4)
+
+
+def test_a_fused_drafter_prefills_beside_the_rounds_with_workspaces_of_its_own(tmp_path):
+    """On its own stream the prefill runs while the rounds run the same drafter: a fused drafter
+    (whose split attention merges through a workspace that serves one call at a time) prefills
+    through a twin with workspaces of its own, its weights shared, and the row it fills holds
+    what the model's own eager prefill writes."""
+    from specpilot.runtime.fused_forward import FusedForward
+
+    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=49),
+                                         "float32", "cuda")
+    model = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=50),
+                                        "float32", "cuda")
+    drafter = FusedForward(model)
+    caches = [target.new_cache(2, CAPACITY), drafter.new_cache(2, CAPACITY)]
+    for placement in ("beside", "ahead"):
+        prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY,
+                             capture=True, placement=placement)
+        twin = prefill._prefills[0].models[1][0]
+        assert twin is not drafter and twin.model is model
+        assert all(p.models[1][0] is twin for p in prefill._prefills)
+        if drafter._attention_workspace is not None:
+            assert twin._attention_workspace is not drafter._attention_workspace
+        assert twin._argmax_workspace is not drafter._argmax_workspace
+        prompt = random_prompts((21,), seed=51)[0]
+        prefill.prepare([len(prompt)])
+        prefill.prefetch([prompt])
+        prefill.run(1, prompt)
+        torch.cuda.synchronize()
+        eager = _eager(model, prompt)[1]
+        n = len(prompt)
+        for mine, theirs in zip(caches[1].k + caches[1].v, eager.k + eager.v):
+            torch.testing.assert_close(mine[1, :n], theirs[0, :n], rtol=1e-4, atol=1e-4)

@@ -344,3 +344,38 @@ def test_each_launch_takes_the_splits_its_walks_fit(tmp_path, monkeypatch):
         torch.testing.assert_close(fused.forward(tokens, pos, pos, None, model.new_cache(b, 12)),
                                    model.forward(tokens, pos, pos, mask, model.new_cache(b, 12)),
                                    rtol=1e-4, atol=1e-4)
+
+
+def test_a_twin_with_its_own_workspaces_shares_the_weights_and_gives_the_same_logits(tmp_path):
+    """`with_own_workspaces`: the kernels and weights are the forward's own, the split
+    attention's partials and counts and the head's argmax workspace are not (two forwards on
+    two streams at once must not merge into each other's), and it computes what the forward
+    does, split walks included."""
+    folder = make_checkpoint(tmp_path, "llama3", seed=13, **FUSABLE)
+    model = Transformer.from_checkpoint(folder, device=DEVICE)
+    fused = FusedForward(model)
+    twin = fused.with_own_workspaces()
+    assert twin.model is model and twin.fused_layers is fused.fused_layers
+    assert twin._attention_by_splits is fused._attention_by_splits
+    assert fused._attention_workspace is not None       # this shape's calls below split
+    assert twin._attention_workspace is not fused._attention_workspace
+    assert twin._argmax_workspace is not fused._argmax_workspace
+    for a, b in ((twin._attention_workspace, fused._attention_workspace),
+                 (twin._argmax_workspace, fused._argmax_workspace)):
+        parts_a = a if isinstance(a, (tuple, list)) else [a]
+        parts_b = b if isinstance(b, (tuple, list)) else [b]
+        for x, y in zip(parts_a, parts_b):
+            assert x.data_ptr() != y.data_ptr() and x.shape == y.shape
+    g = torch.Generator().manual_seed(5)
+    tokens, pos, _ = _chain_call(model, [2, 7], 1, 12, g)
+    assert fused._attention_for(2, 1)[1] is fused._attention_workspace   # split: the workspace
+    assert twin._attention_for(2, 1)[1] is twin._attention_workspace
+    caches = [model.new_cache(2, 12) for _ in range(2)]
+    for mine, other in zip(caches[0].k + caches[0].v, caches[1].k + caches[1].v):
+        mine.copy_(torch.randn(mine.shape, generator=g).to(mine))
+        other.copy_(mine)
+    torch.testing.assert_close(twin.forward(tokens, pos, pos, None, caches[0]),
+                               fused.forward(tokens, pos, pos, None, caches[1]),
+                               rtol=0, atol=0)
+    assert torch.equal(twin.greedy(tokens + 1, pos + 1, pos + 1, None, caches[0]),
+                       fused.greedy(tokens + 1, pos + 1, pos + 1, None, caches[1]))
