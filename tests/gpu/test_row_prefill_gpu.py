@@ -6,7 +6,7 @@ checks its graphs are captured on its own high-priority stream. Skipped without 
 import pytest
 import torch
 
-from hf_factory import make_checkpoint, random_prompts
+from hf_factory import FUSABLE, make_checkpoint, random_prompts
 from specpilot.runtime.model import Transformer
 from specpilot.runtime.row_prefill import RowPrefill
 from specpilot.runtime.steps import append_step
@@ -150,8 +150,8 @@ def test_a_fused_drafter_prefills_beside_the_rounds_with_workspaces_of_its_own(t
 
     target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=49),
                                          "float32", "cuda")
-    model = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=50),
-                                        "float32", "cuda")
+    model = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=50,
+                                                        **FUSABLE), "float32", "cuda")
     drafter = FusedForward(model)
     caches = [target.new_cache(2, CAPACITY), drafter.new_cache(2, CAPACITY)]
     for placement in ("beside", "ahead"):
