@@ -15,9 +15,10 @@ already runs along inactive); only the host loop and the state of one row change
   - its results (output row, count, per-round acceptance) are cloned on the device, in stream
     order, before a newcomer reuses the row (a row no newcomer takes is read in place at the end);
   - the newcomer's prompt is prefilled into that row of both caches (runtime/row_prefill.py:
-    a graph per bucket width on scratch caches, beside the queued round on a GPU, then copied
-    into the row), and the row's state is set as a batch prefill would set it. A snapshot taken
-    before the refill is not trusted for that row.
+    a graph per bucket width on scratch caches, on a GPU beside the rounds and by default
+    ahead of the admission, the queue's next few held in staging caches; then copied into the
+    row), and the row's state is set as a batch prefill would set it. A snapshot taken before
+    the refill is not trusted for that row.
 
 Once the queue is empty nobody waits for a slot, so plain steps (speculation off, or a plain
 AR decoder) then replay DRAIN_PLAIN_ROUNDS rounds at a time while the batch's longest request
@@ -161,8 +162,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     and per-row log also serve the tree decoders' rounds (runtime/graphed_tree_refill.py).
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
     (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
-    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default beside the
-    round at its admission). `ahead_depth`: with the placement `ahead`, how many of the queue's
+    runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default ahead of its
+    admission, beside the rounds before it). `ahead_depth`: with the placement `ahead`, how many of the queue's
     next newcomers are held prefilled (None: SPECPILOT_REFILL_AHEAD's). `readback_lag`: replays
     the host's read-back of finished rows runs behind (`refill_readback_lag`; None:
     SPECPILOT_REFILL_LAG's, by default 1)."""

@@ -10,22 +10,25 @@ batch 1 into scratch caches, padded to a bucket width and attending over the buc
 (runtime/graphed_prefill.py, a graph per bucket), and the bucket's slots are then copied into
 the chosen row.
 
-With graphs on a GPU the prefill runs on a stream of its own, beside the round already queued:
-a decode round of a small model leaves most of the GPU idle (it is bound by its kernels'
-latency, not by their work), so the newcomer's prefill fills that room instead of following the
-round. Only the copy into the row, which must come after the round (the round still writes that
-row), is on the batch's stream. Two sets of scratch caches alternate, so a second newcomer in
-the same gap need not wait for the first one's copy before its prefill starts.
-SPECPILOT_REFILL_PREFILL=after queues it on the batch's stream after the round instead (one
-scratch set), to measure what running beside the round gains.
+With graphs on a GPU the prefill runs on a stream of its own, beside the rounds: a decode round
+of a small model leaves most of the GPU idle (it is bound by its kernels' latency, not by their
+work), so the newcomer's prefill fills that room instead of following the round. Only the copy
+into the row, which must come after the round (the round still writes that row), is on the
+batch's stream. Two sets of scratch caches alternate, so a second newcomer's prefill need not
+wait for the first one's copy. A model that keeps workspaces serving one call at a time (the
+fused drafter's split attention) prefills through a twin with its own, since the rounds run it
+at the same time.
 
-SPECPILOT_REFILL_PREFILL=ahead prefills the queue's next newcomers before any row is free for
-them (up to `ahead_depth` of them, SPECPILOT_REFILL_AHEAD), beside the rounds: each is copied
-from its scratch set into a staging cache of its own on the prefill's stream, so the scratch
-sets stay free for the next prefill, and its admission is then only the copy from staging into
-the row. Beside, the admission's prefill is on the batch's critical path: the host queues it
-once it has read a finished row back, while the replay after that row runs, and the next
-replay waits for it.
+By default (`ahead`) the queue's next newcomers are prefilled before any row is free for them
+(up to `ahead_depth` of them, SPECPILOT_REFILL_AHEAD), each copied on the prefill's stream from
+its scratch set into a staging cache of its own, so that the sets stay free for the next one; an
+admission is then only the copy from staging into the row. SPECPILOT_REFILL_PREFILL=beside
+prefills a newcomer at its admission instead: the host queues it once it has read a finished
+row back, while the replay after that row runs, and the next replay waits for it. On an H200
+(batch 16, 164 HumanEval prompts, BENCHMARKS.md, thirtieth set) ahead, four held, took a
+call's admissions from 49.7 to 18.2 ms on the GPU's timeline and the call 2.5 % less time with
+chain(4), 1.6 % less with adaptive lengths. SPECPILOT_REFILL_PREFILL=after queues the prefill
+on the batch's stream after the round (one scratch set), to measure what running beside gains.
 """
 from __future__ import annotations
 
@@ -54,18 +57,19 @@ MAX_AHEAD_DEPTH = 16
 
 
 def prefill_placement(placement: Optional[str] = None) -> str:
-    """When and where a newcomer's prefill runs: at its admission, `beside` the queued round
-    (its own stream, where captured; the default); `ahead` of its admission, beside the rounds
-    before it; or `after` the round on the batch's stream. `placement` as given, else the
-    environment variable SPECPILOT_REFILL_PREFILL's. Ahead was no faster on an H200 (a
-    newcomer's admission got cheaper, the gaps between replays longer: BENCHMARKS.md,
-    twenty-fourth set), so it is not the default."""
+    """When and where a newcomer's prefill runs: `ahead` of its admission, beside the rounds
+    before it (its own stream, where captured; the default); at its admission, `beside` the
+    queued round; or `after` the round on the batch's stream. `placement` as given, else the
+    environment variable SPECPILOT_REFILL_PREFILL's. Ahead became the default once the
+    admission no longer waited on the host and newcomers were held more than one deep: it was
+    no faster when an admission's host work outlasted a replay (BENCHMARKS.md, twenty-fourth
+    set), and faster after (thirtieth set)."""
     if placement is not None:
         if placement not in PLACEMENTS:
             raise SpecPilotError(f"prefill placement {placement!r}: expected one of "
                                  f"{', '.join(PLACEMENTS)}")
         return placement
-    value = os.environ.get(PLACEMENT_ENV, "beside")
+    value = os.environ.get(PLACEMENT_ENV, "ahead")
     if value not in PLACEMENTS:
         raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
     return value

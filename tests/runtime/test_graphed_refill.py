@@ -44,8 +44,8 @@ def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, depth,
     """Placed ahead, the decoder holds the queue's next `depth` newcomers prefilled before a
     row is free for them: every newcomer is prefilled once, and each admission only copies
     from staging, but for those admitted in the same gap as more than `depth` others; none is
-    left held at the call's end. Placed beside (the default), each is prefilled at its
-    admission. The output is greedy AR's either way."""
+    left held at the call's end (ahead is the default). Placed beside, each is prefilled at
+    its admission. The output is greedy AR's either way."""
     s, prompts, reference = mixed_requests(11)
     decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
                                    prefill_placement=placement, ahead_depth=depth)

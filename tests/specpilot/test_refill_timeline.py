@@ -28,7 +28,7 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
     cells = timeline_cells(tmp_path, 5, 6, 2, "--rounds-per-replay", "1,3")
     assert [(c["decoder"], c["rounds_per_replay"]) for c in cells] == [
         ("chain(2)", 1), ("adaptive", 1), ("chain(2)", 3), ("adaptive", 3)]
-    assert {c["prefill_placement"] for c in cells} == {"beside"}    # the default
+    assert {c["prefill_placement"] for c in cells} == {"ahead"}     # the default
     # three rounds a replay take fewer replays than one (the decoder got the setting)
     assert cells[2]["calls"][0]["replays"] < cells[0]["calls"][0]["replays"]
     for cell in cells:
@@ -41,9 +41,10 @@ def test_a_refill_calls_timeline_counts_its_replays_and_admissions(tmp_path):
             parts = sum(call[k] for k in ("before_ms", "replay_ms", "admit_ms", "after_ms"))
             assert 0 < parts <= call["wall_ms"] * 1.01
             assert call["replay_ms"] > 0 and call["admit_ms"] > 0
-            # the host's part of each admission, timed apart; beside, nothing is prefilled ahead
+            # the host's part of each admission, timed apart; ahead (four held), every
+            # newcomer is prefilled before its admission, timed apart too
             assert 0 < call["host_admit_median_ms"] <= call["host_admit_ms"]
-            assert call["prefetches"] == 0 and call["host_prefetch_ms"] == 0
+            assert call["prefetches"] == 5 - 2 and call["host_prefetch_ms"] > 0
             assert 0 <= call["crowded_gaps"] <= call["refills"] // 2
         assert set(cell["calls"][0]["replays_by_length"]) <= {"0", "1", "2"}
 
