@@ -10,8 +10,9 @@ profile of the same call:
               one prefill for the first wave and one per newcomer it must give the row's target
               forwards, or the profile is not that row's (refused)
   admission   each newcomer's admission (prefill and row set-up), `--admission-ms` each: by
-              default 0.30 ms, as the twenty-sixth set's timelines measured it at batch 16,
-              one round a replay (an assumption for other calls)
+              default 0.12 ms, as the thirtieth set's timeline measured it at batch 16, one
+              round a replay, prefilled ahead (an assumption for other calls; 0.30 for rows
+              that prefilled beside, before commit f818ae6)
   round       (median seconds - admissions) / rounds: the call's mean round, held for every
               schedule (a drain's rounds run as many rows as any other, padded); the first
               prefill and the call's fixed time before and after its replays are priced into
@@ -44,11 +45,13 @@ from specpilot.cli_common import positive_int
 from specpilot.cost.refill_schedule import order_schedules, refill_steps
 from specpilot.search.run_folder import write_json_atomic
 
-# A newcomer's admission at batch 16 on the H200, one round a replay, prefill beside, its row's
-# state set without a host wait (BENCHMARKS.md, twenty-sixth set: 45.4 and 41.6 ms for 148
-# admissions, chain(4), runs 52 and 53; 0.38 ms before that change, twenty-fifth set; the
-# fourteenth set's 0.61-0.65 ms were at four rounds a replay).
-ADMISSION_MS = 0.30
+# A newcomer's admission at batch 16 on the H200, one round a replay, its row's state set
+# without a host wait, prefilled ahead with four held (BENCHMARKS.md, thirtieth set: 18.2 ms for
+# 148 admissions, chain(4), run 63). Prefilled beside at its admission it took 0.30 ms
+# (twenty-sixth set: 45.4 and 41.6 ms for 148, runs 52 and 53; 49.7 on run 63); 0.38 ms before
+# the host stopped waiting (twenty-fifth set); 0.61-0.65 ms at four rounds a replay
+# (fourteenth set).
+ADMISSION_MS = 0.12
 
 
 def drain_bound(bench: dict, profile: AcceptanceProfile, system: str, batch: int,
