@@ -49,7 +49,8 @@ and cost at most 0.01x with a useless drafter when the turn-off was judged from 
 With continuous refill (runtime/graphed_refill.py, objective "throughput") a finished slot takes
 the next request at once, so no request's tail decides anything: the length is the one with the
 least time per token over the active requests, cost(L) / sum_i E_i(L), until the queue is empty
-(`draining`: the batch then drains like a padded one, and its makespan counts again). A
+(`draining`: the batch then drains like a padded one, and its makespan counts again, unless
+SPECPILOT_LENGTH_DRAIN=throughput keeps the time per token: DRAIN_OBJECTIVES). A
 newcomer's estimates start from the averages per round of the requests before it (`admit`); one
 that arrives alone in the batch (always, with one slot) starts the batch anew, as a padded batch
 would, so that no request is judged on another's rounds.
@@ -73,6 +74,7 @@ over the fixed rounds (run 20), the same lengths.
 from __future__ import annotations
 
 import functools
+import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
@@ -88,6 +90,28 @@ from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 8
+# What a refilled batch's length optimises once its queue is empty: "makespan" (it drains like
+# a padded batch, its slowest request deciding) or "throughput" (time per token, as while
+# refilling). Replayed on the chain(4) profiles of 16 batch-16 and batch-64 calls (runs 55-63,
+# bench/drain_rule_replay.py, BENCHMARKS.md thirtieth set), the makespan let one request that
+# agreed poorly turn the whole drain off for good: run 63 ran 0.94x (batch 16) and 0.91x (64) of
+# the fixed chain(4) with refill, as the H200 measured it (0.935x, 0.932x). With the per-depth
+# estimate, the throughput drain stayed within 0.986-1.028x of the fixed chain in every call. Not
+# yet raced on the GPU, so the makespan stays the default; SPECPILOT_LENGTH_DRAIN picks.
+DRAIN_ENV = "SPECPILOT_LENGTH_DRAIN"
+DRAIN_OBJECTIVES = ("makespan", "throughput")
+
+
+def drain_objective(drain: Optional[str] = None) -> str:
+    """What a refilled batch's length optimises once its queue is empty: `drain` as given, else
+    the environment variable SPECPILOT_LENGTH_DRAIN's, else "makespan"."""
+    where = f"length drain {drain!r}"
+    if drain is None:
+        drain = os.environ.get(DRAIN_ENV, "makespan")
+        where = f"{DRAIN_ENV}={drain!r}"
+    if drain not in DRAIN_OBJECTIVES:
+        raise SpecPilotError(f"{where}: expected {' or '.join(DRAIN_OBJECTIVES)}")
+    return drain
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
 
@@ -217,7 +241,7 @@ class BatchLengthPolicy:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
                  compile_rounds: bool = False, smoothing: float = SMOOTHING,
-                 estimator: str = "geometric"):
+                 estimator: str = "geometric", drain: Optional[str] = None):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
@@ -225,7 +249,9 @@ class BatchLengthPolicy:
         the newest round (runtime/adaptive_draft.py). `estimator` (a Program's
         batch.length_estimator, one of LENGTH_ESTIMATORS): what a chain of L is expected to
         commit, from one acceptance per request or one per request and depth
-        (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens."""
+        (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens. `drain`
+        (objective "throughput" only): what the length optimises once the refill's queue is
+        empty (`drain_objective`; None: the environment's)."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
@@ -236,6 +262,7 @@ class BatchLengthPolicy:
             raise SpecPilotError(f"length estimator {estimator!r}: "
                                  f"{' or '.join(LENGTH_ESTIMATORS)}")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
+        self.drain = drain_objective(drain) if objective == "throughput" else "makespan"
         self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
         self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)
@@ -282,6 +309,12 @@ class BatchLengthPolicy:
                                  f"{len(costs)}")
         self.round_cost_host = torch.tensor([float(c) for c in costs], dtype=torch.float32)
         self.round_cost.copy_(self.round_cost_host)
+
+    def queue_empty(self) -> None:
+        """The refill's queue is empty: from the next round the batch drains, its makespan
+        counting again (`draining`), unless the drain objective is "throughput"."""
+        if self.drain == "makespan":
+            self.draining.fill_(True)
 
     def lengths(self) -> List[int]:
         """The lengths a batch may run: 0 (plain steps) where it may turn off, then 1..cap."""

@@ -327,7 +327,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         draining = self.policy is None  # the policy is told once, when the queue is empty
         while True:
             if not draining and not queue:
-                self.policy.draining.fill_(True)
+                self.policy.queue_empty()
                 draining = True
             j = replayed
             if forced:

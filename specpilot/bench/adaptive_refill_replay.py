@@ -11,12 +11,14 @@ the rule (`BatchLengthPolicy`, objective "throughput", the decoder's own device-
 on the CPU) picks the next length, and a newcomer starts from the averages of the requests
 before it (`admit`). As in the runtime's host loop, a newcomer alone in the batch (no other slot
 holds a request still running: with one slot, every newcomer) starts it anew at the longest
-chain, and once the queue is empty the batch drains (`draining`: the makespan rule). The AR
+chain, and once the queue is empty the batch drains (`queue_empty`: the makespan rule, unless
+the drain objective is "throughput"). The AR
 baseline is AR with refill, as in the refill replay.
 """
 from __future__ import annotations
 
 from collections import deque
+from typing import Optional
 
 import torch
 
@@ -34,16 +36,18 @@ ADAPTIVE_REFILL_MODEL = ("graphed rounds at the length the rule chose for the ba
 def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
                            unknown_agrees: bool = False, turn_off: bool = True,
                            off_after: int = OFF_AFTER_ROUNDS,
-                           estimator: str = "geometric") -> ReplayFigure:
+                           estimator: str = "geometric",
+                           drain: Optional[str] = None) -> ReplayFigure:
     """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
     the module): pessimistic, or with `unknown_agrees` optimistic; `off_after` rounds before a
-    turn-off and the rule's `estimator` (runtime/batch_length.py)."""
+    turn-off, the rule's `estimator` and what it optimises once the queue is empty, `drain`
+    (runtime/batch_length.py; None: the environment's, as the runtime reads it)."""
     order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k
     seconds = round_costs_for(costs, batch, k)
     policy = replay_policy(seconds, batch, k, turn_off=turn_off, objective="throughput",
-                           off_after=off_after, estimator=estimator)
+                           off_after=off_after, estimator=estimator, drain=drain)
     policy.reset()
     queue = deque(range(len(order)))            # positions in `order` (first cycle counted)
     held = [-1] * batch
@@ -60,7 +64,8 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
                 position[slot], remaining[slot] = 0, decode[held[slot]]
                 policy.admit(slot, alone)
                 length = k if alone else length
-        policy.draining.fill_(not queue)
+        if not queue:
+            policy.queue_empty()
         return length
 
     length = refill(k)

@@ -46,10 +46,12 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       runs) on compiled whole layers (SetFastPath("layers")), the generated
                       attention called from them (runtime/compiled_attention.py): kernel
                       choices again, so the stock Program and greedy AR are measured with them
-  graphed_adaptive_refill_fused_depth, graphed_adaptive_refill_fused_attention_depth
-                      graphed_adaptive_refill_fused and its attention twin with the length
-                      rule's per-depth estimate (SetLengthEstimator("per_depth"),
-                      runtime/depth_acceptance.py): drafts that agree in runs priced as runs
+  graphed_adaptive_refill_fused_depth, graphed_adaptive_refill_fused_attention_depth,
+  graphed_adaptive_refill_fused_accept_depth
+                      graphed_adaptive_refill_fused, its attention twin and its one-kernel-end
+                      twin with the length rule's per-depth estimate
+                      (SetLengthEstimator("per_depth"), runtime/depth_acceptance.py): drafts
+                      that agree in runs priced as runs
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -154,6 +156,8 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_accept": [graphs, accept],
         "graphed_refill_fused_accept": [graphs, refill, fused, accept],
         "graphed_adaptive_refill_fused_accept": [graphs, adaptive, refill, fused, accept],
+        "graphed_adaptive_refill_fused_accept_depth": [graphs, adaptive, refill, fused, accept,
+                                                       depth],
         "graphed_attention": [graphs, attention],
         "graphed_fused_attention": [graphs, fused, attention],
         "graphed_refill_fused_attention": [graphs, refill, fused, attention],

@@ -1,0 +1,111 @@
+"""What the adaptive length rule with continuous refill should optimise once the queue is empty:
+its makespan (the batch drains like a padded one) or its time per token (as while refilling),
+with each length estimate, replayed on measured calls' chain(4) profiles against the fixed
+chain(4) with refill and AR with refill (specpilot/bench/adaptive_refill_replay.py,
+runtime/batch_length.DRAIN_OBJECTIVES). Runs on the CPU: nothing is measured here but what the
+files hold.
+
+For each `specpilot bench --mechanisms` file: the fixed refill row's acceptance profile (the
+file's name with `.acceptance.<system>.json`, the system's ':' as '-'), at the row's batch
+size, priced by the adaptive row's recorded round prices (its `length_rule`) where the file has
+one, else by the model 1 + base + per_draft L (`--round-model`, in plain steps).
+
+  python3 bench/drain_rule_replay.py bench/results/mechanisms-run63-b16.json [more files]
+      [--out FILE.json]
+
+Every figure is a replay (pessimistic about drafts a full chain never showed): x AR with refill,
+and each rule over the fixed chain (> 1: the rule is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
+from specpilot.bench.environment import environment
+from specpilot.bench.refill_replay import replay_refill
+from specpilot.bench.replay import AcceptanceProfile, ProfileError
+from specpilot.bench.step_costs import StepCosts
+from specpilot.ir.program import LENGTH_ESTIMATORS
+from specpilot.runtime.batch_length import DRAIN_OBJECTIVES
+from specpilot.search.run_folder import write_json_atomic
+
+FIXED = "mech:graphed_refill_fused_accept"
+ADAPTIVE = "mech:graphed_adaptive_refill_fused_accept"
+# A chain(L) round in plain steps, 1.211 + 0.137 L: the recorded prices of runs 60-63 at
+# batch 16 (1.346-1.349 at L = 1, 1.754-1.771 at L = 4).
+ROUND_MODEL = (0.211, 0.137)
+
+
+def cell(bench_path: Path, fixed: str, adaptive: str, model) -> dict:
+    """The replays of one bench file's fixed refill row (module docstring)."""
+    bench = json.loads(bench_path.read_text())
+    rows = [r for r in bench["rows"] if r["system"] == fixed and r.get("status") == "measured"]
+    if len(rows) != 1:
+        raise ValueError(f"{bench_path}: expected one measured {fixed} row, found {len(rows)}")
+    batch = rows[0]["batch_size"]
+    profile_path = bench_path.with_name(
+        f"{bench_path.stem}.acceptance.{fixed.replace(':', '-')}.json")
+    profile = AcceptanceProfile.load(str(profile_path))
+    if profile.topology.k < 1:
+        raise ValueError(f"{profile_path}: not a chain profile")
+    rule = [r.get("length_rule") for r in bench["rows"]
+            if r["system"] == adaptive and r.get("batch_size") == batch and r.get("length_rule")]
+    k = profile.topology.k
+    prices = (rule[0]["prices"] if rule else
+              [1.0] + [1.0 + model[0] + model[1] * n for n in range(1, k + 1)])
+    if len(prices) != k + 1:
+        raise ValueError(f"{bench_path}: {len(prices)} prices for chains of up to {k}")
+    costs = StepCosts.of_chain_rounds({batch: prices})
+    plain = replay_refill(profile, costs, batch)
+    out = {"bench": bench_path.name, "batch": batch, "requests": len(profile.accepted_lengths),
+           "prices": prices, "prices_recorded": bool(rule),
+           "fixed_x_ar": plain.speedup, "rules": {}}
+    for estimator in LENGTH_ESTIMATORS:
+        for drain in DRAIN_OBJECTIVES:
+            got = replay_adaptive_refill(profile, costs, batch, estimator=estimator, drain=drain)
+            out["rules"][f"{estimator}/{drain}"] = {
+                "x_ar": got.speedup, "over_fixed": plain.spec_seconds / got.spec_seconds,
+                "mean_accepted": got.mean_accepted}
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("bench", nargs="+", help="`specpilot bench --mechanisms` results (JSON)")
+    ap.add_argument("--fixed", default=FIXED, help=f"the fixed refill row ({FIXED})")
+    ap.add_argument("--adaptive", default=ADAPTIVE,
+                    help=f"the adaptive row whose recorded prices are used ({ADAPTIVE})")
+    ap.add_argument("--round-model", default=",".join(map(str, ROUND_MODEL)),
+                    help="base,per_draft: a round of L drafts costs 1 + base + per_draft L "
+                         "plain steps where a file records no prices")
+    ap.add_argument("--out", help="write the cells as JSON too")
+    args = ap.parse_args(argv)
+    try:
+        model = tuple(float(x) for x in args.round_model.split(","))
+        if len(model) != 2 or min(model) < 0:
+            raise ValueError
+    except ValueError:
+        ap.error(f"--round-model takes base,per_draft (two numbers >= 0), got "
+                 f"{args.round_model!r}")
+    cells = []
+    for path in args.bench:
+        try:
+            c = cell(Path(path), args.fixed, args.adaptive, model)
+        except (OSError, ValueError, KeyError, ProfileError) as exc:
+            print(f"{path}: {exc}", file=sys.stderr)
+            return 2
+        cells.append(c)
+        rules = ", ".join(f"{name} {r['over_fixed']:.3f}" for name, r in c["rules"].items())
+        print(f"{c['bench']} batch {c['batch']}: fixed {c['fixed_x_ar']:.3f}x AR with refill; "
+              f"over fixed: {rules}" + ("" if c["prices_recorded"] else " (modelled prices)"))
+    if args.out:
+        write_json_atomic(Path(args.out), {"environment": environment("cpu"),
+                                            "settings": vars(args), "cells": cells})
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,100 @@
+"""What a refilled batch's length optimises once its queue is empty
+(runtime/batch_length.DRAIN_OBJECTIVES): the setting is read and checked, the makespan drain
+sets the policy's `draining` where the throughput drain leaves it, the two replay differently
+where one request that agrees poorly is left in the drain, and bench/drain_rule_replay.py
+reports each rule's replay of a bench file's profile."""
+import json
+import random
+
+import pytest
+
+from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
+from specpilot.bench.refill_replay import replay_refill
+from specpilot.bench.step_costs import StepCosts
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.batch_length import BatchLengthPolicy, drain_objective
+
+from bench_script import load_bench_script
+from replay_setup import profile_from_agreement
+
+PRICES = [1.0, 1.348, 1.504, 1.631, 1.759]       # run 63's recorded prices at batch 16
+
+
+def test_the_drain_objective_is_read_and_checked(monkeypatch):
+    monkeypatch.delenv("SPECPILOT_LENGTH_DRAIN", raising=False)
+    assert drain_objective() == "makespan"                 # the default
+    assert drain_objective("throughput") == "throughput"   # given, it overrides
+    monkeypatch.setenv("SPECPILOT_LENGTH_DRAIN", "throughput")
+    assert drain_objective() == "throughput"
+    monkeypatch.setenv("SPECPILOT_LENGTH_DRAIN", "tail")
+    with pytest.raises(SpecPilotError, match="SPECPILOT_LENGTH_DRAIN='tail'"):
+        drain_objective()
+    with pytest.raises(SpecPilotError, match="length drain 'tail'"):
+        BatchLengthPolicy(2, 4, "cpu", 0.2, objective="throughput", drain="tail")
+    # a padded batch always drains by its makespan, whatever the setting says
+    assert BatchLengthPolicy(2, 4, "cpu", 0.2).drain == "makespan"
+
+
+@pytest.mark.parametrize("drain,draining", [("makespan", True), ("throughput", False)])
+def test_an_empty_queue_sets_draining_only_for_the_makespan(drain, draining):
+    policy = BatchLengthPolicy(3, 4, "cpu", 0.2, objective="throughput", drain=drain)
+    policy.reset()
+    assert not bool(policy.draining)
+    policy.queue_empty()
+    assert bool(policy.draining) == draining
+    policy.reset()                                          # a new call refills again
+    assert not bool(policy.draining)
+
+
+def _poor_one_last(seed=3):
+    """Eleven requests whose drafter agrees 95 % of the time, then one long one at 30 %: it is
+    left alone in the drain, and rules its makespan."""
+    rnd = random.Random(seed)
+    maps = [[rnd.random() < 0.95 for _ in range(rnd.randint(60, 100))] for _ in range(11)]
+    maps.append([rnd.random() < 0.3 for _ in range(260)])
+    return profile_from_agreement(4, maps)
+
+
+def test_a_poor_request_left_in_the_drain_decides_the_makespan_not_the_time_per_token():
+    """By the makespan, the poor request's plain steps beat every chain: the batch turns off
+    for good while good requests still run. By the time per token it keeps drafting for them
+    and serves their tokens faster, at the same tokens in all."""
+    profile = _poor_one_last()
+    costs = StepCosts.of_chain_rounds({4: PRICES})
+    makespan = replay_adaptive_refill(profile, costs, 4, drain="makespan")
+    throughput = replay_adaptive_refill(profile, costs, 4, drain="throughput")
+    fixed = replay_refill(profile, costs, 4)
+    assert makespan.tokens == throughput.tokens == fixed.tokens
+    assert throughput.mean_accepted > makespan.mean_accepted
+    assert throughput.spec_seconds != makespan.spec_seconds
+
+
+def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path, capsys):
+    profile = _poor_one_last(5)
+    profile.save(str(tmp_path / "mechanisms-x.acceptance.mech-graphed_refill_fused_accept.json"))
+    rows = [{"system": "mech:graphed_refill_fused_accept", "batch_size": 4, "status": "measured"},
+            {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
+             "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
+                                                   "restarts": 0}}]
+    bench = tmp_path / "mechanisms-x.json"
+    bench.write_text(json.dumps({"rows": rows}))
+    out = tmp_path / "drain.json"
+    script = load_bench_script("drain_rule_replay")
+    assert script.main([str(bench), "--out", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["batch"] == 4 and cell["prices"] == PRICES and cell["prices_recorded"]
+    costs = StepCosts.of_chain_rounds({4: PRICES})
+    fixed = replay_refill(profile, costs, 4)
+    assert cell["fixed_x_ar"] == pytest.approx(fixed.speedup)
+    assert set(cell["rules"]) == {"geometric/makespan", "geometric/throughput",
+                                  "per_depth/makespan", "per_depth/throughput"}
+    for name, rule in cell["rules"].items():
+        estimator, drain = name.split("/")
+        got = replay_adaptive_refill(profile, costs, 4, estimator=estimator, drain=drain)
+        assert rule["over_fixed"] == pytest.approx(fixed.spec_seconds / got.spec_seconds)
+        assert rule["x_ar"] == pytest.approx(got.speedup)
+    assert "over fixed: geometric/makespan" in capsys.readouterr().out
+    # no fixed row: refused, nothing written
+    bench.write_text(json.dumps({"rows": rows[1:]}))
+    assert script.main([str(bench), "--out", str(tmp_path / "no.json")]) == 2
+    assert not (tmp_path / "no.json").exists()
