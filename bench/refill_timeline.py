@@ -26,8 +26,9 @@ per batch size, decoder, rounds a replay (--rounds-per-replay: a finished reques
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
 host work a round) and newcomer prefill placement (--prefill-placements: `ahead` of the
 admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py; with
-`ahead`, --ahead-depths: how many newcomers are held prefilled) and read-back lag (--readback-lags: replays the host reads finished rows back behind, so that
-more are queued while it admits; runtime/graphed_refill.py).
+`ahead`, --ahead-depths: how many newcomers are held prefilled) and read-back lag
+(--readback-lags: replays the host reads finished rows back behind, so that more are queued
+while it admits; runtime/graphed_refill.py).
 
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
 

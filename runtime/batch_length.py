@@ -112,6 +112,8 @@ def drain_objective(drain: Optional[str] = None) -> str:
     if drain not in DRAIN_OBJECTIVES:
         raise SpecPilotError(f"{where}: expected {' or '.join(DRAIN_OBJECTIVES)}")
     return drain
+
+
 # Replays timed per length when measuring round costs (the best of them is kept).
 TIMING_REPEATS = 3
 

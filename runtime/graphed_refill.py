@@ -163,10 +163,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     Captured, a replay runs one round unless `rounds_per_replay` says otherwise
     (`refill_rounds_per_replay`). `prefill_placement`: when and where a newcomer's prefill
     runs (runtime/row_prefill.py; None: SPECPILOT_REFILL_PREFILL's, by default ahead of its
-    admission, beside the rounds before it). `ahead_depth`: with the placement `ahead`, how many of the queue's
-    next newcomers are held prefilled (None: SPECPILOT_REFILL_AHEAD's). `readback_lag`: replays
-    the host's read-back of finished rows runs behind (`refill_readback_lag`; None:
-    SPECPILOT_REFILL_LAG's, by default 1)."""
+    admission, beside the rounds before it). `ahead_depth`: with the placement `ahead`, how
+    many of the queue's next newcomers are held prefilled (None: SPECPILOT_REFILL_AHEAD's).
+    `readback_lag`: replays the host's read-back of finished rows runs behind
+    (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).

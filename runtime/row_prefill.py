@@ -49,9 +49,11 @@ PLACEMENT_ENV = "SPECPILOT_REFILL_PREFILL"
 PLACEMENTS = ("ahead", "beside", "after")
 AHEAD_ENV = "SPECPILOT_REFILL_AHEAD"
 # Newcomers held prefilled ahead of their admission (placement `ahead`): more than one, since
-# several rows may finish between two read-backs (BENCHMARKS.md, twenty-fourth set: 18 gaps
-# of 902 had more than one admission at batch 16). A staging cache each: at the zoo pair's
-# shapes and a 1272-slot cache some 65 MB.
+# several rows may finish between two read-backs (BENCHMARKS.md: at batch 16, 33 of run 63's
+# 478 gaps had more than one admission; four held, 142 of its 148 newcomers were prefilled
+# ahead, one held 102; thirtieth set). A staging cache each: at the zoo pair's
+# shapes (K/V of 12 layers of 4 kv heads and 4 of 2, head_dim 64, bf16) and a 1272-slot cache
+# some 18 MB.
 AHEAD_DEPTH = 4
 MAX_AHEAD_DEPTH = 16
 
@@ -256,4 +258,3 @@ class RowPrefill:
         if self.stream is not None:
             self._read[s].record()
         return logits
-
