@@ -27,16 +27,24 @@ def _eager(model, prompt):
     return logits, cache
 
 
-def test_captured_row_prefill_waits_for_the_batch_stream_and_gives_the_eager_prefill(tmp_path):
-    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=41),
+def _pair_with_running_caches(tmp_path, seeds, rows=3):
+    """(target, drafter, their batch caches of `rows` rows holding random K/V, as running
+    requests leave them): float32 models on the GPU from checkpoints of these two seeds."""
+    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=seeds[0]),
                                          "float32", "cuda")
-    drafter = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=42),
+    drafter = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=seeds[1]),
                                           "float32", "cuda")
-    caches = [target.new_cache(3, CAPACITY), drafter.new_cache(3, CAPACITY)]
+    caches = [target.new_cache(rows, CAPACITY), drafter.new_cache(rows, CAPACITY)]
     for c in caches:
         for t in c.k + c.v:
             t.normal_()
-    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY, capture=True)
+    return target, drafter, caches
+
+
+def test_captured_row_prefill_waits_for_the_batch_stream_and_gives_the_eager_prefill(tmp_path):
+    target, drafter, caches = _pair_with_running_caches(tmp_path, (41, 42))
+    prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY, capture=True,
+                         placement="beside")
     assert prefill.stream is not None and prefill.stream.priority < 0
     prompts = random_prompts((9, 70, 30, 5), seed=43)
     prefill.prepare([len(p) for p in prompts])
@@ -86,7 +94,7 @@ def test_the_copy_waits_for_a_slow_prefill_on_its_own_stream(tmp_path, monkeypat
     cache = target.new_cache(2, CAPACITY)
     for t in cache.k + cache.v:
         t.normal_()
-    prefill = RowPrefill([(target, cache)], CAPACITY, capture=True)
+    prefill = RowPrefill([(target, cache)], CAPACITY, capture=True, placement="beside")
     prompt = random_prompts((40,), seed=45)[0]
     prefill.prepare([len(prompt)])
     assert streams and all(s is prefill.stream for s in streams)
@@ -107,14 +115,7 @@ def test_newcomers_staged_ahead_land_in_their_rows_after_the_batch_stream_writes
     rows are free; each admission's copy from staging waits for the batch's stream (busy, then
     writing the row as a round does), and a slot freed by one admission takes the next newcomer
     without overwriting what its row has not yet read. Rows and logits are the eager prefill's."""
-    target = Transformer.from_checkpoint(make_checkpoint(tmp_path / "t", "llama3", seed=46),
-                                         "float32", "cuda")
-    drafter = Transformer.from_checkpoint(make_checkpoint(tmp_path / "d", "llama3", seed=47),
-                                          "float32", "cuda")
-    caches = [target.new_cache(3, CAPACITY), drafter.new_cache(3, CAPACITY)]
-    for c in caches:
-        for t in c.k + c.v:
-            t.normal_()
+    target, drafter, caches = _pair_with_running_caches(tmp_path, (46, 47))
     prefill = RowPrefill([(target, caches[0]), (drafter, caches[1])], CAPACITY, capture=True,
                          placement="ahead", depth=2)
     prompts = random_prompts((12, 75, 33, 8), seed=48)
