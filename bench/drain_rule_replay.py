@@ -1,8 +1,8 @@
 """What the adaptive length rule with continuous refill should optimise once the queue is empty:
 its makespan (the batch drains like a padded one) or its time per token (as while refilling),
 with each length estimate, replayed on measured calls' chain(4) profiles against the fixed
-chain(4) with refill and AR with refill (specpilot/bench/adaptive_refill_replay.py,
-runtime/batch_length.DRAIN_OBJECTIVES). Runs on the CPU: nothing is measured here but what the
+chain(4) with refill and AR with refill (specpilot/bench/adaptive_refill_replay.py; a
+Program's batch.length_drain, SetLengthDrain). Runs on the CPU: nothing is measured here but what the
 files hold.
 
 For each `specpilot bench --mechanisms` file: the fixed refill row's acceptance profile (the
@@ -28,8 +28,7 @@ from specpilot.bench.environment import environment
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.replay import AcceptanceProfile, ProfileError
 from specpilot.bench.step_costs import StepCosts
-from specpilot.ir.program import LENGTH_ESTIMATORS
-from specpilot.runtime.batch_length import DRAIN_OBJECTIVES
+from specpilot.ir.program import LENGTH_DRAINS, LENGTH_ESTIMATORS
 from specpilot.search.run_folder import write_json_atomic
 
 FIXED = "mech:graphed_refill_fused_accept"
@@ -64,7 +63,7 @@ def cell(bench_path: Path, fixed: str, adaptive: str, model) -> dict:
            "prices": prices, "prices_recorded": bool(rule),
            "fixed_x_ar": plain.speedup, "rules": {}}
     for estimator in LENGTH_ESTIMATORS:
-        for drain in DRAIN_OBJECTIVES:
+        for drain in LENGTH_DRAINS:
             got = replay_adaptive_refill(profile, costs, batch, estimator=estimator, drain=drain)
             out["rules"][f"{estimator}/{drain}"] = {
                 "x_ar": got.speedup, "over_fixed": plain.spec_seconds / got.spec_seconds,

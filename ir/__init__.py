@@ -12,8 +12,9 @@ from .formats import (DENSE_FORMAT_FOR_DTYPE, DTYPE_BYTES, DTYPES, LOSSLESS12_MA
                       WEIGHT_FORMATS, WeightFormat, may_change_output, weight_bytes)
 from .model_spec import FAMILIES, LAYER_KINDS, ROLES, ModelSpec, dense_weight_formats, linear_names
 from .program import (ACCEPT_KERNELS, ATTENTION_KERNELS, DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS,
-                      DRAFTERS, FAST_PATHS, LENGTH_ESTIMATORS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
-                      CommitSpec, Deployment, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
+                      DRAFTERS, FAST_PATHS, LENGTH_DRAINS, LENGTH_ESTIMATORS, REFILL_POLICIES,
+                      SCHEMA_VERSION, BatchSpec, CommitSpec, Deployment, DraftSpec, KernelsSpec,
+                      Models, Program, VerifySpec)
 from .prune import LayerSkipPrune, LowPrecisionPrune, Prune, prune_from_json
 from .program_diff import Change, diff, format_diff
 from .stock import STOCK_DRAFT_LENGTH, stock_program
@@ -21,7 +22,8 @@ from .topology import (Chain, DynamicTree, SparseTree, Topology, Tree, TreeShape
                        topology_from_json)
 from .transforms import (TRANSFORMATIONS, CaptureGraphs, SetAcceptKernels, SetAttentionKernels,
                          SetBackend, SetBatchLayout, SetDrafter, SetDrafterKernels, SetDraftLength,
-                         SetDraftLengthPolicy, SetFastPath, SetLengthEstimator, SetMaxBatchSize,
+                         SetDraftLengthPolicy, SetFastPath, SetLengthDrain, SetLengthEstimator,
+                         SetMaxBatchSize,
                          SetRefill, SetTopology, SetVerifyPrune, SetWeightFormat, Transformation,
                          TuneKernel, transformation_from_json, transformation_from_obj,
                          transformation_to_json, transformation_to_obj)
@@ -48,7 +50,8 @@ __all__ = [
     "FAMILIES", "LAYER_KINDS", "ROLES", "ModelSpec", "dense_weight_formats", "linear_names",
     "ACCEPT_KERNELS", "ATTENTION_KERNELS", "DRAFT_LENGTH_POLICIES", "DRAFTER_KERNELS", "DRAFTERS",
     "FAST_PATHS",
-    "LENGTH_ESTIMATORS", "REFILL_POLICIES", "SCHEMA_VERSION", "BatchSpec", "CommitSpec",
+    "LENGTH_DRAINS", "LENGTH_ESTIMATORS", "REFILL_POLICIES", "SCHEMA_VERSION", "BatchSpec",
+    "CommitSpec",
     "Deployment", "DraftSpec", "KernelsSpec", "Models", "Program", "VerifySpec",
     "LayerSkipPrune", "LowPrecisionPrune", "Prune", "prune_from_json",
     "Change", "diff", "format_diff",
@@ -57,8 +60,8 @@ __all__ = [
     "TRANSFORMATIONS", "CaptureGraphs", "SetAcceptKernels", "SetAttentionKernels", "SetBackend",
     "SetBatchLayout",
     "SetDrafter", "SetDrafterKernels", "SetDraftLength", "SetDraftLengthPolicy", "SetFastPath",
-    "SetLengthEstimator", "SetMaxBatchSize", "SetRefill", "SetTopology", "SetVerifyPrune",
-    "SetWeightFormat", "Transformation", "TuneKernel",
+    "SetLengthDrain", "SetLengthEstimator", "SetMaxBatchSize", "SetRefill", "SetTopology",
+    "SetVerifyPrune", "SetWeightFormat", "Transformation", "TuneKernel",
     "transformation_from_json", "transformation_from_obj", "transformation_to_json",
     "transformation_to_obj",
     "verify",

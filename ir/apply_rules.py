@@ -17,12 +17,13 @@ from .formats import LOSSLESS12_MAX_ESCAPE_PPM, WEIGHT_FORMATS
 from .model_spec import ROLES
 from .program import (ACCEPT_KERNELS, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
                       DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS,
-                      LENGTH_ESTIMATORS, REFILL_POLICIES, BatchSpec, Program)
+                      LENGTH_DRAINS, LENGTH_ESTIMATORS, REFILL_POLICIES, BatchSpec, Program)
 from .prune import LayerSkipPrune
 from .topology import MAX_DRAFT_LENGTH, Chain, SparseTree, Tree
 from .transforms import (CaptureGraphs, SetAcceptKernels, SetAttentionKernels, SetBackend, SetBatchLayout,
                          SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
-                         SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill,
+                         SetFastPath, SetLengthDrain, SetLengthEstimator, SetMaxBatchSize,
+                         SetRefill,
                          SetTopology, SetVerifyPrune,
                          SetWeightFormat, Transformation, TuneKernel)
 from .wellformed import verify
@@ -184,28 +185,47 @@ def _set_draft_length_policy(p: Program, t: SetDraftLengthPolicy) -> Program:
         budget = t.token_budget
     _check((t.policy, budget) != (p.batch.draft_length_policy, p.batch.token_budget),
            f"already {t.policy}" + (f" with token budget {budget}" if budget else ""))
-    # Fixed lengths estimate nothing: the estimator goes back to its default with them.
-    estimator = (p.batch.length_estimator if t.policy == "per_request_adaptive"
-                 else BatchSpec.length_estimator)
+    # Fixed lengths estimate nothing and optimise nothing: the estimator and the drain go back
+    # to their defaults with them.
+    adaptive = t.policy == "per_request_adaptive"
+    estimator = p.batch.length_estimator if adaptive else BatchSpec.length_estimator
+    drain = p.batch.length_drain if adaptive else BatchSpec.length_drain
     return replace(p, batch=replace(p.batch, draft_length_policy=t.policy, token_budget=budget,
-                                    length_estimator=estimator))
+                                    length_estimator=estimator, length_drain=drain))
+
+
+def _check_length_rule_setting(p: Program, what: str, value: str, known) -> None:
+    """`value` is one of `known`, for the adaptive length's batch rule (`what`: its "estimator"
+    or its "drain"), which only per_request_adaptive lengths have."""
+    _check(value in known, f"unknown length {what} {value!r} (known: {', '.join(known)})")
+    _check(p.batch.draft_length_policy == "per_request_adaptive",
+           f"the length {what} serves per_request_adaptive lengths; the policy is "
+           f"{p.batch.draft_length_policy} (apply SetDraftLengthPolicy first)")
 
 
 def _set_length_estimator(p: Program, t: SetLengthEstimator) -> Program:
-    _check(t.estimator in LENGTH_ESTIMATORS, f"unknown length estimator {t.estimator!r} "
-                                             f"(known: {', '.join(LENGTH_ESTIMATORS)})")
-    _check(p.batch.draft_length_policy == "per_request_adaptive",
-           f"the length estimator serves per_request_adaptive lengths; the policy is "
-           f"{p.batch.draft_length_policy} (apply SetDraftLengthPolicy first)")
+    _check_length_rule_setting(p, "estimator", t.estimator, LENGTH_ESTIMATORS)
     _check(t.estimator != p.batch.length_estimator, f"already the {t.estimator} estimator")
     return replace(p, batch=replace(p.batch, length_estimator=t.estimator))
+
+
+def _set_length_drain(p: Program, t: SetLengthDrain) -> Program:
+    _check_length_rule_setting(p, "drain", t.drain, LENGTH_DRAINS)
+    _check(p.batch.refill == "continuous",
+           f"the length drain is what follows a continuous refill's queue; the refill is "
+           f"{p.batch.refill} (apply SetRefill first)")
+    _check(t.drain != p.batch.length_drain, f"already the {t.drain} drain")
+    return replace(p, batch=replace(p.batch, length_drain=t.drain))
 
 
 def _set_refill(p: Program, t: SetRefill) -> Program:
     _check(t.refill in REFILL_POLICIES,
            f"unknown refill policy {t.refill!r} (known: {', '.join(REFILL_POLICIES)})")
     _check(t.refill != p.batch.refill, f"already {t.refill} refill")
-    return replace(p, batch=replace(p.batch, refill=t.refill))
+    # A batch that drains from its start has no queue to follow: the drain goes back to its
+    # default with it.
+    drain = p.batch.length_drain if t.refill == "continuous" else BatchSpec.length_drain
+    return replace(p, batch=replace(p.batch, refill=t.refill, length_drain=drain))
 
 
 def _set_verify_prune(p: Program, t: SetVerifyPrune) -> Program:
@@ -327,6 +347,7 @@ RULES: Dict[Type[Transformation], Callable[[Program, Transformation], Program]] 
     SetDraftLengthPolicy: _set_draft_length_policy,
     SetRefill: _set_refill,
     SetLengthEstimator: _set_length_estimator,
+    SetLengthDrain: _set_length_drain,
     SetVerifyPrune: _set_verify_prune,
     SetMaxBatchSize: _set_max_batch_size,
     SetBackend: _set_backend,

@@ -97,6 +97,8 @@ def _batch_to_obj(p: Program) -> Dict[str, Any]:
         obj["refill"] = b.refill
     if b.length_estimator != BatchSpec.length_estimator:
         obj["length_estimator"] = b.length_estimator
+    if b.length_drain != BatchSpec.length_drain:
+        obj["length_drain"] = b.length_drain
     return obj
 
 
@@ -185,7 +187,8 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
     commit = expect_object(obj["commit"], "commit", ("kv",))
     batch = expect_object(obj["batch"], "batch",
                           ("layout", "max_batch_size", "draft_length_policy"),
-                          optional=("token_budget", "refill", "length_estimator"))
+                          optional=("token_budget", "refill", "length_estimator",
+                                    "length_drain"))
     kernels = expect_object(obj["kernels"], "kernels", ("backend", "capture_graphs", "overrides"),
                             optional=("fast_path", "drafter_kernels", "attention_kernels",
                                       "accept_kernels"))
@@ -212,7 +215,10 @@ def program_from_obj(value: Any, *, check: bool = True) -> Program:
                         refill=expect_str(batch.get("refill", BatchSpec.refill), "batch.refill"),
                         length_estimator=expect_str(batch.get("length_estimator",
                                                               BatchSpec.length_estimator),
-                                                    "batch.length_estimator")),
+                                                    "batch.length_estimator"),
+                        length_drain=expect_str(batch.get("length_drain",
+                                                          BatchSpec.length_drain),
+                                                "batch.length_drain")),
         kernels=KernelsSpec(
             backend=expect_str(kernels["backend"], "kernels.backend"),
             capture_graphs=expect_bool(kernels["capture_graphs"], "kernels.capture_graphs"),

@@ -28,6 +28,7 @@ REFILL_POLICIES = ("drain", "continuous")
 # What the graphed batch-length rule expects a chain of L to commit, for per_request_adaptive:
 # one acceptance per request, or one per request and depth (runtime/depth_acceptance.py).
 LENGTH_ESTIMATORS = ("geometric", "per_depth")
+LENGTH_DRAINS = ("makespan", "throughput")
 BACKENDS = ("torch", "generated")
 # How the torch backend fuses its small ops on a CUDA GPU (runtime/fast_ops.py): "ops" compiles
 # RMSNorm, RoPE and SwiGLU one op at a time; "layers" compiles each decoder layer whole, so that
@@ -119,6 +120,10 @@ class BatchSpec:
         draft an independent trial) or `per_depth` (one per request and draft depth, for
         drafts that agree in runs); `geometric` for every other policy. Only the graphed
         runtime's rule reads it; the eager loop's per-request lengths keep one alpha.
+    length_drain: what that rule optimises once a `continuous` refill's queue is empty:
+        `makespan` (the batch drains like a padded one, its slowest request deciding) or
+        `throughput` (the time per token, as while refilling); `makespan` for every other
+        policy or refill.
     """
     layout: str
     max_batch_size: int
@@ -126,6 +131,7 @@ class BatchSpec:
     token_budget: Optional[int] = None
     refill: str = "drain"
     length_estimator: str = "geometric"
+    length_drain: str = "makespan"
 
 
 def _canonical_overrides(value) -> Tuple:

@@ -166,6 +166,16 @@ class SetLengthEstimator(Transformation):
 
 @register
 @dataclass(frozen=True)
+class SetLengthDrain(Transformation):
+    """`makespan` or `throughput`: what the adaptive draft length's batch rule optimises once
+    a continuous refill's queue is empty (per_request_adaptive with continuous refill only)."""
+    drain: str
+    name: ClassVar[str] = "SetLengthDrain"
+    PARAMS: ClassVar[Dict[str, str]] = {"drain": "str"}
+
+
+@register
+@dataclass(frozen=True)
 class SetRefill(Transformation):
     """`drain` or `continuous`: whether a finished request's slot waits for the whole batch or
     takes the next queued request at once."""

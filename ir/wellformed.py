@@ -14,8 +14,8 @@ from .formats import DTYPE_BYTES, DTYPES, PPM, WEIGHT_FORMATS
 from .model_spec import FAMILIES, LAYER_KINDS, ModelSpec
 from .program import (ACCEPT_KERNELS, ACCEPTANCE_RULES, ATTENTION_KERNELS, BACKENDS, BATCH_LAYOUTS,
                       DRAFT_LENGTH_POLICIES, DRAFTER_KERNELS, DRAFTERS, FAST_PATHS, KV_COMMITS,
-                      LENGTH_ESTIMATORS, MASKS, REFILL_POLICIES, SCHEMA_VERSION, BatchSpec,
-                      CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
+                      LENGTH_DRAINS, LENGTH_ESTIMATORS, MASKS, REFILL_POLICIES, SCHEMA_VERSION,
+                      BatchSpec, CommitSpec, DraftSpec, KernelsSpec, Models, Program, VerifySpec)
 from .prune import PRUNES, LayerSkipPrune
 from .topology import TOPOLOGIES, TOPOLOGY_NAMES, Chain
 from .transforms import TRANSFORMATIONS, Transformation
@@ -205,6 +205,13 @@ def _verify_batch_and_kernels(p: Program) -> None:
              or b.draft_length_policy == "per_request_adaptive", "batch.length_estimator",
              f"{b.length_estimator} estimates per_request_adaptive lengths; the policy is "
              f"{b.draft_length_policy}")
+    _require_choice(b.length_drain, "batch.length_drain", LENGTH_DRAINS)
+    _require(b.length_drain == BatchSpec.length_drain
+             or (b.draft_length_policy == "per_request_adaptive" and b.refill == "continuous"),
+             "batch.length_drain",
+             f"the {b.length_drain} drain follows a continuous refill's queue with "
+             f"per_request_adaptive lengths; the policy is {b.draft_length_policy}, the refill "
+             f"{b.refill}")
 
     k = p.kernels
     _require(isinstance(k, KernelsSpec), "kernels", "expected a KernelsSpec")

@@ -50,7 +50,7 @@ With continuous refill (runtime/graphed_refill.py, objective "throughput") a fin
 the next request at once, so no request's tail decides anything: the length is the one with the
 least time per token over the active requests, cost(L) / sum_i E_i(L), until the queue is empty
 (`draining`: the batch then drains like a padded one, and its makespan counts again, unless
-SPECPILOT_LENGTH_DRAIN=throughput keeps the time per token: DRAIN_OBJECTIVES). A
+a Program's batch.length_drain "throughput" keeps the time per token: `queue_empty`). A
 newcomer's estimates start from the averages per round of the requests before it (`admit`); one
 that arrives alone in the batch (always, with one slot) starts the batch anew, as a padded batch
 would, so that no request is judged on another's rounds.
@@ -74,14 +74,13 @@ over the fixed rounds (run 20), the same lengths.
 from __future__ import annotations
 
 import functools
-import os
 import time
 from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
 from specpilot.ir.errors import SpecPilotError
-from specpilot.ir.program import LENGTH_ESTIMATORS
+from specpilot.ir.program import LENGTH_DRAINS, LENGTH_ESTIMATORS
 
 from .adaptive_draft import (SMOOTHING, acceptance_rate, check_draft_cost, expected_tokens,
                              update_acceptance, upper_acceptance)
@@ -90,28 +89,16 @@ from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
 OFF_AFTER_ROUNDS = 8
-# What a refilled batch's length optimises once its queue is empty: "makespan" (it drains like
-# a padded batch, its slowest request deciding) or "throughput" (time per token, as while
-# refilling). Replayed on the chain(4) profiles of 16 batch-16 and batch-64 calls (runs 55-63,
+# What a refilled batch's length optimises once its queue is empty is a Program's
+# batch.length_drain (ir.program.LENGTH_DRAINS): "makespan" (it drains like a padded batch, its
+# slowest request deciding) or "throughput" (time per token, as while refilling). Replayed on
+# the chain(4) profiles of 16 batch-16 and batch-64 calls (runs 55-63,
 # bench/drain_rule_replay.py, BENCHMARKS.md thirtieth set), the makespan let one request that
 # agreed poorly turn the whole drain off for good: run 63 ran 0.94x (batch 16) and 0.91x (64) of
 # the fixed chain(4) with refill, as the H200 measured it (0.935x, 0.932x). With the per-depth
 # estimate, the throughput drain stayed within 0.986-1.028x of the fixed chain in every call. Not
-# yet raced on the GPU, so the makespan stays the default; SPECPILOT_LENGTH_DRAIN picks.
-DRAIN_ENV = "SPECPILOT_LENGTH_DRAIN"
-DRAIN_OBJECTIVES = ("makespan", "throughput")
-
-
-def drain_objective(drain: Optional[str] = None) -> str:
-    """What a refilled batch's length optimises once its queue is empty: `drain` as given, else
-    the environment variable SPECPILOT_LENGTH_DRAIN's, else "makespan"."""
-    where = f"length drain {drain!r}"
-    if drain is None:
-        drain = os.environ.get(DRAIN_ENV, "makespan")
-        where = f"{DRAIN_ENV}={drain!r}"
-    if drain not in DRAIN_OBJECTIVES:
-        raise SpecPilotError(f"{where}: expected {' or '.join(DRAIN_OBJECTIVES)}")
-    return drain
+# yet raced on the GPU, so the makespan stays the default (the batching agent proposes the
+# other, and the compiler measures it).
 
 
 # Replays timed per length when measuring round costs (the best of them is kept).
@@ -243,7 +230,7 @@ class BatchLengthPolicy:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
                  compile_rounds: bool = False, smoothing: float = SMOOTHING,
-                 estimator: str = "geometric", drain: Optional[str] = None):
+                 estimator: str = "geometric", drain: str = "makespan"):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
@@ -251,9 +238,9 @@ class BatchLengthPolicy:
         the newest round (runtime/adaptive_draft.py). `estimator` (a Program's
         batch.length_estimator, one of LENGTH_ESTIMATORS): what a chain of L is expected to
         commit, from one acceptance per request or one per request and depth
-        (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens. `drain`
-        (objective "throughput" only): what the length optimises once the refill's queue is
-        empty (`drain_objective`; None: the environment's)."""
+        (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens. `drain` (a
+        Program's batch.length_drain, one of LENGTH_DRAINS; objective "throughput" only): what
+        the length optimises once the refill's queue is empty (`queue_empty`)."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
@@ -263,8 +250,11 @@ class BatchLengthPolicy:
         if estimator not in LENGTH_ESTIMATORS:
             raise SpecPilotError(f"length estimator {estimator!r}: "
                                  f"{' or '.join(LENGTH_ESTIMATORS)}")
+        if drain not in LENGTH_DRAINS:
+            raise SpecPilotError(f"length drain {drain!r}: {' or '.join(LENGTH_DRAINS)}")
         self.cap, self.turn_off, self.objective = cap, turn_off, objective
-        self.drain = drain_objective(drain) if objective == "throughput" else "makespan"
+        # A padded batch drains from its start: its makespan is all there is.
+        self.drain = drain if objective == "throughput" else "makespan"
         self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
         self._round = compiled_policy_round() if compile_rounds else policy_round
         f32 = dict(dtype=torch.float32, device=device)

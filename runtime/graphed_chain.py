@@ -89,7 +89,8 @@ class GraphedChainDecoder:
                  draft_cost: float = DRAFT_STEP_COST,
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING,
-                 length_estimator: str = "geometric", accept_kernels: str = "ops"):
+                 length_estimator: str = "geometric", accept_kernels: str = "ops",
+                 length_drain: str = "makespan"):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -184,7 +185,8 @@ class GraphedChainDecoder:
             compile_policy = adaptive and capture and compiles_policy()
         self.policy = (BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                          self.length_objective, compile_rounds=compile_policy,
-                                         smoothing=smoothing, estimator=length_estimator)
+                                         smoothing=smoothing, estimator=length_estimator,
+                                         drain=length_drain)
                        if adaptive else None)
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None

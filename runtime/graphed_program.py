@@ -199,6 +199,7 @@ class DecoderKey(NamedTuple):
     prune: object                    # greedy steps keep an unused topology, yet share decoders
     rounds: Optional[int] = None     # a captured refill decoder's rounds a replay (settable)
     accept: str = "ops"              # kernels.accept_kernels: how a chain round ends
+    drain: str = "makespan"          # batch.length_drain (adaptive lengths with refill)
 
 
 def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
@@ -223,7 +224,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
                      tuple(pair.eos_ids), capture, refill, estimator, topology if cap else None,
                      program.verify.prune if cap else None,
                      refill_rounds_per_replay() if refill and capture else None,
-                     program.kernels.accept_kernels)
+                     program.kernels.accept_kernels, program.batch.length_drain)
     if reuse_larger_cache and key not in _decoders:
         larger = [kept for kept in _decoders if kept.capacity > capacity
                   and kept._replace(capacity=capacity) == key]
@@ -247,7 +248,8 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         decoder = graphed_decoder(pair.target, pair.drafter, batch, capacity, topology,
                                   pair.eos_ids, capture, refill=refill, adaptive=adaptive,
                                   length_cap=cap, length_estimator=estimator,
-                                  accept_kernels=accept)
+                                  accept_kernels=accept,
+                                  length_drain=program.batch.length_drain)
     _decoders[key] = decoder
     decoder.prepare_prefill(prompts)
     return decoder

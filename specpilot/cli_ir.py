@@ -92,6 +92,9 @@ def summarize(program: Program) -> str:
                        + (f" ({program.batch.length_estimator} estimator)"
                           if program.batch.length_estimator != BatchSpec.length_estimator
                           else "")
+                       + (f" ({program.batch.length_drain} drain)"
+                          if program.batch.length_drain != BatchSpec.length_drain
+                          else "")
                        + f", {program.batch.refill} refill"]),
             ("kernels", [f"backend {k.backend}"
                          + (f" (fast path {k.fast_path})" if k.backend == "torch" else "")

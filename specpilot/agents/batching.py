@@ -13,13 +13,14 @@ others. A Program that does not speculate is offered its drafter again, and the 
 policy (greedy AR drains its batches or refills their slots); its layout and draft length stay
 at their defaults (ir/wellformed.py). A graphed Program with adaptive lengths is offered the
 other estimate of what a chain commits (SetLengthEstimator: one acceptance per request, or one
-per request and draft depth)."""
+per request and draft depth), and, with continuous refill, the other objective once the queue is
+empty (SetLengthDrain: the drain's makespan, or the time per token as while refilling)."""
 from __future__ import annotations
 
 from typing import List, Optional
 
 from specpilot.ir import (Chain, Program, SetBatchLayout, SetDrafter, SetDraftLengthPolicy,
-                          SetLengthEstimator, SetRefill, Transformation)
+                          SetLengthDrain, SetLengthEstimator, SetRefill, Transformation)
 from specpilot.ir import program as ir_program
 
 from .base import Agent, Budget, rank_by_prediction
@@ -79,6 +80,11 @@ def _policy_records(program: Program) -> List[Transformation]:
         # rounds' prices, so it is measured. The eager loop's lengths do not read it.
         out += [SetLengthEstimator(e) for e in ir_program.LENGTH_ESTIMATORS
                 if e != program.batch.length_estimator]
+        if program.batch.refill == "continuous":
+            # What the rule optimises once nobody waits for a slot: replayed on measured
+            # calls, neither drain won everywhere (runtime/batch_length.py), so it is measured.
+            out += [SetLengthDrain(d) for d in ir_program.LENGTH_DRAINS
+                    if d != program.batch.length_drain]
     return out
 
 

@@ -18,7 +18,6 @@ baseline is AR with refill, as in the refill replay.
 from __future__ import annotations
 
 from collections import deque
-from typing import Optional
 
 import torch
 
@@ -37,11 +36,11 @@ def replay_adaptive_refill(profile: AcceptanceProfile, costs, batch: int,
                            unknown_agrees: bool = False, turn_off: bool = True,
                            off_after: int = OFF_AFTER_ROUNDS,
                            estimator: str = "geometric",
-                           drain: Optional[str] = None) -> ReplayFigure:
+                           drain: str = "makespan") -> ReplayFigure:
     """Replay adaptive lengths with continuous refill on `profile` at batch size `batch` (see
     the module): pessimistic, or with `unknown_agrees` optimistic; `off_after` rounds before a
     turn-off, the rule's `estimator` and what it optimises once the queue is empty, `drain`
-    (runtime/batch_length.py; None: the environment's, as the runtime reads it)."""
+    (runtime/batch_length.py, a Program's batch.length_drain)."""
     order, decode = cycled_queue(profile, batch)
     maps = agreement_maps(profile, unknown_agrees)
     k = profile.topology.k

@@ -52,6 +52,9 @@ Program by its own transformations, alone and combined (`specpilot bench --mecha
                       twin with the length rule's per-depth estimate
                       (SetLengthEstimator("per_depth"), runtime/depth_acceptance.py): drafts
                       that agree in runs priced as runs
+  graphed_adaptive_refill_fused_accept_depth_drain   the last with the throughput drain
+                      (SetLengthDrain("throughput")): once the queue is empty the length keeps
+                      the batch's time per token, not its makespan (runtime/batch_length.py)
   graphed_adaptive_refill_fused_chain8   the same with chains of up to 8 drafts, not 4: a
                       pair whose drafter agrees well may pay for a fifth draft and more, and the
                       length rule prices each length's round before it picks one
@@ -86,7 +89,8 @@ from typing import Dict, List, Optional
 from specpilot.ir import (CaptureGraphs, Chain, DynamicTree, LayerSkipPrune, Program,
                           SetAcceptKernels, SetAttentionKernels, SetBatchLayout, SetDrafter,
                           SetDrafterKernels, SetDraftLengthPolicy, SetFastPath,
-                          SetLengthEstimator, SetRefill, SetTopology, SetVerifyPrune, Tree,
+                          SetLengthDrain, SetLengthEstimator, SetRefill, SetTopology,
+                          SetVerifyPrune, Tree,
                           replay)
 
 from .shaped_tree_system import HeldOutProfile, shaped_tree_systems
@@ -128,6 +132,7 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
     fused, attention = SetDrafterKernels("fused"), SetAttentionKernels("generated")
     layers = SetFastPath("layers")
     depth = SetLengthEstimator("per_depth")
+    throughput_drain = SetLengthDrain("throughput")
     accept = SetAcceptKernels("fused")
     return {name: replay(stock, steps) for name, steps in {
         "graphed_adaptive": [graphs, adaptive],
@@ -158,6 +163,8 @@ def mechanism_programs(stock: Program) -> Dict[str, Program]:
         "graphed_adaptive_refill_fused_accept": [graphs, adaptive, refill, fused, accept],
         "graphed_adaptive_refill_fused_accept_depth": [graphs, adaptive, refill, fused, accept,
                                                        depth],
+        "graphed_adaptive_refill_fused_accept_depth_drain": [graphs, adaptive, refill, fused,
+                                                             accept, depth, throughput_drain],
         "graphed_attention": [graphs, attention],
         "graphed_fused_attention": [graphs, fused, attention],
         "graphed_refill_fused_attention": [graphs, refill, fused, attention],

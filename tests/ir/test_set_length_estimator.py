@@ -4,14 +4,15 @@ canonical JSON and diff (the default is not written, so every existing Program k
 and id), byte-identical round trips, each refusal, and the rule that ties the estimator to
 per_request_adaptive lengths."""
 import json
-from dataclasses import replace
 
 import pytest
 
-from specpilot.ir import (IllFormed, IRError, SetDraftLengthPolicy, SetLengthEstimator,
+from specpilot.ir import (SetDraftLengthPolicy, SetLengthEstimator,
                           SetMaxBatchSize, TransformRefused, apply, diff, format_diff,
                           program_from_json, program_id, program_to_json, replay,
-                          transformation_from_json, transformation_to_json, verify)
+                          transformation_from_json, transformation_to_json)
+
+from batch_field_checks import assert_batch_field_checked
 
 ADAPTIVE = [SetMaxBatchSize(4), SetDraftLengthPolicy("per_request_adaptive", 16)]
 
@@ -72,17 +73,8 @@ def test_fixed_lengths_take_the_estimator_back_to_its_default(stock):
 
 
 def test_verify_ties_the_estimator_to_adaptive_lengths(stock):
-    bad = replace(stock, batch=replace(stock.batch, length_estimator="per_depth"))
-    with pytest.raises(IllFormed, match="batch.length_estimator"):
-        verify(bad)
-    adaptive = replay(stock, ADAPTIVE)
-    unknown = replace(adaptive, batch=replace(adaptive.batch, length_estimator="depth"))
-    with pytest.raises(IllFormed, match="batch.length_estimator"):
-        verify(unknown)
-    text = program_to_json(adaptive).replace('"layout":"padded"',
-                                             '"layout":"padded","length_estimator":7')
-    with pytest.raises(IRError, match="batch.length_estimator"):
-        program_from_json(text)
+    assert_batch_field_checked("length_estimator", stock, "per_depth", replay(stock, ADAPTIVE),
+                               "depth")
 
 
 def test_the_cost_model_says_it_does_not_price_the_estimator(stock):

@@ -33,7 +33,7 @@ def test_registry_names_every_record():
                                     "CaptureGraphs", "SetDraftLengthPolicy", "SetRefill",
                                     "SetVerifyPrune", "TuneKernel", "SetDrafter",
                                     "SetFastPath", "SetDrafterKernels", "SetAttentionKernels",
-                                    "SetLengthEstimator", "SetAcceptKernels"}
+                                    "SetLengthEstimator", "SetAcceptKernels", "SetLengthDrain"}
     for name, cls in TRANSFORMATIONS.items():
         assert cls.name == name
 

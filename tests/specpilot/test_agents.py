@@ -11,8 +11,8 @@ from specpilot.cost.model import batch_idle
 from specpilot.deploy import build_deployment
 from specpilot.ir import (Chain, CaptureGraphs, SetAcceptKernels, SetAttentionKernels, SetBackend,
                           SetBatchLayout, SetDrafter, SetDrafterKernels, SetDraftLength, SetDraftLengthPolicy,
-                          SetFastPath, SetLengthEstimator, SetMaxBatchSize, SetRefill, SetTopology,
-                          Tree, apply, check,
+                          SetFastPath, SetLengthDrain, SetLengthEstimator, SetMaxBatchSize,
+                          SetRefill, SetTopology, Tree, apply, check,
                           record_escape_rates, stock_program)
 from specpilot.runtime.decoder import check_runnable
 from hf_factory import make_pair
@@ -203,12 +203,16 @@ def test_batching_agent_offers_what_the_runtime_runs_refill_first(pair):
         assert proposals[0] == SetRefill("continuous")
 
 
-def test_batching_agent_offers_the_other_length_estimator_to_graphed_adaptive_lengths(pair):
+def _adaptive_lengths(pair):
+    """(programs, the batched Program with adaptive lengths, the same graphed, a batching agent,
+    a budget)."""
     p = programs(pair)
     adaptive = apply(p["batched"], SetDraftLengthPolicy("per_request_adaptive", 4 * 5))
-    graphed = apply(adaptive, CaptureGraphs(True))
-    agent = BatchingAgent()
-    budget = Budget(32)
+    return p, adaptive, apply(adaptive, CaptureGraphs(True)), BatchingAgent(), Budget(32)
+
+
+def test_batching_agent_offers_the_other_length_estimator_to_graphed_adaptive_lengths(pair):
+    p, adaptive, graphed, agent, budget = _adaptive_lengths(pair)
     offered = agent.propose(graphed, None, None, budget)
     assert SetLengthEstimator("per_depth") in offered
     assert_runnable(graphed, offered)
@@ -222,6 +226,24 @@ def test_batching_agent_offers_the_other_length_estimator_to_graphed_adaptive_le
     for program in (adaptive, ragged, apply(p["batched"], CaptureGraphs(True))):
         assert not any(isinstance(t, SetLengthEstimator)
                        for t in agent.propose(program, None, None, budget))
+
+
+def test_batching_agent_offers_the_other_drain_to_graphed_adaptive_lengths_with_refill(pair):
+    _, adaptive, graphed, agent, budget = _adaptive_lengths(pair)
+    # drained batches have no queue to follow: no drain offered
+    assert not any(isinstance(t, SetLengthDrain) for t in agent.propose(graphed, None, None,
+                                                                         budget))
+    refilled = apply(graphed, SetRefill("continuous"))
+    offered = agent.propose(refilled, None, None, budget)
+    assert SetLengthDrain("throughput") in offered
+    assert_runnable(refilled, offered)
+    drain = apply(refilled, SetLengthDrain("throughput"))
+    back = agent.propose(drain, None, None, budget)
+    assert SetLengthDrain("makespan") in back and SetLengthDrain("throughput") not in back
+    # eager adaptive lengths with refill do not read it
+    assert not any(isinstance(t, SetLengthDrain)
+                   for t in agent.propose(apply(adaptive, SetRefill("continuous")), None, None,
+                                          budget))
 
 
 def test_rank_by_prediction_drops_predicted_losses(pair):

@@ -5,9 +5,10 @@ import pytest
 
 from specpilot.cli import main
 from specpilot.deploy import build_deployment
-from specpilot.ir import (SetDrafter, SetDraftLengthPolicy, SetLengthEstimator, SetMaxBatchSize,
-                          SetRefill, SetTopology, Tree, apply, diff, format_diff, load_program,
-                          program_id, program_to_json, replay, save_program, stock_program)
+from specpilot.ir import (SetDrafter, SetDraftLengthPolicy, SetLengthDrain, SetLengthEstimator,
+                          SetMaxBatchSize, SetRefill, SetTopology, Tree, apply, diff, format_diff,
+                          load_program, program_id, program_to_json, replay, save_program,
+                          stock_program)
 
 
 @pytest.fixture(scope="module")
@@ -105,7 +106,10 @@ def test_show_names_a_length_estimator_other_than_the_default(two_programs, tmp_
     adaptive = replay(stock, [SetMaxBatchSize(4), SetDraftLengthPolicy("per_request_adaptive", 20)])
     for program, said in ((adaptive, "draft length per_request_adaptive, drain refill"),
                           (apply(adaptive, SetLengthEstimator("per_depth")),
-                           "draft length per_request_adaptive (per_depth estimator), drain")):
+                           "draft length per_request_adaptive (per_depth estimator), drain"),
+                          (replay(adaptive, [SetRefill("continuous"),
+                                             SetLengthDrain("throughput")]),
+                           "draft length per_request_adaptive (throughput drain), continuous")):
         save_program(program, tmp_path / "p.json")
         assert main(["ir", "show", str(tmp_path / "p.json")]) == 0
         assert said in capsys.readouterr().out

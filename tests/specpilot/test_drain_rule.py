@@ -1,8 +1,8 @@
-"""What a refilled batch's length optimises once its queue is empty
-(runtime/batch_length.DRAIN_OBJECTIVES): the setting is read and checked, the makespan drain
-sets the policy's `draining` where the throughput drain leaves it, the two replay differently
-where one request that agrees poorly is left in the drain, and bench/drain_rule_replay.py
-reports each rule's replay of a bench file's profile."""
+"""What a refilled batch's length optimises once its queue is empty (a Program's
+batch.length_drain, ir.program.LENGTH_DRAINS): the makespan drain sets the policy's `draining`
+where the throughput drain leaves it, the two replay differently where one request that agrees
+poorly is left in the drain, the graphed runtime builds its decoder with the Program's drain,
+and bench/drain_rule_replay.py reports each rule's replay of a bench file's profile."""
 import json
 import random
 
@@ -12,7 +12,7 @@ from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.refill_replay import replay_refill
 from specpilot.bench.step_costs import StepCosts
 from specpilot.ir.errors import SpecPilotError
-from specpilot.runtime.batch_length import BatchLengthPolicy, drain_objective
+from specpilot.runtime.batch_length import BatchLengthPolicy
 
 from bench_script import load_bench_script
 from replay_setup import profile_from_agreement
@@ -20,19 +20,12 @@ from replay_setup import profile_from_agreement
 PRICES = [1.0, 1.348, 1.504, 1.631, 1.759]       # run 63's recorded prices at batch 16
 
 
-def test_the_drain_objective_is_read_and_checked(monkeypatch):
-    monkeypatch.delenv("SPECPILOT_LENGTH_DRAIN", raising=False)
-    assert drain_objective() == "makespan"                 # the default
-    assert drain_objective("throughput") == "throughput"   # given, it overrides
-    monkeypatch.setenv("SPECPILOT_LENGTH_DRAIN", "throughput")
-    assert drain_objective() == "throughput"
-    monkeypatch.setenv("SPECPILOT_LENGTH_DRAIN", "tail")
-    with pytest.raises(SpecPilotError, match="SPECPILOT_LENGTH_DRAIN='tail'"):
-        drain_objective()
+def test_the_policy_checks_its_drain_and_a_padded_batch_drains_by_its_makespan():
     with pytest.raises(SpecPilotError, match="length drain 'tail'"):
         BatchLengthPolicy(2, 4, "cpu", 0.2, objective="throughput", drain="tail")
-    # a padded batch always drains by its makespan, whatever the setting says
-    assert BatchLengthPolicy(2, 4, "cpu", 0.2).drain == "makespan"
+    assert BatchLengthPolicy(2, 4, "cpu", 0.2, objective="throughput").drain == "makespan"
+    # a padded batch drains from its start, whatever it is given
+    assert BatchLengthPolicy(2, 4, "cpu", 0.2, drain="throughput").drain == "makespan"
 
 
 @pytest.mark.parametrize("drain,draining", [("makespan", True), ("throughput", False)])
@@ -44,6 +37,26 @@ def test_an_empty_queue_sets_draining_only_for_the_makespan(drain, draining):
     assert bool(policy.draining) == draining
     policy.reset()                                          # a new call refills again
     assert not bool(policy.draining)
+
+
+@pytest.mark.parametrize("drain", ["makespan", "throughput"])
+def test_the_graphed_runtime_builds_the_programs_drain_into_its_decoder(drain):
+    """A Program's batch.length_drain reaches its decoder's policy (and is part of the kept
+    decoder's key), and the output is greedy AR's either way."""
+    from mechanism_setup import pair_setup, program_of, run_program_graphed
+    from specpilot.ir import (CaptureGraphs, SetDraftLengthPolicy, SetLengthDrain,
+                              SetMaxBatchSize, SetRefill)
+    from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+    s = pair_setup(11)
+    steps = [SetMaxBatchSize(2), SetDraftLengthPolicy("per_request_adaptive", 10),
+             SetRefill("continuous"), CaptureGraphs(True)]
+    if drain == "throughput":
+        steps.append(SetLengthDrain("throughput"))
+    program = program_of(s, *steps, batch=2)
+    assert program.batch.length_drain == drain
+    decoder, _ = run_program_graphed(s, program, GraphedRefillDecoder)
+    assert decoder.policy.drain == drain
 
 
 def _poor_one_last(seed=3):

@@ -27,7 +27,8 @@ FUSED = {"graphed_fused_drafter", "graphed_refill_fused", "graphed_adaptive_fuse
          "graphed_adaptive_refill_fused", "graphed_adaptive_refill_fused_chain8",
          "graphed_tree_fused", "graphed_tree_refill_fused", "graphed_adaptive_refill_fused_depth",
          "graphed_adaptive_refill_fused_chain8_depth", "graphed_refill_fused_accept",
-         "graphed_adaptive_refill_fused_accept", "graphed_adaptive_refill_fused_accept_depth"}
+         "graphed_adaptive_refill_fused_accept", "graphed_adaptive_refill_fused_accept_depth",
+         "graphed_adaptive_refill_fused_accept_depth_drain"}
 ATTENTION = {"graphed_attention", "graphed_fused_attention", "graphed_refill_fused_attention",
              "graphed_adaptive_refill_fused_attention", "graphed_tree_fused_attention",
              "graphed_tree_refill_fused_attention", "graphed_ar_attention",
