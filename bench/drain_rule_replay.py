@@ -2,13 +2,14 @@
 its makespan (the batch drains like a padded one) or its time per token (as while refilling),
 with each length estimate, replayed on measured calls' chain(4) profiles against the fixed
 chain(4) with refill and AR with refill (specpilot/bench/adaptive_refill_replay.py; a
-Program's batch.length_drain, SetLengthDrain). Runs on the CPU: nothing is measured here but what the
-files hold.
+Program's batch.length_drain, SetLengthDrain). Runs on the CPU: nothing is measured here but
+what the files hold.
 
-For each `specpilot bench --mechanisms` file: the fixed refill row's acceptance profile (the
-file's name with `.acceptance.<system>.json`, the system's ':' as '-'), at the row's batch
-size, priced by the adaptive row's recorded round prices (its `length_rule`) where the file has
-one, else by the model 1 + base + per_draft L (`--round-model`, in plain steps).
+For each `specpilot bench --mechanisms` file: the fixed refill row's acceptance profile at the
+row's batch size (the one the bench wrote beside the file under its name, the batch's own where
+it wrote several), priced by the adaptive row's recorded round prices (its `length_rule`) where
+the file has them, else by the model base + per_draft L plain steps (`--round-model`, as
+bench/turn_off_sweep.py takes it).
 
   python3 bench/drain_rule_replay.py bench/results/mechanisms-run63-b16.json [more files]
       [--out FILE.json]
@@ -24,9 +25,10 @@ import sys
 from pathlib import Path
 
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
+from specpilot.bench.adaptive_replay import round_costs_for
 from specpilot.bench.environment import environment
 from specpilot.bench.refill_replay import replay_refill
-from specpilot.bench.replay import AcceptanceProfile, ProfileError
+from specpilot.bench.replay import AcceptanceProfile, ProfileError, acceptance_suffix
 from specpilot.bench.step_costs import StepCosts
 from specpilot.ir.program import LENGTH_DRAINS, LENGTH_ESTIMATORS
 from specpilot.search.run_folder import write_json_atomic
@@ -35,7 +37,7 @@ FIXED = "mech:graphed_refill_fused_accept"
 ADAPTIVE = "mech:graphed_adaptive_refill_fused_accept"
 # A chain(L) round in plain steps, 1.211 + 0.137 L: the recorded prices of runs 60-63 at
 # batch 16 (1.346-1.349 at L = 1, 1.754-1.771 at L = 4).
-ROUND_MODEL = (0.211, 0.137)
+ROUND_MODEL = (1.211, 0.137)
 
 
 def cell(bench_path: Path, fixed: str, adaptive: str, model) -> dict:
@@ -45,19 +47,23 @@ def cell(bench_path: Path, fixed: str, adaptive: str, model) -> dict:
     if len(rows) != 1:
         raise ValueError(f"{bench_path}: expected one measured {fixed} row, found {len(rows)}")
     batch = rows[0]["batch_size"]
+    own = str(batch) in bench.get("acceptance_profiles_by_batch", {}).get(fixed, {})
     profile_path = bench_path.with_name(
-        f"{bench_path.stem}.acceptance.{fixed.replace(':', '-')}.json")
+        bench["name"] + acceptance_suffix(fixed, batch if own else None))
     profile = AcceptanceProfile.load(str(profile_path))
-    if profile.topology.k < 1:
+    k = getattr(profile.topology, "k", 0)
+    if k < 1:
         raise ValueError(f"{profile_path}: not a chain profile")
     rule = [r.get("length_rule") for r in bench["rows"]
             if r["system"] == adaptive and r.get("batch_size") == batch and r.get("length_rule")]
-    k = profile.topology.k
-    prices = (rule[0]["prices"] if rule else
-              [1.0] + [1.0 + model[0] + model[1] * n for n in range(1, k + 1)])
-    if len(prices) != k + 1:
-        raise ValueError(f"{bench_path}: {len(prices)} prices for chains of up to {k}")
-    costs = StepCosts.of_chain_rounds({batch: prices})
+    if rule:
+        if len(rule[0]["prices"]) != k + 1:
+            raise ValueError(f"{bench_path}: {len(rule[0]['prices'])} prices for chains of "
+                             f"up to {k}")
+        costs = StepCosts.of_chain_rounds({batch: rule[0]["prices"]})
+    else:
+        costs = StepCosts.of_round_model(*model, [batch], k)
+    prices = round_costs_for(costs, batch, k)
     plain = replay_refill(profile, costs, batch)
     out = {"bench": bench_path.name, "batch": batch, "requests": len(profile.accepted_lengths),
            "prices": prices, "prices_recorded": bool(rule),
@@ -77,9 +83,10 @@ def main(argv=None) -> int:
     ap.add_argument("--fixed", default=FIXED, help=f"the fixed refill row ({FIXED})")
     ap.add_argument("--adaptive", default=ADAPTIVE,
                     help=f"the adaptive row whose recorded prices are used ({ADAPTIVE})")
-    ap.add_argument("--round-model", default=",".join(map(str, ROUND_MODEL)),
-                    help="base,per_draft: a round of L drafts costs 1 + base + per_draft L "
-                         "plain steps where a file records no prices")
+    ap.add_argument("--round-model", metavar="BASE,PER_DRAFT",
+                    default=",".join(map(str, ROUND_MODEL)),
+                    help="a round of L drafts costs BASE + PER_DRAFT * L plain steps where a "
+                         "file records no prices")
     ap.add_argument("--out", help="write the cells as JSON too")
     args = ap.parse_args(argv)
     try:

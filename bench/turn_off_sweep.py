@@ -34,13 +34,6 @@ from specpilot.runtime.batch_length import OFF_AFTER_ROUNDS
 from specpilot.search.run_folder import write_json_atomic
 
 
-def modelled_costs(base: float, per_draft: float, batch_sizes, k: int) -> StepCosts:
-    """Step costs in plain steps: a plain step 1, a chain(L) round base + per_draft * L at
-    every batch size (the shape of the 161M pair's graphed rounds on the H200)."""
-    return StepCosts.of_chain_rounds(
-        {b: [1.0] + [base + per_draft * n for n in range(1, k + 1)] for b in batch_sizes})
-
-
 def sweep_rows(profile: AcceptanceProfile, costs, batch: int, off_after,
                host_lag: Tuple[int, int] = (1, 1), estimator: str = "geometric") -> list:
     """x padded AR of the rule (cold, warm, with refill) at `batch`, for each rounds-before-a-
@@ -96,8 +89,8 @@ def main(argv=None) -> int:
         if args.round_model:
             base, per_draft = (float(x) for x in args.round_model.split(","))
             k = max(getattr(pr.topology, "k", 1) for pr in profiles.values())
-            cost_sets[f"model {base} + {per_draft} L"] = modelled_costs(base, per_draft,
-                                                                        batches, k)
+            cost_sets[f"model {base} + {per_draft} L"] = StepCosts.of_round_model(
+                base, per_draft, batches, k)
     except (OSError, KeyError, ValueError, SpecPilotError) as exc:
         print(f"error: cannot read the profiles or costs: {exc}", file=sys.stderr)
         return 2

@@ -116,7 +116,6 @@ class FusedForward:
         from specpilot.codegen.fused_layer import attention_splits
 
         self.model = model
-        cfg = model.config
         self.fused_layers = [self._layer(layer) for layer in model.layers]
         # `specs` replaces some of the six (by name): how a tile sweep times other tiles in a
         # whole forward (bench/fused_tile_sweep.py).
@@ -149,17 +148,21 @@ class FusedForward:
         self._attention_rows = attention.get("BLOCK_R")          # query rows a program
         self._splits_for = attention_splits
         self.lm_head_weight = model.lm_head[0]
-        # The head again, with each row's argmax in the kernel (`greedy`), and its workspace.
+        # The head again, with each row's argmax in the kernel (`greedy`).
         self.head_argmax = build_triton_module(specs["head"].with_params(ARGMAX=True), cache)
+        self._new_workspaces()
+
+    def _new_workspaces(self) -> None:
+        """The head's argmax workspace and the split attention walks' partials and counts, for
+        any call the fused kernels take (up to MAX_FUSED_TOKENS tokens); made here, not in a
+        captured forward, where the counts' zeroing would become a kernel of every replay."""
+        cfg, dev = self.model.config, self.model.device
         self._argmax_workspace = self.head_argmax.argmax_workspace(
-            MAX_FUSED_TOKENS, cfg.vocab_size, model.device)
-        # The split attention walks' partials and counts, for any call the fused kernels take
-        # (up to MAX_FUSED_TOKENS tokens); made here, not in a captured forward, where the
-        # counts' zeroing would become a kernel of every replay.
-        widest = self._attention_by_splits[max(self._attention_by_splits)]
+            MAX_FUSED_TOKENS, cfg.vocab_size, dev)
+        most = max(self._attention_by_splits)
         self._attention_workspace = (
-            widest.split_workspace(MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads,
-                                   model.device) if most > 1 else None)
+            self._attention_by_splits[most].split_workspace(
+                MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads, dev) if most > 1 else None)
 
     def with_own_workspaces(self) -> "FusedForward":
         """This forward with workspaces of its own, weights and kernels shared: for forwards
@@ -168,13 +171,7 @@ class FusedForward:
         split attentions at once on the same partials and counts corrupt each other's merge, and
         a count left off by that breaks every later merge of its program."""
         twin = copy.copy(self)
-        cfg, dev = self.model.config, self.model.device
-        twin._argmax_workspace = self.head_argmax.argmax_workspace(
-            MAX_FUSED_TOKENS, cfg.vocab_size, dev)
-        if self._attention_workspace is not None:
-            widest = self._attention_by_splits[max(self._attention_by_splits)]
-            twin._attention_workspace = widest.split_workspace(
-                MAX_FUSED_TOKENS, 1, cfg.num_heads, cfg.num_kv_heads, dev)
+        twin._new_workspaces()
         return twin
 
     @staticmethod

@@ -51,7 +51,6 @@ that memory.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -60,6 +59,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 from .cuda_graphs import to_device
+from .env_counts import env_count, given_count
 from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
 from .row_prefill import RowPrefill
@@ -108,37 +108,18 @@ MAX_READBACK_LAG = 4
 DRAIN_PLAIN_ROUNDS = 4
 
 
-def _env_count(name: str, default: int, unit: str, most: Optional[int] = None) -> int:
-    """The whole number >= 1 (and <= `most`) the environment variable `name` holds, `default`
-    where it is unset; a SpecPilotError naming the variable and its `unit` otherwise."""
-    value = os.environ.get(name)
-    if value is None:
-        return default
-    try:
-        count = int(value)
-    except ValueError:
-        count = 0
-    if count < 1 or (most is not None and count > most) or not value.strip().isascii():
-        bound = ">= 1" if most is None else f"from 1 to {most}"
-        raise SpecPilotError(f"{name}={value!r}: expected a whole number of {unit} {bound}")
-    return count
-
-
 def refill_rounds_per_replay() -> int:
     """Rounds a captured refill decoder's replay runs when not told (`rounds_per_replay`):
     REFILL_ROUNDS_PER_REPLAY, or SPECPILOT_REFILL_ROUNDS (to measure others)."""
-    return _env_count(ROUNDS_ENV, REFILL_ROUNDS_PER_REPLAY, "rounds")
+    return env_count(ROUNDS_ENV, REFILL_ROUNDS_PER_REPLAY, "rounds")
 
 
 def refill_readback_lag(lag: Optional[int] = None) -> int:
     """Replays the refill loop's read-back runs behind (1..MAX_READBACK_LAG): `lag` as given,
     else SPECPILOT_REFILL_LAG's, else REFILL_READBACK_LAG."""
     if lag is None:
-        return _env_count(LAG_ENV, REFILL_READBACK_LAG, "replays", MAX_READBACK_LAG)
-    if isinstance(lag, bool) or not isinstance(lag, int) or not 1 <= lag <= MAX_READBACK_LAG:
-        raise SpecPilotError(f"readback lag {lag!r}: expected a whole number of replays from 1 "
-                             f"to {MAX_READBACK_LAG}")
-    return lag
+        return env_count(LAG_ENV, REFILL_READBACK_LAG, "replays", MAX_READBACK_LAG)
+    return given_count(lag, "readback lag", "replays", MAX_READBACK_LAG)
 
 
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
@@ -388,7 +369,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                     if alone and self.adaptive and not forced:
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
                         restarts += 1
-            self._prefetch(prompts, queue)
+            if done:            # those held ahead change only with admissions
+                self._prefetch(prompts, queue)
             if all(h is None for h in held):
                 break
             # Each request holds its slot for at most its rounds' replays and lag + 1 more (the

@@ -41,6 +41,7 @@ import torch
 
 from specpilot.ir.errors import SpecPilotError
 
+from .env_counts import env_count, given_count
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
 
@@ -80,20 +81,9 @@ def prefill_placement(placement: Optional[str] = None) -> str:
 def ahead_depth(depth: Optional[int] = None) -> int:
     """How many newcomers the placement `ahead` holds prefilled: `depth` as given, else the
     environment variable SPECPILOT_REFILL_AHEAD's, else AHEAD_DEPTH; 1..MAX_AHEAD_DEPTH."""
-    where = f"ahead depth {depth!r}"
     if depth is None:
-        value = os.environ.get(AHEAD_ENV)
-        if value is None:
-            return AHEAD_DEPTH
-        where = f"{AHEAD_ENV}={value!r}"
-        try:
-            depth = int(value)
-        except ValueError:
-            depth = 0
-    if not 1 <= depth <= MAX_AHEAD_DEPTH:
-        raise SpecPilotError(f"{where}: expected a whole number of newcomers, "
-                             f"1..{MAX_AHEAD_DEPTH}")
-    return depth
+        return env_count(AHEAD_ENV, AHEAD_DEPTH, "newcomers", MAX_AHEAD_DEPTH)
+    return given_count(depth, "ahead depth", "newcomers", MAX_AHEAD_DEPTH)
 
 
 def own_workspaces(model):
@@ -136,18 +126,18 @@ class RowPrefill:
             # ... and runs while the rounds run the same models: a model with workspaces (the
             # fused drafter's split attention) prefills with workspaces of its own.
             models = [(own_workspaces(model), cache) for model, cache in models]
-        # (the batch's cache, this prefill's one-row scratch caches, a set each) per model
-        self.caches: List[Tuple[KVCache, List[KVCache]]] = [
-            (cache, [model.new_cache(1, capacity) for _ in range(sets)]) for model, cache in models]
-        self._prefills = [StaticPrefill([(model, scratch[s]) for (model, _), (_, scratch)
-                                         in zip(models, self.caches)],
+        # The batch's caches, and one-row caches of every model per scratch set and per
+        # staging slot (a newcomer held ahead, with its logits at its last token)
+        self.batch_caches: List[KVCache] = [cache for _, cache in models]
+        self.scratch: List[List[KVCache]] = [[model.new_cache(1, capacity) for model, _ in models]
+                                             for _ in range(sets)]
+        self._prefills = [StaticPrefill(list(zip([model for model, _ in models], caches)),
                                         1, capacity, capture, bounded=True, stream=self.stream)
-                          for s in range(sets)]
-        # Per model, a one-row staging cache per newcomer held ahead; their logits [depth, V]
-        # are allocated at the first prefill ahead (V is the prefill's to tell).
-        self.staging: List[List[KVCache]] = [[model.new_cache(1, capacity)
-                                              for _ in range(self.depth)] for model, _ in models]
-        self._staged_logits: Optional[torch.Tensor] = None
+                          for caches in self.scratch]
+        self.staging: List[List[KVCache]] = [[model.new_cache(1, capacity) for model, _ in models]
+                                             for _ in range(self.depth)]
+        self._staged_logits = torch.empty((self.depth, models[0][0].config.vocab_size),
+                                          dtype=torch.float32, device=self.device)
         if self.stream is not None:
             self._prefilled = [torch.cuda.Event() for _ in range(sets)]
             self._read = [torch.cuda.Event() for _ in range(sets)]    # the set's scratch is free
@@ -155,6 +145,8 @@ class RowPrefill:
             self._taken = [torch.cuda.Event() for _ in range(self.depth)]   # ... and copied out
         self._next = 0
         self._held: Deque[_Ahead] = deque()
+        # Free staging slots, the one freed last taken last: its copy into a row may still be
+        # queued behind the round, and a fill of it would wait for that copy.
         self._free: Deque[int] = deque(range(self.depth))
 
     def prepare(self, lengths: Sequence[int]) -> None:
@@ -162,12 +154,14 @@ class RowPrefill:
         for prefill in self._prefills:
             prefill.prepare(lengths)
 
-    def _copy(self, s: int, row: int, width: int) -> None:
-        """The bucket's slots of scratch set `s` into `row` of the batch's caches (slots past
-        the prompt hold padding, as a batch prefill leaves them): `KVCache.copy_row_from`, one
-        copy for K and one for V a model where the caches keep their layers stacked."""
-        for cache, scratch in self.caches:
-            cache.copy_row_from(row, scratch[s], 0, width)
+    @staticmethod
+    def _copy(into: List[KVCache], row: int, source: List[KVCache], width: int) -> None:
+        """The first `width` slots of each model's one-row cache in `source` into `row` of its
+        cache in `into` (slots past the prompt hold padding, as a batch prefill leaves them):
+        `KVCache.copy_row_from`, one copy for K and one for V a model where the caches keep
+        their layers stacked."""
+        for cache, one_row in zip(into, source):
+            cache.copy_row_from(row, one_row, 0, width)
 
     def _take_set(self) -> int:
         """The next scratch set in turn."""
@@ -204,11 +198,10 @@ class RowPrefill:
         want = [tuple(p) for p in upcoming[:self.depth]]
         if [a.prompt for a in self._held] != want[:len(self._held)]:
             self.forget()
-        count = 0
-        for prompt in want[len(self._held):]:
+        fresh = want[len(self._held):]
+        for prompt in fresh:
             self._stage(prompt)
-            count += 1
-        return count
+        return len(fresh)
 
     def _stage(self, prompt: Tuple[int, ...]) -> None:
         """Prefill `prompt` into a scratch set and copy it into a free staging slot (both on
@@ -216,14 +209,10 @@ class RowPrefill:
         slot = self._free.popleft()
         s = self._take_set()
         logits, width = self._prefill(s, prompt)
-        if self._staged_logits is None:
-            self._staged_logits = torch.empty((self.depth, logits.shape[-1]),
-                                              dtype=logits.dtype, device=logits.device)
         if self.stream is not None:
             self.stream.wait_event(self._taken[slot])
         with torch.cuda.stream(self.stream) if self.stream is not None else nullcontext():
-            for staging, (_, scratch) in zip(self.staging, self.caches):
-                staging[slot].copy_row_from(0, scratch[s], 0, width)
+            self._copy(self.staging[slot], 0, self.scratch[s], width)
             self._staged_logits[slot].copy_(logits[0])
             if self.stream is not None:
                 self._staged[slot].record()
@@ -240,8 +229,7 @@ class RowPrefill:
             ahead = held.popleft()
             if self.stream is not None:
                 torch.cuda.current_stream(self.device).wait_event(self._staged[ahead.slot])
-            for (cache, _), staging in zip(self.caches, self.staging):
-                cache.copy_row_from(row, staging[ahead.slot], 0, ahead.width)
+            self._copy(self.batch_caches, row, self.staging[ahead.slot], ahead.width)
             logits = self._staged_logits[ahead.slot:ahead.slot + 1].clone()
             if self.stream is not None:
                 self._taken[ahead.slot].record()
@@ -253,7 +241,7 @@ class RowPrefill:
         logits, width = self._prefill(s, prompt)
         if self.stream is not None:
             torch.cuda.current_stream(self.device).wait_event(self._prefilled[s])
-        self._copy(s, row, width)
+        self._copy(self.batch_caches, row, self.scratch[s], width)
         logits = logits.clone()
         if self.stream is not None:
             self._read[s].record()

@@ -136,6 +136,7 @@ def _progress(message: str) -> None:
 def _run_pair(args, device, env) -> int:
     from specpilot.bench.pair_bench import (PairBenchSettings, default_name, run_pair_bench,
                                             widest_profile)
+    from specpilot.bench.replay import acceptance_suffix
     from specpilot.bench.report_md import pair_markdown
     from specpilot.bench.results import PartialResults, write_results
 
@@ -152,16 +153,17 @@ def _run_pair(args, device, env) -> int:
     doc["acceptance_profiles"] = {}
     doc["acceptance_profiles_by_batch"] = {}
     for system, by_batch in profiles.items():
-        stem = f".acceptance.{system.replace(':', '-')}"
-        extra[stem + ".json"] = widest_profile(by_batch).to_json()
-        doc["acceptance_profiles"][system] = doc["name"] + stem + ".json"
+        suffix = acceptance_suffix(system)
+        extra[suffix] = widest_profile(by_batch).to_json()
+        doc["acceptance_profiles"][system] = doc["name"] + suffix
         # Each batch's own as well (a drain or refill replay at batch 16 wants batch 16's
         # requests, not batch 64's), where the run measured more than one.
         if len(by_batch) > 1:
             files = doc["acceptance_profiles_by_batch"][system] = {}
             for b, profile in sorted(by_batch.items()):
-                extra[f"{stem}.b{b}.json"] = profile.to_json()
-                files[str(b)] = f"{doc['name']}{stem}.b{b}.json"
+                suffix = acceptance_suffix(system, b)
+                extra[suffix] = profile.to_json()
+                files[str(b)] = doc["name"] + suffix
     title = f"{doc['name']}: {doc['environment']['gpu']}, {doc['settings']['dtype']}"
     paths = write_results(doc, args.out_dir, pair_markdown(doc), title, extra_json=extra,
                           benchmarks_md=args.benchmarks_md)

@@ -12,8 +12,8 @@ on the CPU) picks the next length, and a newcomer starts from the averages of th
 before it (`admit`). As in the runtime's host loop, a newcomer alone in the batch (no other slot
 holds a request still running: with one slot, every newcomer) starts it anew at the longest
 chain, and once the queue is empty the batch drains (`queue_empty`: the makespan rule, unless
-the drain objective is "throughput"). The AR
-baseline is AR with refill, as in the refill replay.
+the drain objective is "throughput"). The AR baseline is AR with refill, as in the refill
+replay.
 """
 from __future__ import annotations
 

@@ -55,6 +55,14 @@ class MissingStepCost(SpecPilotError):
     """A replay needs a step cost that was not measured."""
 
 
+def acceptance_suffix(system: str, batch: Optional[int] = None) -> str:
+    """The suffix of the acceptance profile of `system` that `specpilot bench` writes beside
+    its result `<name>.json`: the widest batch's, or with `batch` that batch's own (written
+    where the run measured more than one)."""
+    return (f".acceptance.{system.replace(':', '-')}"
+            + ("" if batch is None else f".b{batch}") + ".json")
+
+
 @dataclass(frozen=True)
 class AcceptanceProfile:
     topology: Topology

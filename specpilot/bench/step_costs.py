@@ -89,6 +89,14 @@ class StepCosts:
                 costs.round_costs.setdefault(str(Chain(n)), {})[batch] = seconds
         return costs
 
+    @classmethod
+    def of_round_model(cls, base: float, per_draft: float, batch_sizes: Iterable[int],
+                       k: int) -> "StepCosts":
+        """Step costs in plain steps: a plain step 1, a chain(L) round base + per_draft * L at
+        every batch size (the shape of the 161M pair's graphed rounds on the H200)."""
+        return cls.of_chain_rounds(
+            {b: [1.0] + [base + per_draft * n for n in range(1, k + 1)] for b in batch_sizes})
+
     def to_json(self) -> dict:
         """target/drafter as {batch: {width: s}}, verify_trees/accept/graphed_rounds as
         {topology: {batch: s}}."""

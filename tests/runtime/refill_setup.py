@@ -33,9 +33,8 @@ class NoTargetPrefill(GraphedRefillDecoder):
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
-        batch_cache, scratch = self._row_prefill.caches[0]
-        elsewhere = self.target.new_cache(self.batch, batch_cache.capacity)
-        self._row_prefill.caches[0] = (elsewhere, scratch)
+        batch_cache = self._row_prefill.batch_caches[0]
+        self._row_prefill.batch_caches[0] = self.target.new_cache(self.batch, batch_cache.capacity)
 
 
 class ReplayLog(GraphedRefillDecoder):

@@ -69,9 +69,9 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
         prefill = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
         # uncaptured, the prefill is the caller's own work, on the caller's stream, in one
         # scratch set; ahead, newcomers prefilled early wait in staging caches of their own
-        assert prefill.stream is None and len(prefill.caches[0][1]) == 1
+        assert prefill.stream is None and len(prefill.scratch) == 1
         assert prefill.ahead == (placement == "ahead")
-        assert prefill.depth == depth and len(prefill.staging[0]) == depth
+        assert prefill.depth == depth and len(prefill.staging) == depth
     monkeypatch.setenv("SPECPILOT_REFILL_AHEAD", "2")
     assert RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False).depth == 2
     assert ahead_depth(3) == 3                  # given, it overrides the environment's
@@ -79,8 +79,9 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
         monkeypatch.setenv("SPECPILOT_REFILL_AHEAD", bad)
         with pytest.raises(SpecPilotError, match=f"SPECPILOT_REFILL_AHEAD='{bad}'"):
             RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False)
-    with pytest.raises(SpecPilotError, match="ahead depth 0"):
-        ahead_depth(0)
+    for bad in (0, 17, True, 2.0):
+        with pytest.raises(SpecPilotError, match=f"ahead depth {bad!r}"):
+            ahead_depth(bad)
     monkeypatch.delenv("SPECPILOT_REFILL_AHEAD")
     assert ahead_depth() == AHEAD_DEPTH
     monkeypatch.setenv("SPECPILOT_REFILL_PREFILL", "beside")    # beside reads no depth
@@ -89,7 +90,7 @@ def test_the_prefill_placement_is_checked_and_off_a_gpu_needs_no_stream(monkeypa
     monkeypatch.delenv("SPECPILOT_REFILL_AHEAD")
     # given to the constructor, the placement overrides the environment's, and is checked too
     given = RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False, placement="beside")
-    assert not given.ahead and len(given.caches[0][1]) == 1
+    assert not given.ahead and len(given.scratch) == 1
     with pytest.raises(SpecPilotError, match="prefill placement 'sideways'"):
         RowPrefill([(target, target.new_cache(2, 32))], 32, capture=False, placement="sideways")
 

@@ -83,14 +83,18 @@ def test_a_poor_request_left_in_the_drain_decides_the_makespan_not_the_time_per_
 
 
 def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path, capsys):
-    profile = _poor_one_last(5)
+    """The fixed row's profile is the one the bench wrote beside the file (its batch's own
+    where there are several), priced by the adaptive row's recorded prices, else by the round
+    model; each rule's figures are the replay's own."""
+    profile, other = _poor_one_last(5), _poor_one_last(6)
+    fixed_name = "mech:graphed_refill_fused_accept"
     profile.save(str(tmp_path / "mechanisms-x.acceptance.mech-graphed_refill_fused_accept.json"))
-    rows = [{"system": "mech:graphed_refill_fused_accept", "batch_size": 4, "status": "measured"},
+    rows = [{"system": fixed_name, "batch_size": 4, "status": "measured"},
             {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
              "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
                                                    "restarts": 0}}]
     bench = tmp_path / "mechanisms-x.json"
-    bench.write_text(json.dumps({"rows": rows}))
+    bench.write_text(json.dumps({"name": "mechanisms-x", "rows": rows}))
     out = tmp_path / "drain.json"
     script = load_bench_script("drain_rule_replay")
     assert script.main([str(bench), "--out", str(out)]) == 0
@@ -107,7 +111,18 @@ def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path,
         assert rule["over_fixed"] == pytest.approx(fixed.spec_seconds / got.spec_seconds)
         assert rule["x_ar"] == pytest.approx(got.speedup)
     assert "over fixed: geometric/makespan" in capsys.readouterr().out
+    # the batch's own profile where the bench wrote several; no recorded prices: the model's
+    other.save(str(tmp_path / "mechanisms-x.acceptance.mech-graphed_refill_fused_accept.b4.json"))
+    by_batch = {fixed_name: {"4": "mechanisms-x.acceptance.mech-graphed_refill_fused_accept"
+                                  ".b4.json"}}
+    bench.write_text(json.dumps({"name": "mechanisms-x", "rows": rows[:1],
+                                 "acceptance_profiles_by_batch": by_batch}))
+    assert script.main([str(bench), "--round-model", "1.5,0.25", "--out", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    assert cell["prices"] == [1.0, 1.75, 2.0, 2.25, 2.5] and not cell["prices_recorded"]
+    modelled = StepCosts.of_round_model(1.5, 0.25, [4], 4)
+    assert cell["fixed_x_ar"] == pytest.approx(replay_refill(other, modelled, 4).speedup)
     # no fixed row: refused, nothing written
-    bench.write_text(json.dumps({"rows": rows[1:]}))
+    bench.write_text(json.dumps({"name": "mechanisms-x", "rows": rows[1:]}))
     assert script.main([str(bench), "--out", str(tmp_path / "no.json")]) == 2
     assert not (tmp_path / "no.json").exists()

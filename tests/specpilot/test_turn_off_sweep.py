@@ -9,6 +9,7 @@ import pytest
 from bench_script import load_bench_script
 from specpilot.bench.adaptive_refill_replay import replay_adaptive_refill
 from specpilot.bench.adaptive_replay import replay_adaptive
+from specpilot.bench.step_costs import StepCosts
 from replay_setup import chain_round_costs, profile_from_agreement
 from torch_threads import single_thread_fixture
 
@@ -62,7 +63,7 @@ def test_the_sweep_replays_each_candidate(tmp_path):
     assert [r["estimator"] for r in rows[:4]] == ["geometric"] * 2 + ["per_depth"] * 2
     for row in rows:
         assert row["refill"] == pytest.approx(replay_adaptive_refill(
-            profile, c if row["costs"] == str(source) else module.modelled_costs(
+            profile, c if row["costs"] == str(source) else StepCosts.of_round_model(
                 1.5, 0.2, [1, 4], 4), row["batch"], off_after=row["off_after"],
             estimator=row["estimator"]).speedup)
     with pytest.raises(SystemExit):
