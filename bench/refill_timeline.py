@@ -22,7 +22,10 @@ replay and every admission:
   replays, refills, replays_by_length (by chain length; "0x4": the drain's plain blocks of
   four rounds), new tokens and tokens/s
 
-per batch size, decoder, rounds a replay (--rounds-per-replay: a finished request's slot
+per batch size, decoder (--decoders: chain, adaptive, adaptive_depth: adaptive lengths by the
+per-depth estimate), round end (--accept-kernels: torch ops, or generated kernels: the commit,
+and with adaptive lengths the length's update and a newcomer's start, the length_policy and
+length_admit families), rounds a replay (--rounds-per-replay: a finished request's slot
 waits for its replay's end and one replay more, so fewer rounds a replay refill sooner, at more
 host work a round) and newcomer prefill placement (--prefill-placements: `ahead` of the
 admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py; with
@@ -156,13 +159,20 @@ class Timeline:
                 "prefetches": len(self.host_prefetch), "crowded_gaps": crowded}
 
 
-def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int,
-             placement: str, depth: Optional[int], lag: int, args) -> dict:
+DECODERS = ("chain", "adaptive", "adaptive_depth")
+ACCEPT = ("ops", "fused")
+
+
+def one_cell(target, drafter, prompts, eos, batch: int, kind: str, per: int,
+             placement: str, depth: Optional[int], lag: int, accept: str, args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
+    adaptive = kind != "chain"
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
                                    capture=target.device.type == "cuda", adaptive=adaptive,
                                    rounds_per_replay=per, prefill_placement=placement,
-                                   ahead_depth=depth, readback_lag=lag)
+                                   ahead_depth=depth, readback_lag=lag, accept_kernels=accept,
+                                   length_estimator=("per_depth" if kind == "adaptive_depth"
+                                                     else "geometric"))
     decoder.prepare_prefill(prompts)
     timeline = Timeline(decoder)
     timeline.call(prompts, args.max_new_tokens)                     # warm: captures, prices
@@ -172,8 +182,8 @@ def one_cell(target, drafter, prompts, eos, batch: int, adaptive: bool, per: int
     timeline.remove()
     keys = ("wall_ms", "before_ms", "replay_ms", "admit_ms", "idle_ms", "after_ms",
             "tokens_per_s", "host_admit_ms", "host_admit_median_ms", "host_prefetch_ms")
-    return {"batch": batch, "decoder": "adaptive" if adaptive else f"chain({args.k})",
-            "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
+    return {"batch": batch, "decoder": kind if adaptive else f"chain({args.k})",
+            "accept_kernels": accept, "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
             "ahead_depth": decoder._row_prefill.depth, "readback_lag": decoder.lag,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
@@ -183,7 +193,8 @@ def report(cell: dict) -> str:
     m = cell["median"]
     last = cell["calls"][-1]
     ahead = f" ({cell['ahead_depth']} held)" if cell["ahead_depth"] else ""
-    return (f"batch {cell['batch']} {cell['decoder']}, {cell['rounds_per_replay']} rounds a "
+    return (f"batch {cell['batch']} {cell['decoder']} ({cell['accept_kernels']} round end), "
+            f"{cell['rounds_per_replay']} rounds a "
             f"replay, prefill {cell['prefill_placement']}{ahead}, read back "
             f"{cell['readback_lag']} "
             f"behind: {m['wall_ms']:.1f} ms "
@@ -204,7 +215,11 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=positive_int, default=256)
     ap.add_argument("--k", type=positive_int, default=4,
                     help="the chain's drafts (the adaptive longest)")
-    ap.add_argument("--decoders", default="chain,adaptive", help="chain and/or adaptive")
+    ap.add_argument("--decoders", default="chain,adaptive",
+                    help=f"comma list of {', '.join(DECODERS)}")
+    ap.add_argument("--accept-kernels", default="ops",
+                    help="comma list of round ends, one cell each: ops (torch operations) "
+                         "and/or fused (generated kernels)")
     ap.add_argument("--calls", type=positive_int, default=3, help="timed calls after a warm one")
     ap.add_argument("--rounds-per-replay", type=positive_counts, default=None,
                     help="rounds each replay runs, one cell per value (default: the refill "
@@ -230,8 +245,12 @@ def main(argv=None) -> int:
         ap.error(f"--prefill-placements takes {', '.join(PLACEMENTS)}, got "
                  f"{args.prefill_placements!r}")
     kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    if not kinds or any(d not in ("chain", "adaptive") for d in kinds):
-        ap.error(f"--decoders takes chain and/or adaptive, got {args.decoders!r}")
+    if not kinds or any(d not in DECODERS for d in kinds):
+        ap.error(f"--decoders takes {', '.join(DECODERS)}, got {args.decoders!r}")
+    accepts = [a.strip() for a in args.accept_kernels.split(",") if a.strip()]
+    if not accepts or any(a not in ACCEPT for a in accepts):
+        ap.error(f"--accept-kernels takes {' and/or '.join(ACCEPT)}, got "
+                 f"{args.accept_kernels!r}")
     try:
         if args.rounds_per_replay is None:
             args.rounds_per_replay = [refill_rounds_per_replay()]
@@ -249,14 +268,14 @@ def main(argv=None) -> int:
         ap.error(str(exc))
 
     def cell(case) -> dict:
-        batch, per, kind, (placement, depth), lag = case
-        return one_cell(target, drafter, prompts, eos, batch, kind == "adaptive", per,
-                        placement, depth, lag, args)
+        batch, per, kind, (placement, depth), lag, accept = case
+        return one_cell(target, drafter, prompts, eos, batch, kind, per, placement, depth, lag,
+                        accept, args)
 
     # Each depth is a cell of its own where the placement is ahead; it means nothing elsewhere.
     placed = [(p, d) for p in placements for d in (depths if p == "ahead" else [None])]
     cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placed,
-                              args.readback_lags)
+                              args.readback_lags, accepts)
     measure_rows(cases, cell, report, args.out, target.device.type, vars(args), "cells")
     return 0
 

@@ -17,7 +17,11 @@ alike:
                  flags copied to pinned host memory (and, adaptive, the next length) and an
                  event recorded (runtime/graphed_refill.py)
   <name>_fused   chain, adaptive and refill with the round's end in one generated kernel
-                 (accept_kernels "fused", the chain_commit family)
+                 (accept_kernels "fused", the chain_commit family); adaptive_fused updates its
+                 length in one more (the length_policy family)
+  adaptive_fused_compiled  the same with the length's update compiled by Inductor (as it ran
+                 before the length_policy kernel)
+  adaptive_depth_fused, adaptive_depth_fused_compiled  the two with the per-depth estimate
   <name>_fused_folded  the same with the drafter's o_proj and down_proj folded into its
                  attention and MLP kernels (FusedForward(fold=True), three launches a layer);
                  the others' drafter is unfolded (fold=False) whatever the default
@@ -56,10 +60,12 @@ from specpilot.runtime.graphed_chain import GraphedChainDecoder  # noqa: E402
 from specpilot.runtime.graphed_refill import GraphedRefillDecoder  # noqa: E402
 
 WARMUP = 5
-VARIANTS = ("chain", "chain_fused", "adaptive", "adaptive_fused", "refill", "refill_fused",
+VARIANTS = ("chain", "chain_fused", "adaptive", "adaptive_fused", "adaptive_fused_compiled",
+            "adaptive_depth_fused", "adaptive_depth_fused_compiled", "refill", "refill_fused",
             "refill_ahead", "refill_loop", "chain_fused_folded", "refill_fused_folded")
 FUSED = "_fused"
 FOLDED = "_folded"
+COMPILED = "_compiled"
 
 
 def build(name: str, target, drafters, batch: int, capacity: int, k: int, graphs: bool):
@@ -68,16 +74,21 @@ def build(name: str, target, drafters, batch: int, capacity: int, k: int, graphs
     folded = name.endswith(FOLDED)
     fused = drafters[folded]
     name = name[:-len(FOLDED)] if folded else name
+    compiled = name.endswith(COMPILED)
+    name = name[:-len(COMPILED)] if compiled else name
     accept = "fused" if name.endswith(FUSED) else "ops"
     base = name[:-len(FUSED)] if name.endswith(FUSED) else name
     if base == "chain":
         return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
                                    accept_kernels=accept)
-    if base == "adaptive":
+    if base in ("adaptive", "adaptive_depth"):
         # Fixed costs of the lengths 0..k in plain steps: the adaptive decoder measures nothing.
         return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
                                    adaptive=True, round_costs=[1.0 + 0.3 * n for n in range(k + 1)],
-                                   accept_kernels=accept)
+                                   accept_kernels=accept,
+                                   length_kernel=False if compiled else None,
+                                   length_estimator=("per_depth" if base == "adaptive_depth"
+                                                     else "geometric"))
     placement = "ahead" if base == "refill_ahead" else "beside"
     return GraphedRefillDecoder(target, fused, batch, capacity, k, capture=graphs,
                                 prefill_placement=placement, accept_kernels=accept)

@@ -78,6 +78,32 @@ chain_commit   launch(committed, drafts, out, count, length, last, prev, limit, 
                row_round += ran only. Except row_plain, status[r, 0] = every row has finished.
                round_index += 1. n_out int64 [B], before_out bool [B] and r_out int64 [1]
                receive n, the active flags before and r. Torch reference: chain_commit_ref.
+length_policy  launch(accepted_avg, rejected_avg, accepted_total, rejected_total, first_judged,
+                      rounds, off, chosen, workload, draining, round_cost, n, drafted, ran,
+                      limit, count, active, status, r, smoothing, depth_smoothing, z,
+                      off_after, depth_rates=None, depth_tried=None, depth_took=None,
+                      depth_workload=None)
+               The adaptive chain length's update after a round (runtime/batch_length.py,
+               `policy_round`, its torch reference), one program for the batch: the state
+               (float32 [B] moving averages and whole-history counts, first_judged; rounds
+               int64, off bool, chosen int64, workload float32 [3], one each) is updated in
+               place from the round's n accepted of drafted (int64 [B]) on the rows in ran
+               (bool [B]), and the next length is written to status[r, 1] (status int64 [W,
+               2], r int64 [1]): the L in 1..cap (round_cost float32 [cap + 1]) with the
+               shortest makespan over the active rows (remaining = max(limit - count, 0)), or
+               OBJECTIVE=throughput the least time per token unless draining (bool [1]), or 0
+               once TURN_OFF has turned speculation off. ESTIMATOR=per_depth: depth_rates,
+               depth_tried, depth_took float32 [B, cap] and depth_workload float32 [2, cap].
+length_admit   launch(accepted_avg, rejected_avg, accepted_total, rejected_total, workload, row,
+                      cap, off_after, depth_rates=None, depth_tried=None, depth_took=None,
+                      depth_workload=None)
+               A continuous refill's newcomer in row `row` (int, host) of the adaptive length's
+               state (`BatchLengthPolicy.admit`, its torch reference; length_policy's tensors):
+               its moving averages start at the workload's averages per round (workload
+               float32 [3]: accepted drafts, rejections, request rounds; cap and 0 before any
+               round), its whole-history counts at off_after such rounds. ESTIMATOR=per_depth:
+               its rates at the workload's per depth (depth_workload float32 [2, cap]: tries,
+               acceptances; 1 where none was tried), its depth counts likewise.
 kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
                caches [B, S, Hkv, D] or [L, B, S, Hkv, D] (all layers at once), modified in
                place: for each request b and i < counts[b], slot dst_start[b] + i receives slot
@@ -313,6 +339,33 @@ CHAIN_COMMIT = FamilySchema(
                           "only)"),
             _warps(1)))
 
+LENGTH_POLICY = FamilySchema(
+    name="length_policy", backend="triton",
+    summary="the adaptive chain length's update after a round in one launch: acceptance "
+            "estimates, the next length (makespan or time per token), the turn-off",
+    launcher="launch(accepted_avg, rejected_avg, accepted_total, rejected_total, first_judged, "
+             "rounds, off, chosen, workload, draining, round_cost, n, drafted, ran, limit, count, "
+             "active, status, r, smoothing, depth_smoothing, z, off_after, depth_rates=None, "
+             "depth_tried=None, depth_took=None, depth_workload=None)",
+    params=(EnumParam("ESTIMATOR", ("geometric", "per_depth"), "geometric",
+                      doc="what a chain of L is expected to commit: one acceptance per request "
+                          "or one per request and depth (a Program's batch.length_estimator)"),
+            EnumParam("OBJECTIVE", ("makespan", "throughput"), "makespan",
+                      doc="a padded batch's makespan, or continuous refill's time per token"),
+            BoolParam("TURN_OFF", True, doc="speculation may turn off for good"),
+            _warps(1)))
+
+LENGTH_ADMIT = FamilySchema(
+    name="length_admit", backend="triton",
+    summary="a refilled row's adaptive-length estimates started from the workload's, in one "
+            "launch",
+    launcher="launch(accepted_avg, rejected_avg, accepted_total, rejected_total, workload, row, "
+             "cap, off_after, depth_rates=None, depth_tried=None, depth_took=None, "
+             "depth_workload=None)",
+    params=(EnumParam("ESTIMATOR", ("geometric", "per_depth"), "geometric",
+                      doc="one acceptance per request, or one per request and depth"),
+            _warps(1)))
+
 KV_COMPACT = FamilySchema(
     name="kv_compact", backend="triton",
     summary="in-place copy of accepted tree nodes' K/V rows to contiguous cache slots",
@@ -433,5 +486,6 @@ NORM_QKV_ROPE = FamilySchema(
     check=_check_norm_qkv_rope, derive=_rope_constants)
 
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,
-                  CHAIN_COMMIT, KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
+                  CHAIN_COMMIT, LENGTH_POLICY, LENGTH_ADMIT,
+                  KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
                   NORM_QKV_ROPE)

@@ -251,7 +251,9 @@ class SetAttentionKernels(Transformation):
 class SetAcceptKernels(Transformation):
     """How a graphed chain round ends: `ops` (the acceptance, the commit, who stops and the
     round's log as torch ops, some forty kernels) or `fused` (one generated kernel, the
-    chain_commit family). Integers only, so the output is the same either way."""
+    chain_commit family; with adaptive lengths the length's update in one more, the
+    length_policy family). The commit is integers only and a length only sets the speed, so
+    the output is the same either way."""
     kernels: str
     name: ClassVar[str] = "SetAcceptKernels"
     PARAMS: ClassVar[Dict[str, str]] = {"kernels": "str"}

@@ -69,7 +69,11 @@ The update itself runs in every speculative round, so it is priced too: as eager
 operations it was some 75 small kernels in the captured round, 7 % of a round on the H200 (run
 19: the adaptive decoder's rounds against fixed decoders' of the same lengths). A captured
 decoder runs it compiled (`policy_round`, `compiled_policy_round`): a few kernels, 0.2-0.9 %
-over the fixed rounds (run 20), the same lengths.
+over the fixed rounds (run 20), the same lengths. A decoder whose round ends in generated
+kernels (accept_kernels "fused") runs it as one more, the length_policy family
+(`length_policy_kernel`, `BatchLengthPolicy.next_into`): on the H200 a captured batch-16
+chain(4) round with it cost 1.001x the fixed round's, against 1.009x with the compiled update
+(BENCHMARKS.md, thirty-first set).
 """
 from __future__ import annotations
 
@@ -82,9 +86,10 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.program import LENGTH_DRAINS, LENGTH_ESTIMATORS
 
-from .adaptive_draft import (SMOOTHING, acceptance_rate, check_draft_cost, expected_tokens,
-                             update_acceptance, upper_acceptance)
-from .depth_acceptance import depth_expected_tokens, depth_trials, update_depth_rates
+from .adaptive_draft import (OFF_CONFIDENCE, SMOOTHING, acceptance_rate, check_draft_cost,
+                             expected_tokens, update_acceptance, upper_acceptance)
+from .depth_acceptance import (DEPTH_SMOOTHING, depth_expected_tokens, depth_trials,
+                               update_depth_rates)
 from .workload_memory import WorkloadMemory
 
 # Rounds seen before a batch may turn speculation off (its estimates start at alpha = 1).
@@ -96,9 +101,10 @@ OFF_AFTER_ROUNDS = 8
 # bench/drain_rule_replay.py, BENCHMARKS.md thirtieth set), the makespan let one request that
 # agreed poorly turn the whole drain off for good: run 63 ran 0.94x (batch 16) and 0.91x (64) of
 # the fixed chain(4) with refill, as the H200 measured it (0.935x, 0.932x). With the per-depth
-# estimate, the throughput drain stayed within 0.986-1.028x of the fixed chain in every call. Not
-# yet raced on the GPU, so the makespan stays the default (the batching agent proposes the
-# other, and the compiler measures it).
+# estimate, the throughput drain stayed within 0.986-1.028x of the fixed chain in every call.
+# Raced on the H200 (runs 64-66, BENCHMARKS.md thirty-first set) it ran 0.953-1.002x the fixed
+# chain and 0.986-1.030x the default adaptive row: no better than either, so the makespan stays
+# the default (the batching agent proposes the other, and the compiler measures it).
 
 
 # Replays timed per length when measuring round costs (the best of them is kept).
@@ -230,7 +236,8 @@ class BatchLengthPolicy:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
                  compile_rounds: bool = False, smoothing: float = SMOOTHING,
-                 estimator: str = "geometric", drain: str = "makespan"):
+                 estimator: str = "geometric", drain: str = "makespan",
+                 kernel: bool = False):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
@@ -240,7 +247,10 @@ class BatchLengthPolicy:
         commit, from one acceptance per request or one per request and depth
         (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens. `drain` (a
         Program's batch.length_drain, one of LENGTH_DRAINS; objective "throughput" only): what
-        the length optimises once the refill's queue is empty (`queue_empty`)."""
+        the length optimises once the refill's queue is empty (`queue_empty`). `kernel`:
+        `next_into` runs the update as one generated kernel (the length_policy family, for a
+        decoder whose round ends in generated kernels: accept_kernels "fused"), and `admit` a
+        newcomer's start as another (length_admit), not as torch operations."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
@@ -256,7 +266,11 @@ class BatchLengthPolicy:
         # A padded batch drains from its start: its makespan is all there is.
         self.drain = drain if objective == "throughput" else "makespan"
         self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
-        self._round = compiled_policy_round() if compile_rounds else policy_round
+        self._round = (policy_round if kernel or not compile_rounds
+                       else compiled_policy_round())
+        self._kernel, self._admit_kernel = (length_kernels(estimator, objective, turn_off,
+                                                           device)
+                                            if kernel else (None, None))
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
@@ -381,9 +395,15 @@ class BatchLengthPolicy:
         history as `off_after` rounds at those averages (nothing before any). `alone` (no
         other request is in the batch): the batch starts anew, as a padded batch would
         (optimistic, speculating, the turn-off unsettled); with one slot every request is
-        judged on its own rounds. Stream-ordered tensor operations, no host sync."""
+        judged on its own rounds. Stream-ordered tensor operations (one generated kernel where
+        the policy was built with `kernel`), no host sync."""
         if alone:
             self._restart()
+            return
+        if self._admit_kernel is not None:
+            self._admit_kernel.launch(self.accepted_avg, self.rejected_avg, self.accepted_total,
+                                      self.rejected_total, self.workload, row, self.cap,
+                                      self.off_after, **self._depth_tensors())
             return
         rounds = self.workload[2]
         seen, counted = rounds > 0, rounds.clamp(min=1.0)
@@ -399,6 +419,28 @@ class BatchLengthPolicy:
         self.rejected_total[row] = self.workload[1] * prior
         if self.depth is not None:
             self.depth.admit(row, prior)
+
+    def next_into(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
+                  limit: torch.Tensor, count: torch.Tensor, active: torch.Tensor,
+                  status: torch.Tensor, r: torch.Tensor) -> None:
+        """`next` for requests with `count` of `limit` tokens written, its length put in
+        status[r, 1] (status int64 [W, 2], r int64 [1]): in one launch of the length_policy
+        kernel where the policy was built with `kernel`, else as torch operations."""
+        if self._kernel is None:
+            best = self.next(n, drafted, ran, (limit - count).clamp(min=0), active)
+            status[:, 1].index_copy_(0, r, best[None])
+            return
+        self._kernel.launch(
+            self.accepted_avg, self.rejected_avg, self.accepted_total, self.rejected_total,
+            self.first_judged, self.rounds, self.off, self.chosen, self.workload, self.draining,
+            self.round_cost, n, drafted, ran, limit, count, active, status, r, self.smoothing,
+            DEPTH_SMOOTHING, OFF_CONFIDENCE, self.off_after, **self._depth_tensors())
+
+    def _depth_tensors(self) -> dict:
+        """The per-depth state as the generated kernels take it (none with one alpha)."""
+        depth = self.depth
+        return (dict(depth_rates=depth.rates, depth_tried=depth.tried, depth_took=depth.took,
+                     depth_workload=depth.workload) if depth is not None else {})
 
     def next(self, n: torch.Tensor, drafted: torch.Tensor, ran: torch.Tensor,
              remaining: torch.Tensor, active: torch.Tensor) -> torch.Tensor:
@@ -474,6 +516,21 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     rounds.add_(1)
     off.logical_or_(plain_wins & settled & active.any())
     return torch.where(off, torch.zeros_like(best), best)
+
+
+def length_kernels(estimator: str, objective: str, turn_off: bool, device):
+    """The length_policy and length_admit kernel modules for a policy of this kind (built once,
+    cached), or a SpecPilotError where Triton cannot run on `device`."""
+    from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
+    from specpilot.codegen.kernel_spec import kernel_spec
+
+    why = triton_refusal(torch.device(device))
+    if why is not None:
+        raise SpecPilotError(f"the length update's kernel cannot run: {why}")
+    cache = KernelCache()
+    return (build_triton_module(kernel_spec("length_policy", ESTIMATOR=estimator,
+                                            OBJECTIVE=objective, TURN_OFF=turn_off), cache),
+            build_triton_module(kernel_spec("length_admit", ESTIMATOR=estimator), cache))
 
 
 @functools.lru_cache(maxsize=None)

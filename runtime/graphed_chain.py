@@ -90,7 +90,7 @@ class GraphedChainDecoder:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING,
                  length_estimator: str = "geometric", accept_kernels: str = "ops",
-                 length_drain: str = "makespan"):
+                 length_drain: str = "makespan", length_kernel: Optional[bool] = None):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -116,7 +116,10 @@ class GraphedChainDecoder:
 
         `accept_kernels` (a Program's kernels.accept_kernels): "ops" ends each round with torch
         ops, "fused" with one generated kernel (the chain_commit family) that accepts, commits,
-        stops rows and logs the round; the same integers either way."""
+        stops rows and logs the round, and with adaptive lengths one more for the length's
+        update (the length_policy family; `compile_policy` then has no use); the same integers
+        either way, and the same lengths up to float32 rounding. `length_kernel` False keeps
+        the torch update with the fused end (a bench's comparison; default: with "fused")."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -186,7 +189,9 @@ class GraphedChainDecoder:
         self.policy = (BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                          self.length_objective, compile_rounds=compile_policy,
                                          smoothing=smoothing, estimator=length_estimator,
-                                         drain=length_drain)
+                                         drain=length_drain,
+                                         kernel=(accept_kernels == "fused"
+                                                 if length_kernel is None else length_kernel))
                        if adaptive else None)
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
@@ -323,11 +328,10 @@ class GraphedChainDecoder:
                r: Optional[torch.Tensor] = None) -> None:
         """Record the batch's next length (runtime/batch_length.py) in the status row (row `r`,
         [1]; by default this round's, the round index not yet moved on)."""
-        remaining = (self.limit - self.count).clamp(min=0)
-        best = self.policy.next(n, drafted, before, remaining, self.active)
         if r is None:
             r = self.round_index.clamp(max=self.width - 1)[None]
-        self.status[:, 1].index_copy_(0, r, best[None])
+        self.policy.next_into(n, drafted, before, self.limit, self.count, self.active,
+                              self.status, r)
 
     # ---- the round's end in one generated kernel (accept_kernels "fused") --------------------
 

@@ -26,6 +26,9 @@ CASES = {
     "norm_gate_up_silu_fold_down.py": kernel_spec("norm_gate_up_silu", FOLD_DOWN=True),
     "greedy_accept_default.py": kernel_spec("greedy_accept"),
     "chain_commit_row.py": kernel_spec("chain_commit", LOG="row"),
+    "length_policy_per_depth_throughput.py": kernel_spec("length_policy", ESTIMATOR="per_depth",
+                                                         OBJECTIVE="throughput"),
+    "length_admit_per_depth.py": kernel_spec("length_admit", ESTIMATOR="per_depth"),
     "gemv_bf16_m4_bias.cu": kernel_spec("gemv_bf16", M_MAX=4, HAS_BIAS=True),
 }
 

@@ -1,7 +1,9 @@
 """The round's end in one generated kernel (accept_kernels "fused") with the rounds captured as
 CUDA graphs: the same output, acceptance and rounds as the torch-ops round end, for refill
-(plain, chain, adaptive lengths) and a padded chain, in float32, and forcing clean. Skipped
-without CUDA."""
+(plain, chain, adaptive lengths with either estimate) and a padded chain (fixed and adaptive),
+in float32, and forcing clean. With adaptive lengths the fused round end updates the length in
+the length_policy kernel and the ops round end in the compiled torch update: the same lengths
+round by round. Skipped without CUDA."""
 import pytest
 import torch
 
@@ -21,6 +23,8 @@ pytestmark = [
 @pytest.mark.parametrize("cls,k,adaptive", [(GraphedRefillDecoder, 0, False),
                                             (GraphedRefillDecoder, 3, False),
                                             (GraphedRefillDecoder, 4, True),
+                                            (GraphedRefillDecoder, 4, "per_depth"),
+                                            (GraphedChainDecoder, 4, True),
                                             (GraphedChainDecoder, 3, False)])
 def test_captured_fused_commit_equals_the_ops_commit(tmp_path, cls, k, adaptive):
     folder = make_checkpoint(tmp_path, "llama3", seed=95)
@@ -32,6 +36,8 @@ def test_captured_fused_commit_equals_the_ops_commit(tmp_path, cls, k, adaptive)
         prompts = prompts[:3]
     reference = generate_ar(target, prompts, 20, eos_ids=eos)
     options = dict(adaptive=True, round_costs=[1.0, 1.3, 1.6, 1.9, 2.2]) if adaptive else {}
+    if adaptive == "per_depth":     # the other estimate, with the throughput drain
+        options.update(length_estimator="per_depth", length_drain="throughput")
     runs = {}
     for kernels in ("ops", "fused"):
         dec = cls(target, drafter, 3, 64, k, eos, capture=True, accept_kernels=kernels,

@@ -1,8 +1,10 @@
 """A round's end in one generated kernel (accept_kernels "fused", the chain_commit family) in
 the graphed decoders, rounds run eagerly on CPU in float32 with the kernel in Triton's
 interpreter: every decoder that takes it gives greedy AR's tokens, and the same accepted
-lengths, rounds and refills as its torch-ops round end; forcing is clean; a commit that
-miscounts what it accepted is caught."""
+lengths, rounds and refills as its torch-ops round end (with adaptive lengths the length's
+update is a generated kernel too, the length_policy family, so the lengths chosen round by
+round are the kernel's); forcing is clean; a commit that miscounts what it accepted is
+caught."""
 import pytest
 import torch
 
@@ -56,6 +58,21 @@ def test_adaptive_refill_turning_speculation_off_logs_plain_steps_alike():
     _same(ops, fused)
     assert fused.stats["rounds_chain_0"] > 0
     assert any(0 < max(row) and row[-1] == 0 for row in fused.accepted_lengths)
+
+
+@pytest.mark.parametrize("estimator,drain", [("per_depth", "makespan"),
+                                             ("per_depth", "throughput"),
+                                             ("geometric", "throughput")])
+def test_adaptive_refill_chooses_the_same_lengths_in_the_kernel(estimator, drain):
+    """Each estimate and drain: the length_policy kernel picks, round by round, the lengths
+    the torch update picks (the rounds of each length and the accepted counts agree)."""
+    s, prompts, reference = mixed_requests(4)
+    ops, fused = _runs(GraphedRefillDecoder, s, prompts, 3, 4, adaptive=True,
+                       round_costs=[1.0, 1.5, 1.9, 2.3, 2.7], length_estimator=estimator,
+                       length_drain=drain)
+    assert fused.tokens == reference.tokens
+    _same(ops, fused)
+    assert len([key for key in fused.stats if key.startswith("rounds_chain_")]) > 1
 
 
 @pytest.mark.parametrize("k,adaptive", [(0, False), (3, False), (4, True)])

@@ -88,6 +88,30 @@ def test_each_ahead_depth_is_a_cell_of_its_own_where_the_placement_is_ahead(tmp_
     assert three["prefetches"] == 6 - 2 >= one["prefetches"] >= 1
 
 
+def test_each_round_end_and_estimate_is_a_cell_of_its_own(tmp_path, monkeypatch):
+    """--accept-kernels and the adaptive_depth decoder: one cell per round end, each decoder
+    made with it (with generated kernels, an adaptive length's update and its newcomers' start
+    are kernels too) and the per-depth estimate where asked."""
+    script = load_bench_script("refill_timeline")
+    made = []
+    plain_init = script.GraphedRefillDecoder.__init__
+
+    def recording_init(self, *args, **kwargs):
+        plain_init(self, *args, **kwargs)
+        made.append((self._commit_kernels is not None, self.policy.estimator,
+                     self.policy._admit_kernel is not None))
+
+    monkeypatch.setattr(script.GraphedRefillDecoder, "__init__", recording_init)
+    cells = timeline_cells(tmp_path, 4, 4, 1, "--decoders", "adaptive_depth",
+                           "--accept-kernels", "ops,fused")
+    assert [(c["decoder"], c["accept_kernels"]) for c in cells] == [
+        ("adaptive_depth", "ops"), ("adaptive_depth", "fused")]
+    assert made == [(False, "per_depth", False), (True, "per_depth", True)]
+    for cell in cells:
+        assert cell["calls"][0]["refills"] == 4 - 2
+        assert cell["calls"][0]["new_tokens"] == 4 * 4
+
+
 def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     """--readback-lags: one cell per lag, its decoder reading back that far behind; a finished
     row then waits a replay more for its newcomer, so a call runs more rounds (every request
@@ -101,7 +125,8 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
 
 @pytest.mark.parametrize("args,message", [
     (["--prefill-placements", "sideways"], "--prefill-placements takes"),
-    (["--decoders", "tree"], "chain and/or adaptive"),
+    (["--decoders", "tree"], "chain, adaptive, adaptive_depth"),
+    (["--accept-kernels", "ops,cuda"], "--accept-kernels takes"),
     (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
     (["--readback-lags", "1,5"], "readback lag 5"),

@@ -30,9 +30,14 @@ def test_every_variant_runs_the_same_round(models):
     decoders = {name: fill_all_active(script.build(name, target, drafters, BATCH, CAPACITY, K,
                                                    False), target, drafter, CONTEXT, seed=5)
                 for name in ("chain", "adaptive", "refill", "refill_ahead", "chain_fused",
-                             "adaptive_fused", "refill_fused", "chain_fused_folded",
-                             "refill_fused_folded")}
+                             "adaptive_fused", "adaptive_fused_compiled", "adaptive_depth_fused",
+                             "adaptive_depth_fused_compiled", "refill_fused",
+                             "chain_fused_folded", "refill_fused_folded")}
     assert decoders["refill_fused_folded"].drafter is drafters[True]
+    # The length's update: a kernel with the fused end unless the variant keeps it compiled.
+    assert decoders["adaptive_fused"].policy._kernel is not None
+    assert decoders["adaptive_fused_compiled"].policy._kernel is None
+    assert decoders["adaptive_depth_fused"].policy.estimator == "per_depth"
     assert decoders["refill_fused"].drafter is drafters[False]
     loop = script.loop_replay(decoders["refill"], lambda: decoders["refill"]._round(K))
     for _ in range(3):
