@@ -339,6 +339,12 @@ CHAIN_COMMIT = FamilySchema(
                           "only)"),
             _warps(1)))
 
+def _estimator() -> EnumParam:
+    return EnumParam("ESTIMATOR", ("geometric", "per_depth"), "geometric",
+                     doc="what a chain of L is expected to commit: one acceptance per request "
+                         "or one per request and depth (a Program's batch.length_estimator)")
+
+
 LENGTH_POLICY = FamilySchema(
     name="length_policy", backend="triton",
     summary="the adaptive chain length's update after a round in one launch: acceptance "
@@ -347,9 +353,7 @@ LENGTH_POLICY = FamilySchema(
              "rounds, off, chosen, workload, draining, round_cost, n, drafted, ran, limit, count, "
              "active, status, r, smoothing, depth_smoothing, z, off_after, depth_rates=None, "
              "depth_tried=None, depth_took=None, depth_workload=None)",
-    params=(EnumParam("ESTIMATOR", ("geometric", "per_depth"), "geometric",
-                      doc="what a chain of L is expected to commit: one acceptance per request "
-                          "or one per request and depth (a Program's batch.length_estimator)"),
+    params=(_estimator(),
             EnumParam("OBJECTIVE", ("makespan", "throughput"), "makespan",
                       doc="a padded batch's makespan, or continuous refill's time per token"),
             BoolParam("TURN_OFF", True, doc="speculation may turn off for good"),
@@ -362,9 +366,7 @@ LENGTH_ADMIT = FamilySchema(
     launcher="launch(accepted_avg, rejected_avg, accepted_total, rejected_total, workload, row, "
              "cap, off_after, depth_rates=None, depth_tried=None, depth_took=None, "
              "depth_workload=None)",
-    params=(EnumParam("ESTIMATOR", ("geometric", "per_depth"), "geometric",
-                      doc="one acceptance per request, or one per request and depth"),
-            _warps(1)))
+    params=(_estimator(), _warps(1)))
 
 KV_COMPACT = FamilySchema(
     name="kv_compact", backend="triton",
