@@ -246,6 +246,17 @@ def describe_node(node: PlanNode) -> str:
     if node.op == "kv_compact":
         return (f"copy the accepted draft nodes' K/V ({a['row']} values per slot, {a['layers']} "
                 "layers) into place")
+    if node.op == "chain_commit":
+        return {"round": "a graphed chain round's end: acceptance, commit, who stops, the log",
+                "row": "a refilled chain round's end, each row logged by its own round counter",
+                "row_plain": "a refilled batch's plain step's end (row counters only)"}[a["log"]]
+    if node.op == "length_policy":
+        objective = ("the batch's makespan" if a["objective"] == "makespan"
+                     else "the time per token")
+        return (f"the adaptive chain length's update after a round ({a['estimator']} estimate, "
+                f"by {objective}{', turning speculation off' if a['turn_off'] else ''})")
+    if node.op == "length_admit":
+        return f"a refilled newcomer's adaptive-length estimates ({a['estimator']} estimate)"
     return node.op
 
 

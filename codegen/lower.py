@@ -18,7 +18,10 @@ Node names: `<role>.layers.<i>.<part>` and `<role>.final_norm`, `<role>.lm_head`
 or drafter, where part is input_norm, self_attn.{q,k,v,o}_proj, self_attn.{q,k}_norm (Qwen3),
 self_attn.rope, self_attn.attention, self_attn.varlen_attention (ragged batch layout only: the
 packed verification and drafting forwards), post_attention_norm, mlp.gate_up (fused) or
-mlp.{gate,up}_proj, mlp.down_proj; and `step.greedy_accept`, `step.kv_compact` (trees only).
+mlp.{gate,up}_proj, mlp.down_proj; and `step.greedy_accept`, `step.kv_compact` (trees only),
+and where the Program's graphed chain rounds end in generated kernels (`kernels.accept_kernels`
+"fused"), `step.chain_commit`, `step.chain_commit_plain` (continuous refill),
+`step.length_policy` (adaptive lengths) and `step.length_admit` (both): codegen/round_end.py.
 
 An override is `{param: value}` for a node; the reserved param `family` picks another family the
 node may run (a CUDA GEMV: `gemv_bf16` for a bf16 linear, `gemv_lossless12` for a lossless12 one).
@@ -39,6 +42,7 @@ from .families import MAX_FMA_TILE, next_power_of_two
 from .kernel_spec import KernelSpec, get_family, known_families
 from .params import measured_linear_tiles
 from .plan import KernelPlan, PlanNode, kernel_key
+from .round_end import round_end_specs
 
 KERNEL_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
 FAMILY_OVERRIDE = "family"
@@ -128,7 +132,25 @@ def _step_sites(program: Program) -> Tuple[Site, ...]:
     if program.commit.kv == "compact":
         sites.append(_site("step.kv_compact", "kv_compact", layers=t.num_layers,
                            row=t.num_kv_heads * t.head_dim, draft_nodes=nodes))
-    return tuple(sites)
+    return tuple(sites) + _round_end_sites(program)
+
+
+def _round_end_sites(program: Program) -> Tuple[Site, ...]:
+    """The kernels that end the Program's graphed chain rounds (codegen/round_end.py), where
+    they end in generated kernels and the rounds are captured; none otherwise."""
+    if program.kernels.accept_kernels != "fused":
+        return ()
+    # Which decoder runs the rounds is the graphed runtime's to say (imported only here).
+    from specpilot.runtime.graphed_program import captures_rounds, length_cap, refills
+
+    if not captures_rounds(program):
+        return ()
+    adaptive = (program.batch.draft_length_policy == "per_request_adaptive"
+                and bool(length_cap(program)))
+    specs = round_end_specs(refills(program), adaptive, program.batch.length_estimator)
+    return tuple(_site(name, spec.family, **{param.lower(): value for param, value in spec.params
+                                             if param != "num_warps"})
+                 for name, spec in specs.items())
 
 
 def enumerate_sites(program: Program, _: Tuple[Site, ...] = ()) -> Tuple[Site, ...]:
@@ -273,6 +295,13 @@ FAMILY_CHOICES: Dict[str, Tuple[Callable[[Site], Dict[str, Any]], Tuple[str, ...
     "varlen_attention": (_varlen_attention_params, ("DTYPE", "HEAD_DIM")),
     "greedy_accept": (_greedy_accept_params, ()),
     "kv_compact": (_kv_compact_params, ()),
+    # The round's end: what each node computes is its whole specialisation (round_end.py).
+    "chain_commit": (lambda s: dict(LOG=s.attr("log")), ("LOG",)),
+    "length_policy": (lambda s: dict(ESTIMATOR=s.attr("estimator"),
+                                     OBJECTIVE=s.attr("objective"),
+                                     TURN_OFF=s.attr("turn_off")),
+                      ("ESTIMATOR", "OBJECTIVE", "TURN_OFF")),
+    "length_admit": (lambda s: dict(ESTIMATOR=s.attr("estimator")), ("ESTIMATOR",)),
 }
 
 

@@ -520,17 +520,21 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
 
 def length_kernels(estimator: str, objective: str, turn_off: bool, device):
     """The length_policy and length_admit kernel modules for a policy of this kind (built once,
-    cached), or a SpecPilotError where Triton cannot run on `device`."""
+    cached; no length_admit for a padded batch's makespan objective, which admits no one), or a
+    SpecPilotError where Triton cannot run on `device`."""
     from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
-    from specpilot.codegen.kernel_spec import kernel_spec
+    from specpilot.codegen.round_end import ADMIT_NODE, POLICY_NODE, round_end_specs
 
     why = triton_refusal(torch.device(device))
     if why is not None:
         raise SpecPilotError(f"the length update's kernel cannot run: {why}")
     cache = KernelCache()
-    return (build_triton_module(kernel_spec("length_policy", ESTIMATOR=estimator,
-                                            OBJECTIVE=objective, TURN_OFF=turn_off), cache),
-            build_triton_module(kernel_spec("length_admit", ESTIMATOR=estimator), cache))
+    # The refill's objective is the time per token; only a refilled batch admits newcomers.
+    specs = round_end_specs(refill=objective == "throughput", adaptive=True,
+                            estimator=estimator, turn_off=turn_off)
+    admit = specs.get(ADMIT_NODE)
+    return (build_triton_module(specs[POLICY_NODE], cache),
+            build_triton_module(admit, cache) if admit is not None else None)
 
 
 @functools.lru_cache(maxsize=None)

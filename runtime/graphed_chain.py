@@ -350,15 +350,16 @@ class GraphedChainDecoder:
             raise SpecPilotError("the fused commit does not record margins: build references "
                                  "with accept kernels 'ops'")
         from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
-        from specpilot.codegen.kernel_spec import kernel_spec
+        from specpilot.codegen.round_end import COMMIT_NODE, PLAIN_COMMIT_NODE, round_end_specs
 
         why = triton_refusal(self.device)
         if why is not None:
             raise SpecPilotError(f"the fused commit cannot run: {why}")
         cache = KernelCache()
-        plain_log = "row_plain" if self.commit_log == "row" else self.commit_log
-        return {plain: build_triton_module(kernel_spec("chain_commit", LOG=log), cache)
-                for plain, log in ((False, self.commit_log), (True, plain_log))}
+        specs = round_end_specs(refill=self.commit_log == "row", adaptive=False)
+        commit = specs[COMMIT_NODE]
+        return {False: build_triton_module(commit, cache),
+                True: build_triton_module(specs.get(PLAIN_COMMIT_NODE, commit), cache)}
 
     def _drafted(self, k: int) -> torch.Tensor:
         """[B] filled with k, made once per k."""
