@@ -52,6 +52,11 @@ ACCEPT_OPS = 2
 # one generated kernel of "fused" (H200, bench/round_variants.py, BENCHMARKS.md twenty-seventh
 # set); the eager loop does this on the host, which ACCEPT_OPS's sync covers.
 GRAPHED_COMMIT_OPS = {"ops": 39, "fused": 1}
+# With adaptive lengths a graphed round also updates the length: compiled by Inductor, 7 kernels
+# (with "ops"), or one generated kernel with "fused" (the length_policy family; H200, a batch-16
+# chain(4) round counted with the torch profiler, bench/round_variants.py, BENCHMARKS.md
+# thirty-first set).
+GRAPHED_LENGTH_UPDATE_OPS = {"ops": 7, "fused": 1}
 # Inside a CUDA graph a kernel still pays its scheduling gap on the GPU (a microsecond or two on
 # Hopper) but not the host's dispatch (several microseconds per launch), and the decode loop's
 # host syncs between steps disappear: a graphed step is modelled with this share of the eager
@@ -235,8 +240,12 @@ def step_nodes(program: Program, gpu: GpuSpec, batch: int, context: int,
             node = NodeCost(name, kind, "step", 0, moved, 0, 0, target.num_layers, 0, 0, 0,
                             t_rate)
         elif kind == "commit" and graphed:      # a chain's round end on the device
+            accept = program.kernels.accept_kernels
+            adaptive = program.batch.draft_length_policy == "per_request_adaptive"
             node = NodeCost(name, kind, "step", 0, 0, 0, 0,
-                            GRAPHED_COMMIT_OPS[program.kernels.accept_kernels], 0, 0, 0, t_rate)
+                            GRAPHED_COMMIT_OPS[accept]
+                            + (GRAPHED_LENGTH_UPDATE_OPS[accept] if adaptive else 0),
+                            0, 0, 0, t_rate)
         else:   # build_draft, eager in-place commit: bookkeeping on the host
             node = NodeCost(name, kind, "step", 0, 0, 0, 0, 0, 0, 0, 0, t_rate)
         out.append(node)

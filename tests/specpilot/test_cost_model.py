@@ -211,7 +211,7 @@ def test_a_measured_in_graph_kernel_cost_replaces_the_assumed_share(program):
     """Where the GPU's in-graph kernel cost was measured, a graphed node pays exactly that per
     launch (hand-computed: launches x graphed_launch_s), and graphed AR likewise."""
     from specpilot.cost.roofline import step_nodes
-    from specpilot.ir import CaptureGraphs, SetAcceptKernels, apply
+    from specpilot.ir import CaptureGraphs, SetAcceptKernels, SetDraftLengthPolicy, apply
 
     eager_gpu = gpu_spec("h200")
     measured = replace(eager_gpu, launch_overhead_s=8e-6, graphed_launch_s=3e-6)
@@ -225,6 +225,12 @@ def test_a_measured_in_graph_kernel_cost_replaces_the_assumed_share(program):
     fused = apply(graphed, SetAcceptKernels("fused"))
     commit = [g for g in step_nodes(fused, measured, 4, 256, 2.0) if g.kind == "commit"]
     assert [g.overhead_s(measured) for g in commit] == [pytest.approx(3e-6)]
+    # Adaptive lengths update the length in the round too: 7 compiled kernels with the torch
+    # round end, one generated kernel with the fused one.
+    for prog, launches in ((graphed, 39 + 7), (fused, 1 + 1)):
+        adaptive = apply(prog, SetDraftLengthPolicy("per_request_adaptive", 40))
+        commit = [g for g in step_nodes(adaptive, measured, 4, 256, 2.0) if g.kind == "commit"]
+        assert [g.overhead_s(measured) for g in commit] == [pytest.approx(launches * 3e-6)]
     # graphed AR: its decode steps pay 3/8 of their eager overhead, its (eager) prefills all
     def ar_overhead(gpu, graphed):
         return CostModel(gpu).predict_ar_run(program, [10, 20], [30, 30], 2,
