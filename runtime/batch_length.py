@@ -71,7 +71,7 @@ operations it was some 75 small kernels in the captured round, 7 % of a round on
 decoder runs it compiled (`policy_round`, `compiled_policy_round`): a few kernels, 0.2-0.9 %
 over the fixed rounds (run 20), the same lengths. A decoder whose round ends in generated
 kernels (accept_kernels "fused") runs it as one more, the length_policy family
-(`length_policy_kernel`, `BatchLengthPolicy.next_into`): on the H200 a captured batch-16
+(`length_kernels`, `BatchLengthPolicy.next_into`): on the H200 a captured batch-16
 chain(4) round with it cost 1.001x the fixed round's, against 1.009x with the compiled update
 (BENCHMARKS.md, thirty-first set).
 """
