@@ -56,7 +56,7 @@ from specpilot.bench.decode_models import (add_model_arguments, decode_models,  
                                            decoder_capacity)
 from specpilot.bench.gc_pause import gc_paused  # noqa: E402
 from specpilot.bench.script_rows import measure_rows  # noqa: E402
-from specpilot.cli_common import positive_counts, positive_int  # noqa: E402
+from specpilot.cli_common import comma_choices, positive_counts, positive_int  # noqa: E402
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (LAG_ENV, MAX_READBACK_LAG,  # noqa: E402
@@ -215,9 +215,9 @@ def main(argv=None) -> int:
     ap.add_argument("--max-new-tokens", type=positive_int, default=256)
     ap.add_argument("--k", type=positive_int, default=4,
                     help="the chain's drafts (the adaptive longest)")
-    ap.add_argument("--decoders", default="chain,adaptive",
+    ap.add_argument("--decoders", type=comma_choices(DECODERS), default="chain,adaptive",
                     help=f"comma list of {', '.join(DECODERS)}")
-    ap.add_argument("--accept-kernels", default="ops",
+    ap.add_argument("--accept-kernels", type=comma_choices(ACCEPT), default="ops",
                     help="comma list of round ends, one cell each: ops (torch operations) "
                          "and/or fused (generated kernels)")
     ap.add_argument("--calls", type=positive_int, default=3, help="timed calls after a warm one")
@@ -226,7 +226,7 @@ def main(argv=None) -> int:
                          "decoder's, SPECPILOT_REFILL_ROUNDS included)")
     ap.add_argument("--drafter-kernels", choices=("fused", "model"), default="fused",
                     help="the drafter in fused layer kernels or as its model runs it")
-    ap.add_argument("--prefill-placements", default=None,
+    ap.add_argument("--prefill-placements", type=comma_choices(PLACEMENTS), default=None,
                     help=f"newcomer prefill placements, one cell each, of {', '.join(PLACEMENTS)} "
                          f"(default: the decoder's, {PLACEMENT_ENV} included)")
     ap.add_argument("--ahead-depths", type=positive_counts, default=None,
@@ -238,19 +238,7 @@ def main(argv=None) -> int:
                          f"(1..{MAX_READBACK_LAG}; default: the decoder's, {LAG_ENV} included)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
-    placements = ([p.strip() for p in args.prefill_placements.split(",") if p.strip()]
-                  if args.prefill_placements is not None else None)
-    if placements is not None and (not placements or any(p not in PLACEMENTS
-                                                          for p in placements)):
-        ap.error(f"--prefill-placements takes {', '.join(PLACEMENTS)}, got "
-                 f"{args.prefill_placements!r}")
-    kinds = [d.strip() for d in args.decoders.split(",") if d.strip()]
-    if not kinds or any(d not in DECODERS for d in kinds):
-        ap.error(f"--decoders takes {', '.join(DECODERS)}, got {args.decoders!r}")
-    accepts = [a.strip() for a in args.accept_kernels.split(",") if a.strip()]
-    if not accepts or any(a not in ACCEPT for a in accepts):
-        ap.error(f"--accept-kernels takes {' and/or '.join(ACCEPT)}, got "
-                 f"{args.accept_kernels!r}")
+    placements = args.prefill_placements
     try:
         if args.rounds_per_replay is None:
             args.rounds_per_replay = [refill_rounds_per_replay()]
@@ -274,8 +262,8 @@ def main(argv=None) -> int:
 
     # Each depth is a cell of its own where the placement is ahead; it means nothing elsewhere.
     placed = [(p, d) for p in placements for d in (depths if p == "ahead" else [None])]
-    cases = itertools.product(args.batch_sizes, args.rounds_per_replay, kinds, placed,
-                              args.readback_lags, accepts)
+    cases = itertools.product(args.batch_sizes, args.rounds_per_replay, args.decoders, placed,
+                              args.readback_lags, args.accept_kernels)
     measure_rows(cases, cell, report, args.out, target.device.type, vars(args), "cells")
     return 0
 

@@ -86,7 +86,7 @@ def build(name: str, target, drafters, batch: int, capacity: int, k: int, graphs
         return GraphedChainDecoder(target, fused, batch, capacity, k, capture=graphs,
                                    adaptive=True, round_costs=[1.0 + 0.3 * n for n in range(k + 1)],
                                    accept_kernels=accept,
-                                   length_kernel=False if compiled else None,
+                                   length_kernel=not compiled,
                                    length_estimator=("per_depth" if base == "adaptive_depth"
                                                      else "geometric"))
     placement = "ahead" if base == "refill_ahead" else "beside"

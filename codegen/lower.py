@@ -278,6 +278,11 @@ def _greedy_accept_params(s: Site) -> Dict[str, Any]:
     return dict(BLOCK_V=_clamp(next_power_of_two(s.attr("vocab_size")), 64, 2048))
 
 
+def _round_end_params(s: Site) -> Dict[str, Any]:
+    # A round-end site's attributes are its spec's parameters, lower-cased (`_round_end_sites`).
+    return {name.upper(): value for name, value in s.attrs}
+
+
 def _kv_compact_params(s: Site) -> Dict[str, Any]:
     return dict(BLOCK=_clamp(next_power_of_two(s.attr("row")), 32, 1024))
 
@@ -296,12 +301,9 @@ FAMILY_CHOICES: Dict[str, Tuple[Callable[[Site], Dict[str, Any]], Tuple[str, ...
     "greedy_accept": (_greedy_accept_params, ()),
     "kv_compact": (_kv_compact_params, ()),
     # The round's end: what each node computes is its whole specialisation (round_end.py).
-    "chain_commit": (lambda s: dict(LOG=s.attr("log")), ("LOG",)),
-    "length_policy": (lambda s: dict(ESTIMATOR=s.attr("estimator"),
-                                     OBJECTIVE=s.attr("objective"),
-                                     TURN_OFF=s.attr("turn_off")),
-                      ("ESTIMATOR", "OBJECTIVE", "TURN_OFF")),
-    "length_admit": (lambda s: dict(ESTIMATOR=s.attr("estimator")), ("ESTIMATOR",)),
+    "chain_commit": (_round_end_params, ("LOG",)),
+    "length_policy": (_round_end_params, ("ESTIMATOR", "OBJECTIVE", "TURN_OFF")),
+    "length_admit": (_round_end_params, ("ESTIMATOR",)),
 }
 
 

@@ -1,6 +1,6 @@
 """The generated kernels that end a graphed chain round (a Program's `kernels.accept_kernels`
 "fused"), by the plan node each is: the one place that says which specs they are, read by the
-graphed decoders that build them (runtime/graphed_chain.py, runtime/batch_length.py) and by
+graphed decoders, which build them here (`round_end_kernels`, runtime/graphed_chain.py), and by
 lowering, which lists them in the Program's kernel plan so that an export ships them.
 
   step.chain_commit        the round's end: acceptance, commit, who stops, the log (chain_commit;
@@ -13,6 +13,8 @@ lowering, which lists them in the Program's kernel plan so that an export ships 
 from __future__ import annotations
 
 from typing import Dict
+
+from specpilot.ir.errors import SpecPilotError
 
 from .kernel_spec import KernelSpec, kernel_spec
 
@@ -37,3 +39,17 @@ def round_end_specs(refill: bool, adaptive: bool, estimator: str = "geometric",
         if refill:
             specs[ADMIT_NODE] = kernel_spec("length_admit", ESTIMATOR=estimator)
     return specs
+
+
+def round_end_kernels(device, refill: bool, adaptive: bool, estimator: str = "geometric",
+                      turn_off: bool = True) -> Dict[str, object]:
+    """{plan node: built kernel module} of `round_end_specs`, for rounds on `device`; a
+    SpecPilotError where Triton cannot run there."""
+    from .cache import KernelCache, build_triton_module, triton_refusal
+
+    why = triton_refusal(device)
+    if why is not None:
+        raise SpecPilotError(f"the fused round end cannot run: {why}")
+    cache = KernelCache()
+    return {node: build_triton_module(spec, cache)
+            for node, spec in round_end_specs(refill, adaptive, estimator, turn_off).items()}

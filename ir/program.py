@@ -47,7 +47,7 @@ ATTENTION_KERNELS = ("model", "generated")
 # How a graphed chain round ends (acceptance, the commit, who stops, the round's log): "ops" as
 # torch ops (some forty small kernels), "fused" in one generated kernel (the chain_commit family,
 # runtime/graphed_chain.py), and with adaptive lengths the length's update in one more (the
-# length_policy family) rather than some eleven compiled ones. Chains only: trees keep their own
+# length_policy family) rather than seven compiled ones. Chains only: trees keep their own
 # walk.
 ACCEPT_KERNELS = ("ops", "fused")
 

@@ -71,7 +71,7 @@ operations it was some 75 small kernels in the captured round, 7 % of a round on
 decoder runs it compiled (`policy_round`, `compiled_policy_round`): a few kernels, 0.2-0.9 %
 over the fixed rounds (run 20), the same lengths. A decoder whose round ends in generated
 kernels (accept_kernels "fused") runs it as one more, the length_policy family
-(`length_kernels`, `BatchLengthPolicy.next_into`): on the H200 a captured batch-16
+(codegen/round_end.py, `BatchLengthPolicy.next_into`): on the H200 a captured batch-16
 chain(4) round with it cost 1.001x the fixed round's, against 1.009x with the compiled update
 (BENCHMARKS.md, thirty-first set).
 """
@@ -237,7 +237,7 @@ class BatchLengthPolicy:
                  objective: str = "makespan", off_after: int = OFF_AFTER_ROUNDS,
                  compile_rounds: bool = False, smoothing: float = SMOOTHING,
                  estimator: str = "geometric", drain: str = "makespan",
-                 kernel: bool = False):
+                 update_kernel=None, admit_kernel=None):
         """`off_after`: rounds seen before a batch may turn off (OFF_AFTER_ROUNDS; another
         value for replays that weigh the choice, bench/turn_off_sweep.py). `compile_rounds`:
         run each round's update compiled (`compiled_policy_round`: for captured rounds on a
@@ -247,10 +247,11 @@ class BatchLengthPolicy:
         commit, from one acceptance per request or one per request and depth
         (runtime/depth_acceptance.py); the lengths chosen differ, never the tokens. `drain` (a
         Program's batch.length_drain, one of LENGTH_DRAINS; objective "throughput" only): what
-        the length optimises once the refill's queue is empty (`queue_empty`). `kernel`:
-        `next_into` runs the update as one generated kernel (the length_policy family, for a
-        decoder whose round ends in generated kernels: accept_kernels "fused"), and `admit` a
-        newcomer's start as another (length_admit), not as torch operations."""
+        the length optimises once the refill's queue is empty (`queue_empty`).
+        `update_kernel`, `admit_kernel`: built modules of the length_policy and length_admit
+        families for this policy's estimator, objective and turn-off (a decoder whose round
+        ends in generated kernels, codegen/round_end.py): `next_into` and `admit` then launch
+        them rather than run torch operations."""
         if off_after < 1:
             raise SpecPilotError(f"off_after must be at least 1 round, got {off_after}")
         if not 0.0 < smoothing <= 1.0:
@@ -266,11 +267,9 @@ class BatchLengthPolicy:
         # A padded batch drains from its start: its makespan is all there is.
         self.drain = drain if objective == "throughput" else "makespan"
         self.off_after, self.smoothing, self.estimator = off_after, smoothing, estimator
-        self._round = (policy_round if kernel or not compile_rounds
+        self._round = (policy_round if update_kernel is not None or not compile_rounds
                        else compiled_policy_round())
-        self._kernel, self._admit_kernel = (length_kernels(estimator, objective, turn_off,
-                                                           device)
-                                            if kernel else (None, None))
+        self._update_kernel, self._admit_kernel = update_kernel, admit_kernel
         f32 = dict(dtype=torch.float32, device=device)
         self.accepted_avg = torch.full((batch,), float(cap), **f32)
         self.rejected_avg = torch.zeros(batch, **f32)
@@ -395,8 +394,8 @@ class BatchLengthPolicy:
         history as `off_after` rounds at those averages (nothing before any). `alone` (no
         other request is in the batch): the batch starts anew, as a padded batch would
         (optimistic, speculating, the turn-off unsettled); with one slot every request is
-        judged on its own rounds. Stream-ordered tensor operations (one generated kernel where
-        the policy was built with `kernel`), no host sync."""
+        judged on its own rounds. Stream-ordered tensor operations (or the `admit_kernel`), no
+        host sync."""
         if alone:
             self._restart()
             return
@@ -425,12 +424,12 @@ class BatchLengthPolicy:
                   status: torch.Tensor, r: torch.Tensor) -> None:
         """`next` for requests with `count` of `limit` tokens written, its length put in
         status[r, 1] (status int64 [W, 2], r int64 [1]): in one launch of the length_policy
-        kernel where the policy was built with `kernel`, else as torch operations."""
-        if self._kernel is None:
+        kernel where the policy was given one (`update_kernel`), else as torch operations."""
+        if self._update_kernel is None:
             best = self.next(n, drafted, ran, (limit - count).clamp(min=0), active)
             status[:, 1].index_copy_(0, r, best[None])
             return
-        self._kernel.launch(
+        self._update_kernel.launch(
             self.accepted_avg, self.rejected_avg, self.accepted_total, self.rejected_total,
             self.first_judged, self.rounds, self.off, self.chosen, self.workload, self.draining,
             self.round_cost, n, drafted, ran, limit, count, active, status, r, self.smoothing,
@@ -516,25 +515,6 @@ def policy_round(accepted_avg, rejected_avg, accepted_total, rejected_total, fir
     rounds.add_(1)
     off.logical_or_(plain_wins & settled & active.any())
     return torch.where(off, torch.zeros_like(best), best)
-
-
-def length_kernels(estimator: str, objective: str, turn_off: bool, device):
-    """The length_policy and length_admit kernel modules for a policy of this kind (built once,
-    cached; no length_admit for a padded batch's makespan objective, which admits no one), or a
-    SpecPilotError where Triton cannot run on `device`."""
-    from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
-    from specpilot.codegen.round_end import ADMIT_NODE, POLICY_NODE, round_end_specs
-
-    why = triton_refusal(torch.device(device))
-    if why is not None:
-        raise SpecPilotError(f"the length update's kernel cannot run: {why}")
-    cache = KernelCache()
-    # The refill's objective is the time per token; only a refilled batch admits newcomers.
-    specs = round_end_specs(refill=objective == "throughput", adaptive=True,
-                            estimator=estimator, turn_off=turn_off)
-    admit = specs.get(ADMIT_NODE)
-    return (build_triton_module(specs[POLICY_NODE], cache),
-            build_triton_module(admit, cache) if admit is not None else None)
 
 
 @functools.lru_cache(maxsize=None)

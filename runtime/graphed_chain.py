@@ -36,6 +36,8 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
 
+from specpilot.codegen.round_end import (ADMIT_NODE, COMMIT_NODE, PLAIN_COMMIT_NODE, POLICY_NODE,
+                                         round_end_kernels)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.program import ACCEPT_KERNELS
 
@@ -90,7 +92,7 @@ class GraphedChainDecoder:
                  round_costs: Optional[Sequence[float]] = None, turn_off: bool = True,
                  compile_policy: Optional[bool] = None, smoothing: float = SMOOTHING,
                  length_estimator: str = "geometric", accept_kernels: str = "ops",
-                 length_drain: str = "makespan", length_kernel: Optional[bool] = None):
+                 length_drain: str = "makespan", length_kernel: bool = True):
         """`adaptive`: the batch's chain length follows its requests' estimated acceptance
         (runtime/adaptive_draft.py): each round picks the length in 1..`length_cap` (default k)
         that would finish the batch soonest (or, by the class's `length_objective`, serve it
@@ -119,7 +121,7 @@ class GraphedChainDecoder:
         stops rows and logs the round, and with adaptive lengths one more for the length's
         update (the length_policy family; `compile_policy` then has no use); the same integers
         either way, and the same lengths up to float32 rounding. `length_kernel` False keeps
-        the torch update with the fused end (a bench's comparison; default: with "fused")."""
+        the torch update with the fused end (a bench's comparison)."""
         if capture:
             require_cuda(target.device)
         if k < 0 or (k == 0) != (drafter is None):
@@ -183,20 +185,28 @@ class GraphedChainDecoder:
         # Adaptive draft length: the batch's next length from its requests' acceptance and
         # the measured round costs (runtime/batch_length.py); the host picks graphs by it.
         self.adaptive, self.length_cap = adaptive, cap
-        # Captured, its update runs compiled (runtime/batch_length.py says what that saves).
+        # The round's end in generated kernels ("fused"): {plan node: module}, None for "ops".
+        round_end = self._build_round_end(accept_kernels,
+                                          adaptive and length_kernel,
+                                          length_estimator, turn_off)
+        self._commit_kernels = None if round_end is None else {
+            False: round_end[COMMIT_NODE],
+            True: round_end.get(PLAIN_COMMIT_NODE, round_end[COMMIT_NODE])}
+        # Captured, its update runs compiled (runtime/batch_length.py says what that saves),
+        # unless it is a generated kernel of the round's end.
         if compile_policy is None:
             compile_policy = adaptive and capture and compiles_policy()
+        kernels = round_end or {}
         self.policy = (BatchLengthPolicy(batch, cap, dev, draft_cost, round_costs, turn_off,
                                          self.length_objective, compile_rounds=compile_policy,
                                          smoothing=smoothing, estimator=length_estimator,
                                          drain=length_drain,
-                                         kernel=(accept_kernels == "fused"
-                                                 if length_kernel is None else length_kernel))
+                                         update_kernel=kernels.get(POLICY_NODE),
+                                         admit_kernel=kernels.get(ADMIT_NODE))
                        if adaptive else None)
         self.first_length = cap                          # a batch's first rounds (set by _start)
         self._measure_costs = adaptive and capture and round_costs is None
         self._graphs: Dict[tuple, Optional[torch.cuda.CUDAGraph]] = {}
-        self._commit_kernels = self._build_commit_kernels(accept_kernels)
         if self._commit_kernels is not None and adaptive:
             # What the length policy reads after the kernel, and each length's drafts per row
             # (made once per length: a captured round then launches no fill).
@@ -339,8 +349,10 @@ class GraphedChainDecoder:
     # each row's own round counter (runtime/graphed_refill.py, `_log_round`).
     commit_log = "round"
 
-    def _build_commit_kernels(self, accept_kernels: str):
-        """The chain_commit kernels {plain step?: module} for "fused", None for "ops"."""
+    def _build_round_end(self, accept_kernels: str, length_kernels: bool, estimator: str,
+                         turn_off: bool):
+        """The round end's generated kernels {plan node: module} for "fused" (with the length's
+        where `length_kernels`: codegen/round_end.py), None for "ops"."""
         if accept_kernels not in ACCEPT_KERNELS:
             raise SpecPilotError(f"unknown accept kernels {accept_kernels!r} (known: "
                                  f"{', '.join(ACCEPT_KERNELS)})")
@@ -349,17 +361,8 @@ class GraphedChainDecoder:
         if self.record_margins:
             raise SpecPilotError("the fused commit does not record margins: build references "
                                  "with accept kernels 'ops'")
-        from specpilot.codegen.cache import KernelCache, build_triton_module, triton_refusal
-        from specpilot.codegen.round_end import COMMIT_NODE, PLAIN_COMMIT_NODE, round_end_specs
-
-        why = triton_refusal(self.device)
-        if why is not None:
-            raise SpecPilotError(f"the fused commit cannot run: {why}")
-        cache = KernelCache()
-        specs = round_end_specs(refill=self.commit_log == "row", adaptive=False)
-        commit = specs[COMMIT_NODE]
-        return {False: build_triton_module(commit, cache),
-                True: build_triton_module(specs.get(PLAIN_COMMIT_NODE, commit), cache)}
+        return round_end_kernels(self.device, refill=self.commit_log == "row",
+                                 adaptive=length_kernels, estimator=estimator, turn_off=turn_off)
 
     def _drafted(self, k: int) -> torch.Tensor:
         """[B] filled with k, made once per k."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import List, Optional
+from typing import List, Optional, Sequence
 
 from specpilot.ir import load_program, stock_program
 from specpilot.ir.errors import SpecPilotError
@@ -42,6 +42,18 @@ def positive_counts(text: str) -> List[int]:
     if not counts or any(c < 1 for c in counts):
         raise argparse.ArgumentTypeError(f"counts must be >= 1, got {text!r}")
     return counts
+
+
+def comma_choices(choices: Sequence[str]):
+    """An argparse type: a comma-separated list of some of `choices`, kept in the order
+    given."""
+    def parse(text: str) -> List[str]:
+        names = [s.strip() for s in text.split(",") if s.strip()]
+        if not names or any(n not in choices for n in names):
+            raise argparse.ArgumentTypeError(f"takes {', '.join(choices)}, got {text!r}")
+        return names
+    parse.__name__ = "list"
+    return parse
 
 
 def resolve_program(args, device: str):

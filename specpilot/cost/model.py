@@ -86,9 +86,11 @@ def unmodelled(program: Program) -> List[str]:
                      "estimated by the best static tree of its budget, depth and width")
     b = program.batch
     if b.draft_length_policy != "fixed":
-        chooser = [f"its {b.length_estimator} length estimator"] * (
-            b.length_estimator != BatchSpec.length_estimator)
-        chooser += [f"its {b.length_drain} drain"] * (b.length_drain != BatchSpec.length_drain)
+        chooser = []
+        if b.length_estimator != BatchSpec.length_estimator:
+            chooser.append(f"its {b.length_estimator} length estimator")
+        if b.length_drain != BatchSpec.length_drain:
+            chooser.append(f"its {b.length_drain} drain")
         estimator = f" (whatever {' and '.join(chooser)} chooses)" if chooser else ""
         notes.append(f"draft length policy {b.draft_length_policy} is not modelled: costed as "
                      f"its fixed chain{estimator}")

@@ -7,6 +7,7 @@ import torch
 
 from specpilot.codegen.cache import build_triton_module
 from specpilot.codegen.kernel_spec import kernel_spec
+from specpilot.codegen.round_end import ADMIT_NODE, POLICY_NODE, round_end_kernels
 from specpilot.runtime.batch_length import BatchLengthPolicy
 
 STATE = ("accepted_avg", "rejected_avg", "accepted_total", "rejected_total")
@@ -15,10 +16,14 @@ DEPTH = ("rates", "tried", "took", "workload")
 
 def random_policy(B: int, cap: int, estimator: str, seen: bool, seed: int, device="cpu",
                   kernel=False) -> BatchLengthPolicy:
-    """A refilled batch's policy some rounds in, its state random (not the prior)."""
+    """A refilled batch's policy some rounds in, its state random (not the prior); with
+    `kernel`, given the round end's generated kernels as a refill decoder gives them."""
     g = torch.Generator().manual_seed(seed)
+    built = (round_end_kernels(torch.device(device), refill=True, adaptive=True,
+                               estimator=estimator) if kernel else {})
     p = BatchLengthPolicy(B, cap, device, 0.137, None, True, "throughput", estimator=estimator,
-                          kernel=kernel)
+                          update_kernel=built.get(POLICY_NODE),
+                          admit_kernel=built.get(ADMIT_NODE))
     for name in STATE:
         getattr(p, name).copy_(torch.rand(B, generator=g) * 5)
     p.workload.copy_(torch.tensor([float(torch.randint(5, 90, (1,), generator=g)),

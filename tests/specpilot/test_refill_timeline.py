@@ -124,9 +124,10 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (["--prefill-placements", "sideways"], "--prefill-placements takes"),
-    (["--decoders", "tree"], "chain, adaptive, adaptive_depth"),
-    (["--accept-kernels", "ops,cuda"], "--accept-kernels takes"),
+    (["--prefill-placements", "sideways"], "--prefill-placements: takes ahead, beside, after"),
+    (["--decoders", "tree"], "--decoders: takes chain, adaptive, adaptive_depth"),
+    (["--decoders", ","], "--decoders: takes"),
+    (["--accept-kernels", "ops,cuda"], "--accept-kernels: takes ops, fused"),
     (["--calls", "0"], "invalid positive integer value"),
     (["--drafter-kernels", "cuda"], "invalid choice"),
     (["--readback-lags", "1,5"], "readback lag 5"),

@@ -35,8 +35,8 @@ def test_every_variant_runs_the_same_round(models):
                              "chain_fused_folded", "refill_fused_folded")}
     assert decoders["refill_fused_folded"].drafter is drafters[True]
     # The length's update: a kernel with the fused end unless the variant keeps it compiled.
-    assert decoders["adaptive_fused"].policy._kernel is not None
-    assert decoders["adaptive_fused_compiled"].policy._kernel is None
+    assert decoders["adaptive_fused"].policy._update_kernel is not None
+    assert decoders["adaptive_fused_compiled"].policy._update_kernel is None
     assert decoders["adaptive_depth_fused"].policy.estimator == "per_depth"
     assert decoders["refill_fused"].drafter is drafters[False]
     loop = script.loop_replay(decoders["refill"], lambda: decoders["refill"]._round(K))
