@@ -71,7 +71,8 @@
 # eager systems), BENCH_NAME (gpu-small), MECH_SYSTEMS (the mechanisms phase's --systems),
 # SYSTEMS (the bench phases' --systems; all by default), MECH_NAME (the mechanisms phase's
 # result name, default mechanisms: another keeps a second run apart, e.g. with
-# SPECPILOT_REFILL_ROUNDS), FUSED_ARGS (more options of
+# SPECPILOT_REFILL_ROUNDS), MECH_INTERLEAVE (set: the mechanisms phase times its systems side by
+# side, `specpilot bench --interleave`), FUSED_ARGS (more options of
 # fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
 # refill_timeline.py), VARIANTS_ARGS (of round_variants.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
@@ -224,7 +225,7 @@ phase() {
             --prompts "${PROMPTS:-8}" --max-new-tokens "${MAX_NEW:-256}" \
             --batch-sizes "${BATCHES:-1,4,16,64}" --repeats "${REPEATS:-2}" \
             --eager-repeats "${EAGER_REPEATS:-${REPEATS:-2}}" --mechanisms --time-budget "${BENCH_BUDGET:-450}" --systems "${MECH_SYSTEMS:-strong_ar,strong_ar_refill,stock_graphed,mech:graphed_refill,mech:graphed_adaptive,mech:graphed_adaptive_refill,mech:graphed_tree,mech:graphed_dynamic,mech:dynamic_tree,mech:two_level,mech:ragged,mech:refill,mech:ragged_adaptive_refill}" \
-            --out-dir "$RESULTS" --name "${MECH_NAME:-mechanisms}" ;;
+            ${MECH_INTERLEAVE:+--interleave} --out-dir "$RESULTS" --name "${MECH_NAME:-mechanisms}" ;;
     mechrefill|mechrefilllayers)
         # Graphed refill against the padded loops: more prompts than slots, or it changes nothing.
         local fast=${SPECPILOT_FAST_OPS:-1} name=mechanisms-refill

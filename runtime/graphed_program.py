@@ -25,6 +25,7 @@ decoder of the strong AR baseline, or with continuous refill the refill decoder 
 from __future__ import annotations
 
 from collections import OrderedDict
+from contextlib import contextmanager
 from typing import List, NamedTuple, Optional, Sequence
 
 import torch
@@ -278,6 +279,24 @@ def _generate(decoder, prompts, max_new_tokens: int) -> SpecResult:
 def release_decoders() -> None:
     """Drop every cached decoder (and its caches and graphs)."""
     _decoders.clear()
+
+
+@contextmanager
+def kept_decoders(count: int):
+    """Keep up to `count` decoders alive at once inside the block (at least KEPT_DECODERS):
+    systems timed side by side each hold theirs between passes (specpilot/bench/interleave.py).
+    After the block the oldest are dropped down to KEPT_DECODERS again."""
+    global KEPT_DECODERS
+    if count < 1:
+        raise SpecPilotError(f"kept decoders must be at least 1, got {count}")
+    usual = KEPT_DECODERS
+    KEPT_DECODERS = max(usual, count)
+    try:
+        yield
+    finally:
+        KEPT_DECODERS = usual
+        while len(_decoders) > usual:
+            _decoders.popitem(last=False)
 
 
 def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -79,6 +79,11 @@ def add_parser(sub) -> None:
                    help="also measure the verification and batching mechanisms (mech:* systems: "
                         "graphed adaptive lengths, graphed static and dynamic trees, eager "
                         "dynamic tree, two-level, ragged, refill, combined)")
+    g.add_argument("--interleave", action="store_true",
+                   help="time our systems side by side: each set up and warmed, then --repeats "
+                        "passes over all of them, the order rotated every pass (so drift over "
+                        "the bench falls on every system alike); HF baselines, and eager systems "
+                        "with another --eager-repeats, are measured after, one by one")
     g.add_argument("--time-budget", type=float, metavar="S",
                    help="stop starting new measurements after S seconds; the rest are recorded "
                         "as skipped (results so far are kept in <name>.partial.json as it runs)")
@@ -146,7 +151,8 @@ def _run_pair(args, device, env) -> int:
         repeats=args.repeats or 3, eager_repeats=args.eager_repeats,
         warmup=1 if args.warmup is None else args.warmup,
         programs=args.program, systems=args.systems, device=device, dtype=args.dtype,
-        name=args.name, time_budget_s=args.time_budget, mechanisms=args.mechanisms)
+        name=args.name, time_budget_s=args.time_budget, mechanisms=args.mechanisms,
+        interleave=args.interleave)
     partial = PartialResults(args.out_dir, args.name or default_name(args.pair))
     doc, profiles = run_pair_bench(settings, _progress, env, on_row=partial.write)
     extra = {}

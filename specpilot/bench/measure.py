@@ -82,10 +82,17 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         return skipped_row(system, batch_size, str(exc), status="failed"), None
     finally:
         system.teardown()
+    return timed_row(system, batch_size, len(workload), seconds, first, peak, checks), first
+
+
+def timed_row(system: System, batch_size: int, requests: int, seconds, first: RunOutput,
+              peak: Optional[int], checks: dict) -> dict:
+    """A measured row: `seconds` of the timed runs, the first run's output and counts, the
+    peak GPU memory (None off a GPU) and the correctness `checks`."""
     new_tokens = _new_tokens(first)
     return {
         "system": system.name, "batch_size": batch_size, "status": "measured",
-        "requests": len(workload), "new_tokens": new_tokens,
+        "requests": requests, "new_tokens": new_tokens,
         "seconds": spread(seconds),
         "tokens_per_s": spread([new_tokens / s for s in seconds]),
         "target_forwards": first.target_forwards,
@@ -97,7 +104,7 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         **({"run_stats": dict(first.stats)} if first.stats else {}),
         **({"length_rule": first.length_rule} if first.length_rule else {}),
         **checks,
-    }, first
+    }
 
 
 def _new_tokens(out: RunOutput) -> int:

@@ -19,6 +19,7 @@ from specpilot.runtime.ar import ARResult
 from specpilot.runtime.decoder import load_pair, needs_own_pair
 
 from .hf_systems import HFAssisted, HFGreedy, HFModels
+from .interleave import measure_interleaved
 from .measure import add_speedups, measure, skipped_row
 from .replay import AcceptanceProfile
 from .systems import EagerAR, ProgramSystem, StrongAR, StrongARRefill, System
@@ -44,6 +45,7 @@ class PairBenchSettings:
     name: Optional[str] = None
     time_budget_s: Optional[float] = None    # cells not started by then are recorded as skipped
     mechanisms: bool = False                 # add the mechanism Programs (mechanism_programs.py)
+    interleave: bool = False                 # our systems timed side by side (interleave.py)
 
 
 def pair_dirs(pair: str):
@@ -148,7 +150,8 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
                          "eager_repeats": repeats_of(settings, None),
                          "warmup": settings.warmup, "dtype": dtype, "device": device,
                          "systems": [s.name for s in systems],
-                         "time_budget_s": settings.time_budget_s},
+                         "time_budget_s": settings.time_budget_s,
+                         "interleave": settings.interleave},
             "reference": {"decoder": ("stock: greedy AR, torch backend, batch 1" +
                                       (", decode steps replayed from a CUDA graph"
                                        if device == "cuda" else "")),
@@ -159,31 +162,60 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
             "rows": rows,
         }
 
+    def spent() -> Optional[str]:
+        """Why no more cells start (the time budget is spent), or None."""
+        elapsed = time.perf_counter() - started
+        if settings.time_budget_s is not None and elapsed > settings.time_budget_s:
+            return f"time budget of {settings.time_budget_s:.0f} s spent ({elapsed:.0f} s elapsed)"
+        return None
+
+    def cell_inputs(b: int):
+        n = workload_size(len(prompts), settings.prompts, b)
+        return prompts[:n], ARResult(reference.tokens[:n], reference.margins[:n], 0)
+
+    def record(system: System, b: int, row: dict, output) -> None:
+        if row["status"] != "measured":
+            progress(f"  {system.name} at batch {b}: {row['status']}: {row['reason']}")
+        rows.append(row)
+        if output is not None and output.accepted_lengths is not None:
+            profiles.setdefault(system.name, {})[b] = _profile(system, output, settings,
+                                                                pair, b, dtype)
+        if on_row is not None:
+            add_speedups(rows)
+            on_row(document())
+
     # Our graphed systems first (quick, and their peak memory is measured without the HF
     # models resident), then the HF baselines, then our eager systems: a time budget that runs
     # out cuts the slowest measurements, and the HF models are released before the eager ones.
     ordered = sorted(systems, key=lambda s: 1 if s.family == "hf" else (0 if s.graphed else 2))
+    # With --interleave our systems that take the same timed runs are measured side by side,
+    # batch size by batch size, before the rest.
+    together = [s for s in ordered if settings.interleave and s.family != "hf"
+                and repeats_of(settings, s) == settings.repeats]
+    for b in settings.batch_sizes if together else ():
+        reason = spent()
+        if reason:
+            rows.extend(skipped_row(s, b, reason) for s in together)
+            continue
+        progress(f"[bench] {len(together)} systems side by side at batch {b} "
+                 f"({time.perf_counter() - started:.0f} s elapsed)")
+        cell_prompts, part = cell_inputs(b)
+        measured = measure_interleaved(together, cell_prompts, part, b, settings.max_new_tokens,
+                                       settings.warmup, settings.repeats, device, progress)
+        for system, (row, output) in zip(together, measured):
+            record(system, b, row, output)
     for i, system in enumerate(ordered):
-        for b in settings.batch_sizes:
-            elapsed = time.perf_counter() - started
-            if settings.time_budget_s is not None and elapsed > settings.time_budget_s:
-                rows.append(skipped_row(system, b, f"time budget of {settings.time_budget_s:.0f} s "
-                                                   f"spent ({elapsed:.0f} s elapsed)"))
+        for b in settings.batch_sizes if system not in together else ():
+            reason = spent()
+            if reason:
+                rows.append(skipped_row(system, b, reason))
                 continue
-            progress(f"[bench] {system.name} at batch {b} ({elapsed:.0f} s elapsed)")
-            n = workload_size(len(prompts), settings.prompts, b)
-            part = ARResult(reference.tokens[:n], reference.margins[:n], 0)
-            row, output = measure(system, prompts[:n], part, b, settings.max_new_tokens,
+            progress(f"[bench] {system.name} at batch {b} "
+                     f"({time.perf_counter() - started:.0f} s elapsed)")
+            cell_prompts, part = cell_inputs(b)
+            row, output = measure(system, cell_prompts, part, b, settings.max_new_tokens,
                                   settings.warmup, repeats_of(settings, system), device, progress)
-            if row["status"] != "measured":
-                progress(f"  {row['status']}: {row['reason']}")
-            rows.append(row)
-            if output is not None and output.accepted_lengths is not None:
-                profiles.setdefault(system.name, {})[b] = _profile(system, output, settings,
-                                                                    pair, b, dtype)
-            if on_row is not None:
-                add_speedups(rows)
-                on_row(document())
+            record(system, b, row, output)
         if system.family == "hf" and all(s.family != "hf" for s in ordered[i + 1:]):
             hf.release()
     add_speedups(rows)

@@ -83,13 +83,22 @@ def pair_markdown(doc: dict) -> str:
             f"{env['date']}. Pair `{s['pair']}` ({s['dtype']}), {s['prompts']} {s['workload']} "
             f"prompts, {s['max_new_tokens']} new tokens, greedy; median of {s['repeats']} runs "
             f"{_eager_runs(s)}"
-            f"after {s['warmup']} warm-up. Reference: the stock decoder (greedy AR, batch 1). "
+            f"after {s['warmup']} warm-up{_interleaved(s)}. Reference: the stock decoder "
+            f"(greedy AR, batch 1). "
             f"Own text: a request's unforced output against the reference's; in reduced "
             f"precision a decode may leave it at a near-tie and go on with its own text, which "
             f"can take more or fewer rounds, so systems' times are of somewhat different texts. "
             f"Peak GiB: GPU memory allocated during a system's runs, resident models "
             f"included.\n\n"
             f"{systems}\n\n{_table(header, lines)}\n")
+
+
+def _interleaved(settings: dict) -> str:
+    """How the runs were ordered, where our systems were timed side by side."""
+    if not settings.get("interleave"):
+        return ""
+    return ("; our systems timed side by side, each pass over all of them in an order rotated "
+            "by one each pass (peak memory as if each ran alone)")
 
 
 def replay_markdown(doc: dict) -> str:

@@ -83,3 +83,34 @@ def test_pair_bench_measures_strong_ar_and_forces_it(tmp_path):
             assert rows[(system, b)]["forcing"]["violation_count"] == 0
         assert rows[("stock_graphed", b)]["mean_accepted"] == pytest.approx(
             rows[("stock", b)]["mean_accepted"], rel=0.2)
+
+
+def test_interleaved_graphed_systems_match_their_runs_alone(tmp_path):
+    """`--interleave` on the GPU: graphed decoders kept alive side by side (their captured
+    graphs replayed in rotated passes) decode as each does alone, forcing clean, with a peak
+    memory of its own (as if alone: under the sum of every system's)."""
+    target = make_checkpoint(tmp_path / "pair", "llama3", name="target", seed=73, hidden_size=64,
+                             intermediate_size=128)
+    shutil.copytree(target, tmp_path / "pair" / "drafter")
+    (tmp_path / "prompts.txt").write_text("w3 w14 w15 w92\nw35 w89 w79\nw1\nw7 w7 w2\nw40\n")
+    docs = {}
+    for name, extra in (("alone", []), ("side", ["--interleave"])):
+        code = main(["--pair", str(tmp_path / "pair"), "--workload", str(tmp_path / "prompts.txt"),
+                     "--max-new-tokens", "24", "--batch-sizes", "2", "--repeats", "2",
+                     "--mechanisms", "--systems",
+                     "strong_ar,stock_graphed,mech:graphed_refill_fused_accept,"
+                     "mech:graphed_adaptive_refill_fused_accept", *extra,
+                     "--out-dir", str(tmp_path / "out"), "--name", name, "--device", "cuda"])
+        assert code == 0
+        doc = json.loads((tmp_path / "out" / f"{name}.json").read_text())
+        docs[name] = {r["system"]: r for r in doc["rows"]}
+    side, alone = docs["side"], docs["alone"]
+    group = list(side)
+    assert all(r["status"] == "measured" for r in side.values()), side
+    for system, r in side.items():
+        assert r["timing"]["mode"] == "interleaved" and r["timing"]["systems"] == group
+        assert r["forcing"]["passed"] and r["forcing"]["violation_count"] == 0
+        assert r["new_tokens"] == alone[system]["new_tokens"]
+        if "adaptive" not in system:    # lengths chosen by timed prices may differ
+            assert r["target_forwards"] == alone[system]["target_forwards"]
+        assert 0 < r["peak_memory_bytes"] < sum(a["peak_memory_bytes"] for a in alone.values())

@@ -398,3 +398,50 @@ def test_strong_ar_caches_are_rounded_as_the_speculative_decoders_are(bench, mon
         assert system.decoder.capacity == -(-exact // CAPACITY_STEP) * CAPACITY_STEP
         assert system.run(prompts, 2, NEW).tokens == generate_ar(
             pair.target, prompts, NEW, pair.eos_ids).tokens
+
+
+def test_interleave_times_our_systems_side_by_side_with_the_same_results(bench):
+    """`--interleave`: our systems in rotated passes (each row says its place in every pass),
+    the HF baseline alone after them, and the same tokens, forcing and acceptance as when each
+    is measured alone (the fixture's run)."""
+    root, alone = bench
+    code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                 "--prompts", "2", "--max-new-tokens", str(NEW), "--batch-sizes", "2",
+                 "--repeats", "3", "--warmup", "0", "--program", str(root / "tree.json"),
+                 "--systems", "ar_torch,stock,program:tree,hf_ar", "--interleave",
+                 "--out-dir", str(root / "side"), "--name", "side", "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((root / "side" / "side.json").read_text())
+    assert doc["settings"]["interleave"] is True
+    rows, before = _rows(doc), _rows(alone)
+    group = ["ar_torch", "stock", "program:tree"]
+    for place, system in enumerate(group):
+        r = rows[(system, 2)]
+        assert r["timing"] == {"mode": "interleaved", "systems": group,
+                               "places": [(place - turn) % 3 for turn in range(3)]}
+        assert len(r["seconds"]["runs"]) == 3
+        f = r["forcing"]
+        assert f["passed"] and f["violation_count"] == 0
+        assert r["exact_match"]["all_exact"]
+        for key in ("new_tokens", "target_forwards", "mean_accepted"):
+            assert r[key] == before[(system, 2)][key]
+    assert "timing" not in rows[("hf_ar", 2)]
+    assert rows[("hf_ar", 2)]["exact_match"]["all_exact"]
+    md = (root / "side" / "side.md").read_text()
+    assert "our systems timed side by side" in md
+    assert "timed side by side" not in (root / "out" / "tiny.md").read_text()
+
+
+def test_interleave_with_a_spent_budget_skips_the_whole_group(bench):
+    root, _ = bench
+    code = main(["--pair", str(root / "pair"), "--workload", str(root / "prompts.txt"),
+                 "--prompts", "1", "--max-new-tokens", "4", "--batch-sizes", "1,2",
+                 "--systems", "ar_torch,stock", "--interleave", "--time-budget", "0",
+                 "--repeats", "1", "--out-dir", str(root / "side0"), "--name", "side0",
+                 "--device", "cpu"])
+    assert code == 0
+    doc = json.loads((root / "side0" / "side0.json").read_text())
+    assert sorted((r["system"], r["batch_size"], r["status"]) for r in doc["rows"]) == [
+        ("ar_torch", 1, "skipped"), ("ar_torch", 2, "skipped"),
+        ("stock", 1, "skipped"), ("stock", 2, "skipped")]
+    assert all("time budget of 0 s spent" in r["reason"] for r in doc["rows"])
