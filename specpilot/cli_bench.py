@@ -125,6 +125,9 @@ def run(args) -> int:
         check_name(args.name)
     if args.warmup is not None and args.warmup < 0:
         raise SpecPilotError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.interleave and not args.pair:
+        raise SpecPilotError("--interleave times the systems of --pair mode; --shapes replays "
+                             "measured step costs and has none to interleave")
     env = environment(device, getattr(args, "argv", None))
     if args.pair:
         return _run_pair(args, device, env)

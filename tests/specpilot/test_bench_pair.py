@@ -210,7 +210,7 @@ def test_benchmarks_md_section_is_replaced_not_duplicated(tmp_path):
 
 
 @pytest.mark.parametrize("case", ["no_drafter", "unknown_system", "shapes_without_profile",
-                                  "program_dtype", "bad_name"])
+                                  "program_dtype", "bad_name", "shapes_interleaved"])
 def test_bad_input_is_one_clear_line_and_exit_2(bench, tmp_path, capsys, case):
     root, _ = bench
     pair = str(root / "pair")
@@ -223,6 +223,9 @@ def test_bad_input_is_one_clear_line_and_exit_2(bench, tmp_path, capsys, case):
         argv, message = base + ["--systems", "ar_torch,vllm"], "unknown system(s) vllm"
     elif case == "shapes_without_profile":
         argv, message = ["--shapes", "llama-3.1-8b:llama-3.2-1b"], "--acceptance"
+    elif case == "shapes_interleaved":
+        argv, message = (["--shapes", "llama-3.1-8b:llama-3.2-1b", "--interleave"],
+                         "--interleave times the systems of --pair mode")
     elif case == "program_dtype":
         prog = stock_program(build_deployment(pair + "/target", pair + "/drafter", dtype="bfloat16"))
         save_program(prog, str(tmp_path / "bf16.json"))
