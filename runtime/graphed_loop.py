@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Dict, List, Optional, Sequence, Union
 
+import torch
+
 from specpilot.ir.errors import SpecPilotError
 
 from .speculative import SpecResult
@@ -78,9 +80,19 @@ def cut_tokens(decoder, rows: List[List[int]], counts: List[int], limits: List[i
     return tokens
 
 
+def kept_rows(out: torch.Tensor, counts: List[int], limits: List[int]) -> List[List[int]]:
+    """The rows of `out` as lists, each only as far as the longest row keeps (its count, at
+    most its limit): an output row is a cache's width (some 1300 slots for 256 new tokens), and
+    converting every slot of 164 of them to Python ints took 13 ms of host time against 2 ms for
+    the kept part (this machine's CPU), time a call spends after its last replay."""
+    keep = max((min(c, limit) for c, limit in zip(counts, limits)), default=0)
+    return out[:, :keep].tolist()
+
+
 def read_tokens(decoder, n: int, limits: List[int], trim_eos: bool) -> List[List[int]]:
     """The output rows of the first `n` requests of `decoder`, cut as `cut_tokens` says."""
-    return cut_tokens(decoder, decoder.out[:n].tolist(), decoder.count[:n].tolist(), limits,
+    counts = decoder.count[:n].tolist()
+    return cut_tokens(decoder, kept_rows(decoder.out[:n], counts, limits), counts, limits,
                       trim_eos)
 
 

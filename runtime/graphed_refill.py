@@ -61,7 +61,8 @@ from specpilot.ir.errors import SpecPilotError
 from .cuda_graphs import to_device
 from .env_counts import env_count, given_count
 from .graphed_chain import GraphedChainDecoder
-from .graphed_loop import cut_tokens, logged_result, replay_length, request_limits
+from .graphed_loop import (cut_tokens, kept_rows, logged_result, replay_length,
+                           request_limits)
 from .row_prefill import RowPrefill
 from .speculative import SpecResult
 
@@ -384,8 +385,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     def _tokens(self, results: Dict[int, dict], limits: List[int], trim_eos: bool):
         """Every request's tokens from its row's results (`_take_row`), read back at once."""
         n = len(limits)
-        rows = torch.stack([results[i]["out"] for i in range(n)]).tolist()
         counts = torch.stack([results[i]["count"] for i in range(n)]).tolist()
+        rows = kept_rows(torch.stack([results[i]["out"] for i in range(n)]), counts, limits)
         return cut_tokens(self, rows, counts, limits, trim_eos)
 
     @staticmethod
@@ -394,8 +395,11 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         nothing (`_log_round`), and come after its last speculative round: speculation, once
         off, stays off for every request running then, and a request that restarts the batch
         is admitted before the restart's first round."""
-        logged = torch.stack([results[i]["accepted"] for i in range(n)]).tolist()
         rounds = torch.stack([results[i]["rounds"] for i in range(n)]).tolist()
+        # Entries past a request's rounds are -1 (rounds past the log's end all write its last
+        # entry): the log is read only as far as the longest request's rounds reach.
+        logged = torch.stack([results[i]["accepted"] for i in range(n)])
+        logged = logged[:, :max(rounds, default=0)].tolist()
         rows = [[a for a in row if a >= 0] for row in logged]
         return [row + [0] * (r - len(row)) for row, r in zip(rows, rounds)]
 
