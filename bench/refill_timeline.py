@@ -31,7 +31,8 @@ host work a round) and newcomer prefill placement (--prefill-placements: `ahead`
 admission, `beside` the round at it, or `after` the round; runtime/row_prefill.py; with
 `ahead`, --ahead-depths: how many newcomers are held prefilled) and read-back lag
 (--readback-lags: replays the host reads finished rows back behind, so that more are queued
-while it admits; runtime/graphed_refill.py).
+while it admits; runtime/graphed_refill.py) and when the newcomers held ahead are topped up
+(--topups: right after a read-back's admissions, or once the next replay is queued).
 
   python3 bench/refill_timeline.py --pair /tmp/specpilot-pair --batch-sizes 16 --out FILE.json
 
@@ -60,8 +61,9 @@ from specpilot.cli_common import comma_choices, positive_counts, positive_int  #
 from specpilot.ir.errors import SpecPilotError  # noqa: E402
 from specpilot.runtime.fused_forward import FusedForward  # noqa: E402
 from specpilot.runtime.graphed_refill import (LAG_ENV, MAX_READBACK_LAG,  # noqa: E402
-                                              GraphedRefillDecoder, refill_readback_lag,
-                                              refill_rounds_per_replay)
+                                              TOPUP_ENV, TOPUPS, GraphedRefillDecoder,
+                                              refill_readback_lag, refill_rounds_per_replay,
+                                              refill_topup)
 from specpilot.runtime.row_prefill import (AHEAD_DEPTH, AHEAD_ENV,  # noqa: E402
                                            MAX_AHEAD_DEPTH, PLACEMENT_ENV, PLACEMENTS,
                                            ahead_depth, prefill_placement)
@@ -164,13 +166,15 @@ ACCEPT = ("ops", "fused")
 
 
 def one_cell(target, drafter, prompts, eos, batch: int, kind: str, per: int,
-             placement: str, depth: Optional[int], lag: int, accept: str, args) -> dict:
+             placement: str, depth: Optional[int], lag: int, accept: str, topup: str,
+             args) -> dict:
     capacity = decoder_capacity(prompts, args.max_new_tokens, args.k)
     adaptive = kind != "chain"
     decoder = GraphedRefillDecoder(target, drafter, batch, capacity, args.k, eos,
                                    capture=target.device.type == "cuda", adaptive=adaptive,
                                    rounds_per_replay=per, prefill_placement=placement,
                                    ahead_depth=depth, readback_lag=lag, accept_kernels=accept,
+                                   topup=topup,
                                    length_estimator=("per_depth" if kind == "adaptive_depth"
                                                      else "geometric"))
     decoder.prepare_prefill(prompts)
@@ -185,6 +189,7 @@ def one_cell(target, drafter, prompts, eos, batch: int, kind: str, per: int,
     return {"batch": batch, "decoder": kind if adaptive else f"chain({args.k})",
             "accept_kernels": accept, "rounds_per_replay": decoder.rounds_per_replay, "prefill_placement": placement,
             "ahead_depth": decoder._row_prefill.depth, "readback_lag": decoder.lag,
+            "topup": decoder.topup,
             "median": {key: statistics.median(c[key] for c in calls) for key in keys},
             "calls": calls}
 
@@ -197,7 +202,7 @@ def report(cell: dict) -> str:
             f"{cell['rounds_per_replay']} rounds a "
             f"replay, prefill {cell['prefill_placement']}{ahead}, read back "
             f"{cell['readback_lag']} "
-            f"behind: {m['wall_ms']:.1f} ms "
+            f"behind, topped up once {cell['topup']}: {m['wall_ms']:.1f} ms "
             f"({m['tokens_per_s']:.0f} tok/s): before {m['before_ms']:.1f}, replays "
             f"{m['replay_ms']:.1f} ({last['replays']}: {last['replays_by_length']}), admissions "
             f"{m['admit_ms']:.1f} ({last['refills']}), idle {m['idle_ms']:.1f}, after "
@@ -236,6 +241,9 @@ def main(argv=None) -> int:
     ap.add_argument("--readback-lags", type=positive_counts, default=None,
                     help="replays the host reads finished rows back behind, one cell per value "
                          f"(1..{MAX_READBACK_LAG}; default: the decoder's, {LAG_ENV} included)")
+    ap.add_argument("--topups", type=comma_choices(TOPUPS), default=None,
+                    help="when the newcomers held ahead are topped up, one cell each, of "
+                         f"{', '.join(TOPUPS)} (default: the decoder's, {TOPUP_ENV} included)")
     ap.add_argument("--out", required=True)
     args = ap.parse_args(argv)
     placements = args.prefill_placements
@@ -248,6 +256,8 @@ def main(argv=None) -> int:
             args.readback_lags = [refill_readback_lag()]
         for lag in args.readback_lags:
             refill_readback_lag(lag)
+        if args.topups is None:
+            args.topups = [refill_topup()]
         depths = [ahead_depth(d) for d in args.ahead_depths or [None]]
         target, drafter, prompts, eos, _ = decode_models(args, args.prompts)
         if args.drafter_kernels == "fused":
@@ -256,14 +266,14 @@ def main(argv=None) -> int:
         ap.error(str(exc))
 
     def cell(case) -> dict:
-        batch, per, kind, (placement, depth), lag, accept = case
+        batch, per, kind, (placement, depth), lag, accept, topup = case
         return one_cell(target, drafter, prompts, eos, batch, kind, per, placement, depth, lag,
-                        accept, args)
+                        accept, topup, args)
 
     # Each depth is a cell of its own where the placement is ahead; it means nothing elsewhere.
     placed = [(p, d) for p in placements for d in (depths if p == "ahead" else [None])]
     cases = itertools.product(args.batch_sizes, args.rounds_per_replay, args.decoders, placed,
-                              args.readback_lags, args.accept_kernels)
+                              args.readback_lags, args.accept_kernels, args.topups)
     measure_rows(cases, cell, report, args.out, target.device.type, vars(args), "cells")
     return 0
 

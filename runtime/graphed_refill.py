@@ -51,6 +51,7 @@ that memory.
 from __future__ import annotations
 
 import itertools
+import os
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -101,6 +102,19 @@ REFILL_READBACK_LAG = 1
 MAX_READBACK_LAG = 4
 
 
+TOPUP_ENV = "SPECPILOT_REFILL_TOPUP"
+# When the host tops up the newcomers held prefilled ahead (placement `ahead`) after a read-back
+# that admitted some: "admitted", right after the admissions, before it queues the next replay;
+# or "queued", once that replay is queued, while the GPU runs it. The admissions must come
+# before the next replay (its rounds run the newcomers); the top-up is for later admissions, but
+# done first it delays the next replay's queueing by its host time (about 0.6 ms a newcomer on
+# an H200 beside 0.55 ms an admission, thirty-second set's timeline), and where two or three
+# rows finish in one read-back that outlasts the replay running meanwhile (1.5 ms at batch 16),
+# so the GPU waits. Not yet raced on a GPU: "admitted" stays the default.
+TOPUPS = ("admitted", "queued")
+REFILL_TOPUP = "admitted"
+
+
 # Plain steps with nobody left to refill (the queue empty, speculation off or never on) replay
 # this many rounds at a time while the batch's longest request still needs that many: a refill
 # needs no finer grain then, and one round a replay pays a launch, a copy-back and an event per
@@ -121,6 +135,16 @@ def refill_readback_lag(lag: Optional[int] = None) -> int:
     if lag is None:
         return env_count(LAG_ENV, REFILL_READBACK_LAG, "replays", MAX_READBACK_LAG)
     return given_count(lag, "readback lag", "replays", MAX_READBACK_LAG)
+
+
+def refill_topup(topup: Optional[str] = None) -> str:
+    """When the refill loop tops up the newcomers held ahead (TOPUPS): `topup` as given, else
+    SPECPILOT_REFILL_TOPUP's, else REFILL_TOPUP."""
+    source = "top-up" if topup is not None else TOPUP_ENV
+    value = topup if topup is not None else os.environ.get(TOPUP_ENV, REFILL_TOPUP)
+    if value not in TOPUPS:
+        raise SpecPilotError(f"{source} {value!r}: expected one of {', '.join(TOPUPS)}")
+    return value
 
 
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
@@ -148,7 +172,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
     admission, beside the rounds before it). `ahead_depth`: with the placement `ahead`, how
     many of the queue's next newcomers are held prefilled (None: SPECPILOT_REFILL_AHEAD's).
     `readback_lag`: replays the host's read-back of finished rows runs behind
-    (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1)."""
+    (`refill_readback_lag`; None: SPECPILOT_REFILL_LAG's, by default 1). `topup`: when the
+    newcomers held ahead are topped up after admissions (`refill_topup`; None:
+    SPECPILOT_REFILL_TOPUP's, by default right after them)."""
 
     # Refilled slots leave no tail to wait for: an adaptive length serves the batch's
     # tokens per unit of time (runtime/batch_length.py).
@@ -159,7 +185,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                  eos_ids: Sequence[int] = (), capture: bool = True,
                  prefill_placement: Optional[str] = None,
                  readback_lag: Optional[int] = None, ahead_depth: Optional[int] = None,
-                 **options):
+                 topup: Optional[str] = None, **options):
         if options.get("record_margins"):
             raise SpecPilotError("continuous refill does not record margins: build the "
                                  "reference with the padded decoder")
@@ -171,6 +197,7 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         self.row_round = torch.zeros(batch, dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
         self.lag = refill_readback_lag(readback_lag)
+        self.topup = refill_topup(topup)
         # A ring of host copies and events: the replays from the one read back to the one just
         # queued are lag + 1, and the next one's copy must not land where the host is reading.
         self.ring = ring = self.lag + 2
@@ -286,7 +313,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         queue = deque(range(len(first), n))
         # Where the placement is `ahead`, the queue's next newcomers are prefilled ahead of
         # their admission, beside the rounds (runtime/row_prefill.py), and topped up after each
-        # read-back's admissions; otherwise prefetch does nothing.
+        # read-back's admissions, or once the replay after them is queued (`topup`);
+        # otherwise prefetch does nothing.
         self._row_prefill.forget()
         self._prefetch(prompts, queue)
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
@@ -307,6 +335,8 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         off_from: List[int] = []
         restarts = 0
         draining = self.policy is None  # the policy is told once, when the queue is empty
+        top_up_queued = self.topup == "queued"
+        top_up = False                  # admissions were made, the held newcomers not topped up
         while True:
             if not draining and not queue:
                 self.policy.queue_empty()
@@ -338,6 +368,9 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                                                non_blocking=cuda)
             if cuda:
                 self.ring_events[j % ring].record()
+            if top_up:                  # the replay after the admissions is queued now
+                self._prefetch(prompts, queue)
+                top_up = False
             read = j - lag              # the replay read back now, `lag` behind this one
             if read < 0:
                 continue
@@ -371,7 +404,10 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                         k, restarted = lengths[-1], j + 1     # the batch starts anew
                         restarts += 1
             if done:            # those held ahead change only with admissions
-                self._prefetch(prompts, queue)
+                if top_up_queued:
+                    top_up = True
+                else:
+                    self._prefetch(prompts, queue)
             if all(h is None for h in held):
                 break
             # Each request holds its slot for at most its rounds' replays and lag + 1 more (the

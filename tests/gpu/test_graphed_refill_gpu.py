@@ -45,10 +45,13 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
 
 
 @pytest.mark.parametrize("adaptive", [False, True])
-def test_captured_refill_read_back_two_replays_behind_equals_eager(tmp_path, adaptive):
+@pytest.mark.parametrize("lag,topup", [(2, "admitted"), (1, "queued")])
+def test_captured_refill_read_back_two_replays_behind_equals_eager(tmp_path, adaptive, lag,
+                                                                   topup):
     """readback_lag=2 on the GPU: the host waits on the ring's events two replays back while
-    two are queued; the output and acceptance are the eager loop's at the same lag, and
-    forcing is clean."""
+    two are queued; and the newcomers held ahead topped up once the next replay is queued (their
+    prefill on its stream beside that replay). The output and acceptance are the eager loop's
+    with the same settings, and forcing is clean."""
     folder = make_checkpoint(tmp_path, "llama3", seed=93)
     target = Transformer.from_checkpoint(folder, "float32", "cuda")
     drafter = Transformer.from_checkpoint(folder, "float32", "cuda")
@@ -56,12 +59,12 @@ def test_captured_refill_read_back_two_replays_behind_equals_eager(tmp_path, ada
     eos = (generate_ar(target, prompts, 20).tokens[1][6],)
     reference = generate_ar(target, prompts, 20, eos_ids=eos)
 
-    def build(capture, lag):
+    def build(capture):
         return GraphedRefillDecoder(target, drafter, 3, 64, 3, eos, capture=capture,
-                                    adaptive=adaptive, readback_lag=lag)
+                                    adaptive=adaptive, readback_lag=lag, topup=topup)
 
-    want = build(False, 2).generate(prompts, 20)
-    graphed = build(True, 2)
+    want = build(False).generate(prompts, 20)
+    graphed = build(True)
     for _ in range(2):
         got = graphed.generate(prompts, 20)
         assert got.tokens == want.tokens

@@ -123,6 +123,16 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     assert two["replays"] > one["replays"]
 
 
+def test_each_top_up_is_a_cell_of_its_own(tmp_path):
+    """--topups: one cell per top-up, its decoder made with it; the same tokens and admissions,
+    and every newcomer still prefilled ahead."""
+    cells = timeline_cells(tmp_path, 5, 6, 1, "--decoders", "chain", "--topups", "admitted,queued")
+    assert [c["topup"] for c in cells] == ["admitted", "queued"]
+    for cell in cells:
+        call = cell["calls"][0]
+        assert call["new_tokens"] == 5 * 6 and call["refills"] == call["prefetches"] == 5 - 2
+
+
 @pytest.mark.parametrize("args,message", [
     (["--prefill-placements", "sideways"], "--prefill-placements: takes ahead, beside, after"),
     (["--decoders", "tree"], "--decoders: takes chain, adaptive, adaptive_depth"),
@@ -132,6 +142,7 @@ def test_each_readback_lag_is_a_cell_of_its_own(tmp_path):
     (["--drafter-kernels", "cuda"], "invalid choice"),
     (["--readback-lags", "1,5"], "readback lag 5"),
     (["--ahead-depths", "17"], "ahead depth 17"),
+    (["--topups", "admitted,later"], "--topups: takes admitted, queued"),
 ])
 def test_bad_arguments_are_refused(tmp_path, capsys, args, message):
     script = load_bench_script("refill_timeline")

@@ -1,0 +1,114 @@
+"""When the refill loop tops up the newcomers held prefilled ahead (`topup`,
+SPECPILOT_REFILL_TOPUP): right after a read-back's admissions, or once the replay after them is
+queued. Either way every request's output is greedy AR's, forcing is clean, and each newcomer is
+prefilled once; the loop's order of replays, admissions and top-ups is the one asked for."""
+import pytest
+import torch
+
+from specpilot.ir.errors import SpecPilotError
+from specpilot.runtime.forcing import compare_to_reference, default_tolerance
+from specpilot.runtime.graphed_refill import TOPUPS, GraphedRefillDecoder
+
+from mechanism_setup import MAX_NEW, assert_clean, one_thread, pair_setup  # noqa: F401
+from refill_setup import mixed_requests
+
+
+def _logged(decoder):
+    """The decoder with its replays, admissions and top-ups logged in order, as it ran them."""
+    log = []
+    runner, admit, prefetch = decoder._runner, decoder._admit, decoder._prefetch
+
+    def logged_runner(forced, k, rounds=None):
+        replay = runner(forced, k, rounds)
+
+        def run():
+            log.append("replay")
+            replay()
+        return run
+
+    def logged_admit(*args, **kwargs):
+        log.append("admit")
+        admit(*args, **kwargs)
+
+    def logged_prefetch(prompts, queue):
+        # With the queue empty there is nothing left to hold.
+        log.append("top-up" if queue else "nothing to hold")
+        prefetch(prompts, queue)
+
+    decoder._runner, decoder._admit, decoder._prefetch = logged_runner, logged_admit, logged_prefetch
+    return log
+
+
+@pytest.mark.parametrize("k,batch,adaptive", [(0, 2, False), (3, 3, False), (4, 2, True)])
+def test_either_top_up_gives_greedy_ar_with_the_same_rounds(k, batch, adaptive):
+    s, prompts, reference = mixed_requests(4)
+    drafter = s["drafter"] if k else None
+    results = {}
+    for topup in TOPUPS:
+        decoder = GraphedRefillDecoder(s["target"], drafter, batch, 48, k, s["eos"],
+                                       capture=False, adaptive=adaptive, topup=topup)
+        results[topup] = decoder.generate(prompts, MAX_NEW)
+        assert results[topup].tokens == reference.tokens
+        report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                      default_tolerance(torch.float32))
+        assert_clean(report, reference)
+    first, later = results["admitted"], results["queued"]
+    assert later.stats == first.stats and later.accepted_lengths == first.accepted_lengths
+
+
+@pytest.mark.parametrize("topup", TOPUPS)
+def test_the_top_up_comes_where_it_is_asked_for(topup):
+    """`admitted`: a read-back's admissions are followed by the top-up at once. `queued`: by
+    the next replay, and the top-up right after it. Each newcomer is prefilled once either way,
+    and all but those of crowded gaps are admitted from staging."""
+    s, prompts, reference = mixed_requests(11)
+    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                                   topup=topup, prefill_placement="ahead", ahead_depth=3)
+    prefill = decoder._row_prefill
+    prefilled, staged = [], []
+    plain_prefill, plain_run = prefill._prefill, prefill.run
+
+    def counted_prefill(slot, prompt):
+        prefilled.append(tuple(prompt))
+        return plain_prefill(slot, prompt)
+
+    def counted_run(row, prompt):
+        staged.append(bool(prefill._held) and prefill._held[0].prompt == tuple(prompt))
+        return plain_run(row, prompt)
+
+    prefill._prefill, prefill.run = counted_prefill, counted_run
+    log = _logged(decoder)
+    assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
+    assert sorted(prefilled) == sorted(tuple(p) for p in prompts[2:])
+    assert all(staged)          # two slots, three held: every newcomer was waiting in staging
+    # The call's first top-up fills staging before any replay; the others follow read-backs
+    # that found finished rows (with the queue empty there is nothing left to hold).
+    assert log[0] == "top-up" and log.count("admit") == len(prompts) - 2
+    tops = ("top-up", "nothing to hold")
+    after_admissions = {log[i + 1] for i in range(1, len(log) - 1)
+                        if log[i] == "admit" and log[i + 1] != "admit"}
+    before_top_ups = {log[i - 1] for i in range(1, len(log)) if log[i] == "top-up"}
+    if topup == "admitted":
+        assert after_admissions <= set(tops) and before_top_ups == {"admit"}
+    else:
+        assert after_admissions == {"replay"}
+        assert {log[i - 1] for i in range(1, len(log)) if log[i] in tops} == {"replay"}
+    # Every read-back that admitted is topped up after, once.
+    gaps = sum(1 for i in range(1, len(log)) if log[i] != "admit" and log[i - 1] == "admit")
+    assert log.count("top-up") - 1 <= gaps <= log.count("top-up") + log.count("nothing to hold")
+
+
+def test_the_top_up_is_checked(monkeypatch):
+    s = pair_setup(11)
+    monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "queued")
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "queued"
+    # given to the constructor, it overrides the environment's
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False,
+                                topup="admitted").topup == "admitted"
+    monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "later")
+    with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_TOPUP 'later'"):
+        GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
+    monkeypatch.delenv("SPECPILOT_REFILL_TOPUP")
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "admitted"
+    with pytest.raises(SpecPilotError, match="top-up 'soon': expected one of admitted, queued"):
+        GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False, topup="soon")
