@@ -18,6 +18,7 @@ and warm-up, with its timed runs' transient on top (the others' resident memory 
 """
 from __future__ import annotations
 
+import gc
 import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
@@ -74,6 +75,8 @@ def measure_interleaved(systems: Sequence[System], prompts, reference, batch_siz
     out: Dict[str, Tuple[dict, Optional[RunOutput]]] = {}
     live: List[System] = []
     held: Dict[str, Tuple[int, int]] = {}       # name: (resident bytes, set-up and warm-up peak)
+    # What an earlier group released in reference cycles is freed first: it is not the models'.
+    gc.collect()
     models = memory.now()
 
     def fail(system: System, exc: Exception) -> None:
