@@ -55,3 +55,22 @@ class ReplayLog(GraphedRefillDecoder):
     def _admit(self, row, prompt, limit, reference=None, alone=False):
         self.log.append("admit")
         super()._admit(row, prompt, limit, reference, alone)
+
+
+def count_prefills(prefill):
+    """Log on a decoder's RowPrefill each prompt it prefills and, at each admission, whether
+    the newcomer was waiting in staging (prefilled ahead): returns (prefilled, staged), filled
+    as the decoder runs."""
+    prefilled, staged = [], []
+    plain_prefill, plain_run = prefill._prefill, prefill.run
+
+    def counted_prefill(slot, prompt):
+        prefilled.append(tuple(prompt))
+        return plain_prefill(slot, prompt)
+
+    def counted_run(row, prompt):
+        staged.append(bool(prefill._held) and prefill._held[0].prompt == tuple(prompt))
+        return plain_run(row, prompt)
+
+    prefill._prefill, prefill.run = counted_prefill, counted_run
+    return prefilled, staged

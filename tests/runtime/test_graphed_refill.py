@@ -14,7 +14,8 @@ from specpilot.runtime.graphed_refill import GraphedRefillDecoder
 
 from mechanism_setup import (MAX_NEW, ContraryDrafter, assert_clean, one_thread,  # noqa: F401
                              pair_setup)
-from refill_setup import NoTargetPrefill, ReplayLog, StaleLength, mixed_requests
+from refill_setup import (NoTargetPrefill, ReplayLog, StaleLength, count_prefills,
+                          mixed_requests)
 
 
 @pytest.mark.parametrize("seed", [11, 4])
@@ -40,7 +41,7 @@ def test_refilled_slots_give_greedy_ar_for_every_request(seed, k, batch):
 
 
 @pytest.mark.parametrize("placement,depth", [("ahead", 1), ("ahead", 3), ("beside", None)])
-def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, depth, monkeypatch):
+def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, depth):
     """Placed ahead, the decoder holds the queue's next `depth` newcomers prefilled before a
     row is free for them: every newcomer is prefilled once, and each admission only copies
     from staging, but for those admitted in the same gap as more than `depth` others; none is
@@ -51,19 +52,7 @@ def test_newcomers_are_prefilled_ahead_of_their_rows_each_once(placement, depth,
                                    prefill_placement=placement, ahead_depth=depth)
     prefill = decoder._row_prefill
     assert prefill.depth == (depth or 0)
-    prefilled, copied_only = [], []
-    plain_prefill, plain_run = prefill._prefill, prefill.run
-
-    def counted_prefill(slot, prompt):
-        prefilled.append(tuple(prompt))
-        return plain_prefill(slot, prompt)
-
-    def counted_run(row, prompt):
-        copied_only.append(bool(prefill._held) and prefill._held[0].prompt == tuple(prompt))
-        return plain_run(row, prompt)
-
-    monkeypatch.setattr(prefill, "_prefill", counted_prefill)
-    monkeypatch.setattr(prefill, "run", counted_run)
+    prefilled, copied_only = count_prefills(prefill)
     assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
     newcomers = [tuple(p) for p in prompts[2:]]
     assert sorted(prefilled) == sorted(newcomers)          # each newcomer once, none wasted

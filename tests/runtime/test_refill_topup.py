@@ -10,7 +10,7 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_refill import TOPUPS, GraphedRefillDecoder
 
 from mechanism_setup import MAX_NEW, assert_clean, one_thread, pair_setup  # noqa: F401
-from refill_setup import mixed_requests
+from refill_setup import count_prefills, mixed_requests
 
 
 def _logged(decoder):
@@ -64,19 +64,7 @@ def test_the_top_up_comes_where_it_is_asked_for(topup):
     s, prompts, reference = mixed_requests(11)
     decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
                                    topup=topup, prefill_placement="ahead", ahead_depth=3)
-    prefill = decoder._row_prefill
-    prefilled, staged = [], []
-    plain_prefill, plain_run = prefill._prefill, prefill.run
-
-    def counted_prefill(slot, prompt):
-        prefilled.append(tuple(prompt))
-        return plain_prefill(slot, prompt)
-
-    def counted_run(row, prompt):
-        staged.append(bool(prefill._held) and prefill._held[0].prompt == tuple(prompt))
-        return plain_run(row, prompt)
-
-    prefill._prefill, prefill.run = counted_prefill, counted_run
+    prefilled, staged = count_prefills(decoder._row_prefill)
     log = _logged(decoder)
     assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
     assert sorted(prefilled) == sorted(tuple(p) for p in prompts[2:])
