@@ -110,6 +110,12 @@ def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path,
         got = replay_adaptive_refill(profile, costs, 4, estimator=estimator, drain=drain)
         assert rule["over_fixed"] == pytest.approx(fixed.spec_seconds / got.spec_seconds)
         assert rule["x_ar"] == pytest.approx(got.speedup)
+        # Drafts where the profile never drafted from counted as accepted: never below it.
+        hope = replay_adaptive_refill(profile, costs, 4, estimator=estimator, drain=drain,
+                                      unknown_agrees=True)
+        assert rule["optimistic"]["over_fixed"] == pytest.approx(
+            fixed.spec_seconds / hope.spec_seconds)
+        assert rule["optimistic"]["over_fixed"] >= rule["over_fixed"]
     assert "over fixed: geometric/makespan" in capsys.readouterr().out
     # the batch's own profile where the bench wrote several; no recorded prices: the model's
     other.save(str(tmp_path / "mechanisms-x.acceptance.mech-graphed_refill_fused_accept.b4.json"))
@@ -126,3 +132,25 @@ def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path,
     bench.write_text(json.dumps({"name": "mechanisms-x", "rows": rows[1:]}))
     assert script.main([str(bench), "--out", str(tmp_path / "no.json")]) == 2
     assert not (tmp_path / "no.json").exists()
+
+
+def test_the_optimistic_replay_brackets_rules_that_draft_shorter_chains(tmp_path):
+    """Requests whose drafter agrees 70 % of the time: the rules draft shorter chains than the
+    profile's four, starting rounds where it never drafted from. Counted as rejected there the
+    replay puts every rule behind the fixed chain; counted as accepted, level with it or ahead."""
+    rnd = random.Random(7)
+    profile = profile_from_agreement(4, [[rnd.random() < 0.7 for _ in range(rnd.randint(60, 100))]
+                                         for _ in range(12)])
+    profile.save(str(tmp_path / "mechanisms-y.acceptance.mech-graphed_refill_fused_accept.json"))
+    rows = [{"system": "mech:graphed_refill_fused_accept", "batch_size": 4, "status": "measured"},
+            {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
+             "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
+                                                   "restarts": 0}}]
+    bench = tmp_path / "mechanisms-y.json"
+    bench.write_text(json.dumps({"name": "mechanisms-y", "rows": rows}))
+    out = tmp_path / "drain.json"
+    assert load_bench_script("drain_rule_replay").main([str(bench), "--out", str(out)]) == 0
+    (cell,) = json.loads(out.read_text())["cells"]
+    for rule in cell["rules"].values():
+        assert rule["over_fixed"] < 0.97 and rule["optimistic"]["over_fixed"] > 0.98
+        assert rule["optimistic"]["mean_accepted"] > rule["mean_accepted"]
