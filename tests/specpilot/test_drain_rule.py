@@ -82,19 +82,30 @@ def test_a_poor_request_left_in_the_drain_decides_the_makespan_not_the_time_per_
     assert throughput.spec_seconds != makespan.spec_seconds
 
 
+FIXED_ROW = "mech:graphed_refill_fused_accept"
+
+
+def _bench_rows(tmp_path, name, profile):
+    """A bench file `name`.json at batch 4 with the fixed refill row (its profile saved beside
+    it, as the bench writes it) and the adaptive row's recorded prices (PRICES); its rows and
+    path."""
+    profile.save(str(tmp_path / f"{name}.acceptance.mech-graphed_refill_fused_accept.json"))
+    rows = [{"system": FIXED_ROW, "batch_size": 4, "status": "measured"},
+            {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
+             "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
+                                                   "restarts": 0}}]
+    bench = tmp_path / f"{name}.json"
+    bench.write_text(json.dumps({"name": name, "rows": rows}))
+    return rows, bench
+
+
 def test_the_script_reports_each_rules_replay_of_a_bench_files_profile(tmp_path, capsys):
     """The fixed row's profile is the one the bench wrote beside the file (its batch's own
     where there are several), priced by the adaptive row's recorded prices, else by the round
     model; each rule's figures are the replay's own."""
     profile, other = _poor_one_last(5), _poor_one_last(6)
-    fixed_name = "mech:graphed_refill_fused_accept"
-    profile.save(str(tmp_path / "mechanisms-x.acceptance.mech-graphed_refill_fused_accept.json"))
-    rows = [{"system": fixed_name, "batch_size": 4, "status": "measured"},
-            {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
-             "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
-                                                   "restarts": 0}}]
-    bench = tmp_path / "mechanisms-x.json"
-    bench.write_text(json.dumps({"name": "mechanisms-x", "rows": rows}))
+    fixed_name = FIXED_ROW
+    rows, bench = _bench_rows(tmp_path, "mechanisms-x", profile)
     out = tmp_path / "drain.json"
     script = load_bench_script("drain_rule_replay")
     assert script.main([str(bench), "--out", str(out)]) == 0
@@ -141,13 +152,7 @@ def test_the_optimistic_replay_brackets_rules_that_draft_shorter_chains(tmp_path
     rnd = random.Random(7)
     profile = profile_from_agreement(4, [[rnd.random() < 0.7 for _ in range(rnd.randint(60, 100))]
                                          for _ in range(12)])
-    profile.save(str(tmp_path / "mechanisms-y.acceptance.mech-graphed_refill_fused_accept.json"))
-    rows = [{"system": "mech:graphed_refill_fused_accept", "batch_size": 4, "status": "measured"},
-            {"system": "mech:graphed_adaptive_refill_fused_accept", "batch_size": 4,
-             "status": "measured", "length_rule": {"prices": PRICES, "off_from_round": [],
-                                                   "restarts": 0}}]
-    bench = tmp_path / "mechanisms-y.json"
-    bench.write_text(json.dumps({"name": "mechanisms-y", "rows": rows}))
+    _, bench = _bench_rows(tmp_path, "mechanisms-y", profile)
     out = tmp_path / "drain.json"
     assert load_bench_script("drain_rule_replay").main([str(bench), "--out", str(out)]) == 0
     (cell,) = json.loads(out.read_text())["cells"]
