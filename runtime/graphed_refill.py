@@ -313,10 +313,14 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         queue = deque(range(len(first), n))
         # Where the placement is `ahead`, the queue's next newcomers are prefilled ahead of
         # their admission, beside the rounds (runtime/row_prefill.py), and topped up after each
-        # read-back's admissions, or once the replay after them is queued (`topup`);
-        # otherwise prefetch does nothing.
+        # read-back's admissions, or once the replay after them is queued (`topup`: then the
+        # first ones too are prefilled once the first replay is queued, as no admission comes
+        # before its read-back); otherwise prefetch does nothing.
         self._row_prefill.forget()
-        self._prefetch(prompts, queue)
+        top_up_queued = self.topup == "queued"
+        if not top_up_queued:
+            self._prefetch(prompts, queue)
+        top_up = top_up_queued          # the held newcomers are to be topped up after a replay
         held: List[Optional[int]] = list(first) + [None] * (b - len(first))
         trusted_from = [0] * b          # snapshots of replays before this one are stale
         # Rounds queued so far; per drain replay (its counts copied back), the rounds queued
@@ -335,8 +339,6 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         off_from: List[int] = []
         restarts = 0
         draining = self.policy is None  # the policy is told once, when the queue is empty
-        top_up_queued = self.topup == "queued"
-        top_up = False                  # admissions were made, the held newcomers not topped up
         while True:
             if not draining and not queue:
                 self.policy.queue_empty()
