@@ -1,10 +1,10 @@
-"""Whole-number settings of the refill runtime, given or read from the environment: a value
-given is checked as such, an unset variable gives the default, and anything else is a
-SpecPilotError naming where the value came from and what it counts."""
+"""Settings of the refill runtime, whole numbers or one of a few names, given or read from the
+environment: a value given is checked as such, an unset variable gives the default, and
+anything else is a SpecPilotError naming where the value came from and what it may be."""
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import Optional, Sequence
 
 from specpilot.ir.errors import SpecPilotError
 
@@ -36,4 +36,15 @@ def given_count(value, what: str, unit: str, most: Optional[int] = None) -> int:
             or (most is not None and value > most):
         raise SpecPilotError(f"{what} {value!r}: expected a whole number of {unit} "
                              f"{_bound(most)}")
+    return value
+
+
+def env_choice(name: str, default: str, choices: Sequence[str], given: Optional[str] = None,
+               what: str = "") -> str:
+    """`given` (named `what` in an error) if not None, else the environment variable `name`'s
+    value, else `default`; one of `choices`, or a SpecPilotError naming where it came from."""
+    value = given if given is not None else os.environ.get(name, default)
+    if value not in choices:
+        where = f"{what} {value!r}" if given is not None else f"{name}={value!r}"
+        raise SpecPilotError(f"{where}: expected one of {', '.join(choices)}")
     return value

@@ -107,6 +107,13 @@ def rounds_refusal(program: Program) -> Optional[str]:
 
 
 _decoders: "OrderedDict" = OrderedDict()
+_kept = KEPT_DECODERS    # the cache's size now (`kept_decoders` raises it for a block)
+
+
+def _trim_decoders(most: int) -> None:
+    """Drop the least recently used decoders down to `most`."""
+    while len(_decoders) > most:
+        _decoders.popitem(last=False)
 
 
 def length_cap(program: Program) -> Optional[int]:
@@ -234,8 +241,7 @@ def decoder_for(program: Program, pair, prompts: Sequence[Sequence[int]],
         _decoders.move_to_end(key)
         _decoders[key].prepare_prefill(prompts)
         return _decoders[key]
-    while len(_decoders) >= KEPT_DECODERS:
-        _decoders.popitem(last=False)
+    _trim_decoders(_kept - 1)                # room for the one built now
     accept = program.kernels.accept_kernels
     if cap == 0:                # plain greedy steps, drained or refilled
         plain = GraphedRefillDecoder if refill else GraphedChainDecoder
@@ -285,18 +291,16 @@ def release_decoders() -> None:
 def kept_decoders(count: int):
     """Keep up to `count` decoders alive at once inside the block (at least KEPT_DECODERS):
     systems timed side by side each hold theirs between passes (specpilot/bench/interleave.py).
-    After the block the oldest are dropped down to KEPT_DECODERS again."""
-    global KEPT_DECODERS
+    After the block the least recently used are dropped down to KEPT_DECODERS again."""
+    global _kept
     if count < 1:
         raise SpecPilotError(f"kept decoders must be at least 1, got {count}")
-    usual = KEPT_DECODERS
-    KEPT_DECODERS = max(usual, count)
+    _kept = max(KEPT_DECODERS, count)
     try:
         yield
     finally:
-        KEPT_DECODERS = usual
-        while len(_decoders) > usual:
-            _decoders.popitem(last=False)
+        _kept = KEPT_DECODERS
+        _trim_decoders(KEPT_DECODERS)
 
 
 def run_graphed(program: Program, pair, prompts: Sequence[Sequence[int]], max_new_tokens: int,

@@ -51,7 +51,6 @@ that memory.
 from __future__ import annotations
 
 import itertools
-import os
 from collections import deque
 from typing import Dict, List, NamedTuple, Optional, Sequence, Union
 
@@ -60,7 +59,7 @@ import torch
 from specpilot.ir.errors import SpecPilotError
 
 from .cuda_graphs import to_device
-from .env_counts import env_count, given_count
+from .env_counts import env_choice, env_count, given_count
 from .graphed_chain import GraphedChainDecoder
 from .graphed_loop import (cut_tokens, kept_rows, logged_result, replay_length,
                            request_limits)
@@ -140,11 +139,7 @@ def refill_readback_lag(lag: Optional[int] = None) -> int:
 def refill_topup(topup: Optional[str] = None) -> str:
     """When the refill loop tops up the newcomers held ahead (TOPUPS): `topup` as given, else
     SPECPILOT_REFILL_TOPUP's, else REFILL_TOPUP."""
-    source = "top-up" if topup is not None else TOPUP_ENV
-    value = topup if topup is not None else os.environ.get(TOPUP_ENV, REFILL_TOPUP)
-    if value not in TOPUPS:
-        raise SpecPilotError(f"{source} {value!r}: expected one of {', '.join(TOPUPS)}")
-    return value
+    return env_choice(TOPUP_ENV, REFILL_TOPUP, TOPUPS, topup, "top-up")
 
 
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],

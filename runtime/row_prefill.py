@@ -32,16 +32,13 @@ on the batch's stream after the round (one scratch set), to measure what running
 """
 from __future__ import annotations
 
-import os
 from collections import deque
 from contextlib import nullcontext
 from typing import Deque, List, NamedTuple, Optional, Sequence, Tuple
 
 import torch
 
-from specpilot.ir.errors import SpecPilotError
-
-from .env_counts import env_count, given_count
+from .env_counts import env_choice, env_count, given_count
 from .graphed_prefill import StaticPrefill
 from .kv_cache import KVCache
 
@@ -67,15 +64,7 @@ def prefill_placement(placement: Optional[str] = None) -> str:
     admission no longer waited on the host and newcomers were held more than one deep: it was
     no faster when an admission's host work outlasted a replay (BENCHMARKS.md, twenty-fourth
     set), and faster after (thirtieth set)."""
-    if placement is not None:
-        if placement not in PLACEMENTS:
-            raise SpecPilotError(f"prefill placement {placement!r}: expected one of "
-                                 f"{', '.join(PLACEMENTS)}")
-        return placement
-    value = os.environ.get(PLACEMENT_ENV, "ahead")
-    if value not in PLACEMENTS:
-        raise SpecPilotError(f"{PLACEMENT_ENV}={value!r}: expected one of {', '.join(PLACEMENTS)}")
-    return value
+    return env_choice(PLACEMENT_ENV, "ahead", PLACEMENTS, placement, "prefill placement")
 
 
 def ahead_depth(depth: Optional[int] = None) -> int:

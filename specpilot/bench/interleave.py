@@ -19,37 +19,16 @@ and warm-up, with its timed runs' transient on top (the others' resident memory 
 from __future__ import annotations
 
 import gc
-import time
 from typing import Dict, List, Optional, Sequence, Tuple
-
-import torch
 
 from specpilot.ir.errors import SpecPilotError
 from specpilot.runtime.graphed_program import kept_decoders
 
-from .correctness import exact_match
 from .gc_pause import gc_paused
-from .measure import _new_tokens, _sync, skipped_row, timed_row
+from .measure import (GpuMemory, checked, new_tokens_of, skipped_row, timed_row, timed_run,
+                      warm_up)
 from .systems import RunOutput, System
 from .workload import fill_batches, filled_reference
-
-
-class _Memory:
-    """The GPU's allocated bytes and peak, where there is a GPU (else every reading is 0)."""
-
-    def __init__(self, device: str):
-        self.cuda = torch.device(device).type == "cuda"
-        self.device = device
-
-    def now(self) -> int:
-        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
-
-    def reset_peak(self) -> None:
-        if self.cuda:
-            torch.cuda.reset_peak_memory_stats(self.device)
-
-    def peak(self) -> int:
-        return torch.cuda.max_memory_allocated(self.device) if self.cuda else 0
 
 
 def rotated(items: Sequence, turn: int) -> list:
@@ -68,90 +47,106 @@ def measure_interleaved(systems: Sequence[System], prompts, reference, batch_siz
     run or check raises a SpecPilotError, gets a skipped or failed row; the others go on."""
     if repeats < 1:
         raise SpecPilotError(f"interleaved timing needs at least one timed pass, got {repeats}")
-    say = progress or (lambda message: None)
-    workload = fill_batches(prompts, batch_size)
-    ref = filled_reference(reference, batch_size)
-    memory = _Memory(device)
-    out: Dict[str, Tuple[dict, Optional[RunOutput]]] = {}
-    live: List[System] = []
-    held: Dict[str, Tuple[int, int]] = {}       # name: (resident bytes, set-up and warm-up peak)
-    # What an earlier group released in reference cycles is freed first: it is not the models'.
-    gc.collect()
-    models = memory.now()
-
-    def fail(system: System, exc: Exception) -> None:
-        out[system.name] = skipped_row(system, batch_size, str(exc), status="failed"), None
-        if system in live:
-            live.remove(system)
-
+    group = _Group(systems, prompts, reference, batch_size, max_new_tokens, device,
+                   progress or (lambda message: None))
     # Each Program system keeps one decoder cached, and its check may capture one more.
     with kept_decoders(2 * len(systems) + 1):
         try:
-            for system in systems:
-                reason = system.unavailable(batch_size)
-                if reason:
-                    out[system.name] = skipped_row(system, batch_size, reason), None
-                    continue
-                before = memory.now()
-                try:
-                    system.setup(batch_size, workload, max_new_tokens)
-                    memory.reset_peak()
-                    # Graphed systems warm on the whole workload, the others on one batch
-                    # (specpilot/bench/measure.py).
-                    warm = workload if system.graphed else workload[:batch_size]
-                    for _ in range(warmup):
-                        system.run(warm, batch_size, max_new_tokens)
-                    _sync(device)
-                except SpecPilotError as exc:
-                    fail(system, exc)
-                    continue
-                held[system.name] = (memory.now() - before, memory.peak() - before)
-                live.append(system)
-            names = [s.name for s in live]             # the group its passes started with
-            seconds: Dict[str, List[float]] = {s.name: [] for s in live}
-            places: Dict[str, List[int]] = {s.name: [] for s in live}
-            transient: Dict[str, int] = {s.name: 0 for s in live}
-            first: Dict[str, RunOutput] = {}
+            group.set_up(warmup)
             with gc_paused():
                 for turn in range(repeats):
-                    order = rotated(live, turn)
-                    say(f"  pass {turn + 1}/{repeats}: {', '.join(s.name for s in order)}")
-                    for place, system in enumerate(order):
-                        start_bytes = memory.now()
-                        memory.reset_peak()
-                        try:
-                            _sync(device)
-                            start = time.perf_counter()
-                            run = system.run(workload, batch_size, max_new_tokens)
-                            _sync(device)
-                        except SpecPilotError as exc:
-                            fail(system, exc)
-                            continue
-                        took = time.perf_counter() - start
-                        name = system.name
-                        seconds[name].append(took)
-                        places[name].append(place)
-                        transient[name] = max(transient[name], memory.peak() - start_bytes)
-                        first.setdefault(name, run)
-                        say(f"  {name} batch {batch_size} pass {turn + 1}/{repeats}: "
-                            f"{_new_tokens(run) / took:.1f} tokens/s")
-            for system in list(live):
-                name = system.name
-                try:
-                    checks = system.check(workload, batch_size, ref, first[name])
-                except SpecPilotError as exc:
-                    fail(system, exc)
-                    continue
-                checks.setdefault("exact_match", exact_match(first[name].tokens, ref.tokens))
-                resident, warm_peak = held[name]
-                peak = (models + max(warm_peak, resident + transient[name])
-                        if memory.cuda else None)
-                row = timed_row(system, batch_size, len(workload), seconds[name], first[name],
-                                peak, checks)
-                row["timing"] = {"mode": "interleaved", "systems": names,
-                                 "places": places[name]}
-                out[name] = row, first[name]
+                    group.time_pass(turn, repeats)
+            group.check()
         finally:
             for system in systems:
                 system.teardown()
-    return [out[s.name] for s in systems]
+    return [group.out[s.name] for s in systems]
+
+
+class _Group:
+    """One batch size's systems measured side by side: what each has left, by phase."""
+
+    def __init__(self, systems, prompts, reference, batch_size: int, max_new_tokens: int,
+                 device: str, say):
+        self.systems, self.batch, self.max_new = systems, batch_size, max_new_tokens
+        self.device = device
+        self.workload = fill_batches(prompts, batch_size)
+        self.ref = filled_reference(reference, batch_size)
+        self.say = say
+        self.memory = GpuMemory(device)
+        self.out: Dict[str, Tuple[dict, Optional[RunOutput]]] = {}
+        self.live: List[System] = []            # set up, and not failed since
+        self.names: List[str] = []              # the group its passes started with
+        self.held: Dict[str, Tuple[int, int]] = {}  # (resident bytes, set-up and warm-up peak)
+        self.seconds: Dict[str, List[float]] = {}
+        self.places: Dict[str, List[int]] = {}
+        self.transient: Dict[str, int] = {}
+        self.first: Dict[str, RunOutput] = {}
+        # What an earlier group released in reference cycles is freed first: not the models'.
+        gc.collect()
+        self.models = self.memory.now()
+
+    def fail(self, system: System, exc: Exception) -> None:
+        self.out[system.name] = skipped_row(system, self.batch, str(exc), status="failed"), None
+        if system in self.live:
+            self.live.remove(system)
+
+    def set_up(self, warmup: int) -> None:
+        """Each available system set up and warmed in turn, its memory noted; kept alive."""
+        for system in self.systems:
+            reason = system.unavailable(self.batch)
+            if reason:
+                self.out[system.name] = skipped_row(system, self.batch, reason), None
+                continue
+            before = self.memory.now()
+            try:
+                system.setup(self.batch, self.workload, self.max_new)
+                self.memory.reset_peak()
+                warm_up(system, self.workload, self.batch, self.max_new, warmup)
+            except SpecPilotError as exc:
+                self.fail(system, exc)
+                continue
+            self.held[system.name] = (self.memory.now() - before, self.memory.peak() - before)
+            self.live.append(system)
+        self.names = [s.name for s in self.live]
+        for name in self.names:
+            self.seconds[name], self.places[name], self.transient[name] = [], [], 0
+
+    def time_pass(self, turn: int, repeats: int) -> None:
+        """Pass `turn`: every live system's workload timed once, in the order rotated `turn`."""
+        order = rotated(self.live, turn)
+        self.say(f"  pass {turn + 1}/{repeats}: {', '.join(s.name for s in order)}")
+        for place, system in enumerate(order):
+            start_bytes = self.memory.now()
+            self.memory.reset_peak()
+            try:
+                took, run = timed_run(system, self.workload, self.batch, self.max_new,
+                                      self.device)
+            except SpecPilotError as exc:
+                self.fail(system, exc)
+                continue
+            name = system.name
+            self.seconds[name].append(took)
+            self.places[name].append(place)
+            self.transient[name] = max(self.transient[name], self.memory.peak() - start_bytes)
+            self.first.setdefault(name, run)
+            self.say(f"  {name} batch {self.batch} pass {turn + 1}/{repeats}: "
+                     f"{new_tokens_of(run) / took:.1f} tokens/s")
+
+    def check(self) -> None:
+        """Each live system forced (its check) and its row made."""
+        for system in list(self.live):
+            name = system.name
+            try:
+                checks = checked(system, self.workload, self.batch, self.ref, self.first[name])
+            except SpecPilotError as exc:
+                self.fail(system, exc)
+                continue
+            resident, warm_peak = self.held[name]
+            peak = (self.models + max(warm_peak, resident + self.transient[name])
+                    if self.memory.cuda else None)
+            row = timed_row(system, self.batch, len(self.workload), self.seconds[name],
+                            self.first[name], peak, checks)
+            row["timing"] = {"mode": "interleaved", "systems": self.names,
+                             "places": self.places[name]}
+            self.out[name] = row, self.first[name]

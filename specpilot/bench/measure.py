@@ -33,6 +33,54 @@ def skipped_row(system: System, batch_size: int, reason: str, status: str = "ski
     return {"system": system.name, "batch_size": batch_size, "status": status, "reason": reason}
 
 
+class GpuMemory:
+    """The GPU's allocated bytes and their peak on `device`; off a GPU every reading is 0 and
+    `cuda` is False."""
+
+    def __init__(self, device: str):
+        self.cuda = torch.device(device).type == "cuda"
+        self.device = device
+
+    def now(self) -> int:
+        return torch.cuda.memory_allocated(self.device) if self.cuda else 0
+
+    def reset_peak(self) -> None:
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def peak(self) -> int:
+        return torch.cuda.max_memory_allocated(self.device) if self.cuda else 0
+
+
+def warm_up(system: System, workload, batch_size: int, max_new_tokens: int, warmup: int) -> None:
+    """`warmup` untimed runs. A graphed system runs the whole workload (quick; on an H200 its
+    first pass over 64 prompts ran 1.3-2.9x slower than the next where one batch had warmed it,
+    and a refill system refills only past the first batch); the slow baselines one batch,
+    enough for lazy initialisation without doubling their time."""
+    warm = workload if system.graphed else workload[:batch_size]
+    for _ in range(warmup):
+        system.run(warm, batch_size, max_new_tokens)
+
+
+def timed_run(system: System, workload, batch_size: int, max_new_tokens: int,
+              device: str) -> Tuple[float, RunOutput]:
+    """One timed run of the whole workload, the device synchronised before and after: (its
+    seconds, its output)."""
+    _sync(device)
+    start = time.perf_counter()
+    out = system.run(workload, batch_size, max_new_tokens)
+    _sync(device)
+    return time.perf_counter() - start, out
+
+
+def checked(system: System, workload, batch_size: int, ref, first: RunOutput) -> dict:
+    """The system's own check of its first timed run, and (for every system) that run's
+    unforced output against the reference as it stands."""
+    checks = system.check(workload, batch_size, ref, first)
+    checks.setdefault("exact_match", exact_match(first.tokens, ref.tokens))
+    return checks
+
+
 def measure(system: System, prompts, reference, batch_size: int, max_new_tokens: int,
             warmup: int, repeats: int, device: str,
             progress=None) -> Tuple[dict, Optional[RunOutput]]:
@@ -46,18 +94,11 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         return skipped_row(system, batch_size, reason), None
     workload = fill_batches(prompts, batch_size)
     ref = filled_reference(reference, batch_size)
-    cuda = torch.device(device).type == "cuda"
+    memory = GpuMemory(device)
     try:
         system.setup(batch_size, workload, max_new_tokens)
-        if cuda:
-            torch.cuda.reset_peak_memory_stats(device)
-        # Warm-up: a graphed system runs the whole workload (quick; on an H200 its first pass
-        # over 64 prompts ran 1.3-2.9x slower than the next where one batch had warmed it, and
-        # a refill system refills only past the first batch); the slow baselines one batch,
-        # enough for lazy initialisation without doubling their time.
-        warm = workload if system.graphed else workload[:batch_size]
-        for _ in range(warmup):
-            system.run(warm, batch_size, max_new_tokens)
+        memory.reset_peak()
+        warm_up(system, workload, batch_size, max_new_tokens, warmup)
         seconds, first = [], None
         # No collection inside a timed run (specpilot/bench/gc_pause.py). On an H200 the second
         # timed run of the last of four graphed systems ran 1.5x slower than its first on two
@@ -65,19 +106,14 @@ def measure(system: System, prompts, reference, batch_size: int, max_new_tokens:
         # freeing the earlier systems' graphs is the suspect, not yet confirmed.
         with gc_paused():
             for i in range(repeats):
-                _sync(device)
-                start = time.perf_counter()
-                out: RunOutput = system.run(workload, batch_size, max_new_tokens)
-                _sync(device)
-                seconds.append(time.perf_counter() - start)
+                took, out = timed_run(system, workload, batch_size, max_new_tokens, device)
+                seconds.append(took)
                 first = first or out
                 if progress:
                     progress(f"  {system.name} batch {batch_size} run {i + 1}/{repeats}: "
-                             f"{_new_tokens(out) / seconds[-1]:.1f} tokens/s")
-        peak: Optional[int] = torch.cuda.max_memory_allocated(device) if cuda else None
-        checks = system.check(workload, batch_size, ref, first)
-        # Every system's unforced output is also compared to the reference as it stands.
-        checks.setdefault("exact_match", exact_match(first.tokens, ref.tokens))
+                             f"{new_tokens_of(out) / took:.1f} tokens/s")
+        peak: Optional[int] = memory.peak() if memory.cuda else None
+        checks = checked(system, workload, batch_size, ref, first)
     except SpecPilotError as exc:
         return skipped_row(system, batch_size, str(exc), status="failed"), None
     finally:
@@ -89,7 +125,7 @@ def timed_row(system: System, batch_size: int, requests: int, seconds, first: Ru
               peak: Optional[int], checks: dict) -> dict:
     """A measured row: `seconds` of the timed runs, the first run's output and counts, the
     peak GPU memory (None off a GPU) and the correctness `checks`."""
-    new_tokens = _new_tokens(first)
+    new_tokens = new_tokens_of(first)
     return {
         "system": system.name, "batch_size": batch_size, "status": "measured",
         "requests": requests, "new_tokens": new_tokens,
@@ -107,7 +143,7 @@ def timed_row(system: System, batch_size: int, requests: int, seconds, first: Ru
     }
 
 
-def _new_tokens(out: RunOutput) -> int:
+def new_tokens_of(out: RunOutput) -> int:
     return sum(len(t) for t in out.tokens)
 
 

@@ -192,7 +192,7 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
     # batch size by batch size, before the rest.
     together = [s for s in ordered if settings.interleave and s.family != "hf"
                 and repeats_of(settings, s) == settings.repeats]
-    for b in settings.batch_sizes if together else ():
+    for b in (settings.batch_sizes if together else ()):
         reason = spent()
         if reason:
             rows.extend(skipped_row(s, b, reason) for s in together)
@@ -205,7 +205,7 @@ def run_pair_bench(settings: PairBenchSettings, progress: Callable[[str], None],
         for system, (row, output) in zip(together, measured):
             record(system, b, row, output)
     for i, system in enumerate(ordered):
-        for b in settings.batch_sizes if system not in together else ():
+        for b in (() if system in together else settings.batch_sizes):   # measured above
             reason = spent()
             if reason:
                 rows.append(skipped_row(system, b, reason))

@@ -96,7 +96,7 @@ def test_the_top_up_is_checked(monkeypatch):
     assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False,
                                 topup="admitted").topup == "admitted"
     monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "later")
-    with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_TOPUP 'later'"):
+    with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_TOPUP='later'"):
         GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
     monkeypatch.delenv("SPECPILOT_REFILL_TOPUP")
     assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "admitted"

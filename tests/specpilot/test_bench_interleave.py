@@ -129,14 +129,16 @@ def test_the_decoder_cache_holds_the_group_and_shrinks_back_after(monkeypatch):
     monkeypatch.setattr(graphed_program, "_decoders", type(cache)())
     usual = graphed_program.KEPT_DECODERS
     with graphed_program.kept_decoders(usual + 3):
-        assert graphed_program.KEPT_DECODERS == usual + 3
+        assert graphed_program._kept == usual + 3
         for key in range(usual + 3):
             graphed_program._decoders[key] = object()
-    assert graphed_program.KEPT_DECODERS == usual
+        graphed_program._trim_decoders(graphed_program._kept)    # as decoder_for trims
+        assert len(graphed_program._decoders) == usual + 3
+    assert graphed_program._kept == graphed_program.KEPT_DECODERS == usual
     # The newest are kept, the oldest dropped.
     assert list(graphed_program._decoders) == list(range(3, usual + 3))
     with graphed_program.kept_decoders(1):          # never below the usual count
-        assert graphed_program.KEPT_DECODERS == usual
+        assert graphed_program._kept == usual
     with pytest.raises(SpecPilotError, match="at least 1"):
         with graphed_program.kept_decoders(0):
             pass
