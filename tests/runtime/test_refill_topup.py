@@ -90,15 +90,16 @@ def test_the_top_up_comes_where_it_is_asked_for(topup):
 
 def test_the_top_up_is_checked(monkeypatch):
     s = pair_setup(11)
-    monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "queued")
-    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "queued"
+    monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "admitted")
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "admitted"
     # given to the constructor, it overrides the environment's
     assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False,
-                                topup="admitted").topup == "admitted"
+                                topup="queued").topup == "queued"
     monkeypatch.setenv("SPECPILOT_REFILL_TOPUP", "later")
     with pytest.raises(SpecPilotError, match="SPECPILOT_REFILL_TOPUP='later'"):
         GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False)
     monkeypatch.delenv("SPECPILOT_REFILL_TOPUP")
-    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "admitted"
+    # the default: once the next replay is queued (raced on an H200, BENCHMARKS.md)
+    assert GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False).topup == "queued"
     with pytest.raises(SpecPilotError, match="top-up 'soon': expected one of admitted, queued"):
         GraphedRefillDecoder(s["target"], None, 2, 48, 0, capture=False, topup="soon")
