@@ -1,6 +1,6 @@
-"""bench/order_effect.py on made-up interleaved rows: known system times and place factors (and
-noise) are recovered; with fewer passes than systems it says the places are not told apart; a
-file with no interleaved rows is refused."""
+"""bench/order_effect.py on made-up interleaved rows: known system times, place factors and
+drifts over the passes (and noise) are recovered; with fewer passes than systems it says the
+places are not told apart; a file with no interleaved rows is refused."""
 import json
 import math
 import random
@@ -14,15 +14,18 @@ NAMES = ["strong_ar", "stock_graphed", "mech:graphed_refill_fused_accept", "mech
          "mech:depth"]
 
 
-def _bench(tmp_path, seconds, place_factor, passes, noise=0.0, seed=0):
+def _bench(tmp_path, seconds, place_factor, passes, noise=0.0, seed=0, drift=None):
     """Rows as `specpilot bench --interleave` writes them: each system's runs in rotated
-    passes, seconds = its own x the factor of its place (x lognormal noise)."""
+    passes, seconds = its own x the factor of its place (x its drift per pass, counted from the
+    middle pass) (x lognormal noise)."""
+    drift = drift or {}
     rng = random.Random(seed)
     runs = {n: [] for n in seconds}
     places = {n: [] for n in seconds}
     for turn in range(passes):
         for place, name in enumerate(rotated(list(seconds), turn)):
-            runs[name].append(seconds[name] * place_factor[place] * math.exp(rng.gauss(0, noise)))
+            runs[name].append(seconds[name] * place_factor[place] * math.exp(rng.gauss(0, noise))
+                              * drift.get(name, 1.0) ** (turn - (passes - 1) / 2))
             places[name].append(place)
     rows = [{"system": n, "batch_size": 16, "status": "measured", "new_tokens": 40000,
              "seconds": {"runs": runs[n], "median": sorted(runs[n])[len(runs[n]) // 2]},
@@ -63,6 +66,28 @@ def test_a_full_rotation_recovers_each_system_and_each_place(tmp_path, seed, cap
     assert "batch 16: place factors" in capsys.readouterr().out
 
 
+def test_a_drift_over_the_passes_is_told_from_the_places(tmp_path, capsys):
+    """Systems that slow down pass by pass (by different amounts, one not at all): each drift
+    is recovered, and the places' factors and the systems' seconds at the middle pass stay
+    exact; without the drift in the model they would not (the rotation meets a drifting system
+    at each place in a different pass)."""
+    seconds, factor = _truth(6)
+    drift = {"mech:graphed_refill_fused_accept": 1.012, "mech:adaptive": 1.004,
+             "stock_graphed": 0.997}
+    script = load_bench_script("order_effect")
+    out = tmp_path / "order.json"
+    script.main([_bench(tmp_path, seconds, factor, passes=5, drift=drift), "--out", str(out)])
+    got = json.loads(out.read_text())["batches"]["16"]
+    assert got["places_told_apart"] and got["residual_rms"] < 1e-9
+    for name, s in seconds.items():
+        assert got["systems"][name]["drift_per_pass"] == pytest.approx(drift.get(name, 1.0),
+                                                                       rel=1e-9)
+        assert got["systems"][name]["seconds"] == pytest.approx(s, rel=1e-9)
+    for place, f in enumerate(factor):
+        assert got["places"][str(place)] == pytest.approx(f, rel=1e-9)
+    assert "each pass +1.20 % on the last" in capsys.readouterr().out
+
+
 def test_with_noise_and_two_rotations_the_estimates_stay_close(tmp_path):
     seconds, factor = _truth(3)
     script = load_bench_script("order_effect")
@@ -84,7 +109,9 @@ def test_one_pass_is_flagged_and_two_already_tell_places_apart(tmp_path, capsys)
     script = load_bench_script("order_effect")
     out = tmp_path / "order.json"
     script.main([_bench(tmp_path, seconds, factor, passes=1), "--out", str(out)])
-    assert json.loads(out.read_text())["batches"]["16"]["places_told_apart"] is False
+    one = json.loads(out.read_text())["batches"]["16"]
+    assert one["places_told_apart"] is False
+    assert one["systems"]["strong_ar"]["drift_per_pass"] is None      # fitted from three passes
     assert "not told apart from the systems" in capsys.readouterr().out
     script.main([_bench(tmp_path, seconds, factor, passes=2), "--out", str(out)])
     got = json.loads(out.read_text())["batches"]["16"]
