@@ -72,7 +72,8 @@
 # SYSTEMS (the bench phases' --systems; all by default), MECH_NAME (the mechanisms phase's
 # result name, default mechanisms: another keeps a second run apart, e.g. with
 # SPECPILOT_REFILL_ROUNDS), MECH_INTERLEAVE (set: the mechanisms phase times its systems side by
-# side, `specpilot bench --interleave`), FUSED_ARGS (more options of
+# side, `specpilot bench --interleave`), CLOCK_LOG (ms: the GPU's clocks, temperature and power
+# logged that often to $RESULTS/gpu-clocks.csv while the phases run), FUSED_ARGS (more options of
 # fused_drafter_race.py), BREAKDOWN_ARGS (of round_breakdown.py), TIMELINE_ARGS (of
 # refill_timeline.py), VARIANTS_ARGS (of round_variants.py), EXTREMES_ARGS (more options of
 # bench/adaptive_extremes.py), TEST_FILES (the tests phase's files), TESTS_TIMEOUT (240 s),
@@ -257,6 +258,15 @@ phase() {
 }
 
 setup
+if [ -n "${CLOCK_LOG:-}" ]; then
+    # The GPU's clocks, temperature and power every CLOCK_LOG ms while the phases run, stamped
+    # in UTC (bench/clock_drift.py lays interleaved bench runs beside them).
+    TZ=UTC nvidia-smi --query-gpu=timestamp,clocks.sm,clocks.mem,temperature.gpu,power.draw \
+        --format=csv,noheader,nounits -lms "$CLOCK_LOG" >>"$RESULTS/gpu-clocks.csv" \
+        2>>"$OUT/clocklog.log" &
+    clock_pid=$!
+    trap 'kill "$clock_pid" 2>/dev/null' EXIT
+fi
 for p in "$@"; do
     phase "$p"
 done

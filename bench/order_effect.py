@@ -39,20 +39,10 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
+from specpilot.bench.interleave import interleaved_rows
 from specpilot.search.run_folder import write_json_atomic
 
 FIXED = "mech:graphed_refill_fused_accept"
-
-
-def interleaved_rows(bench: dict) -> Dict[int, List[dict]]:
-    """The measured, interleaved rows of a bench document by batch size (ValueError if none)."""
-    out: Dict[int, List[dict]] = {}
-    for r in bench["rows"]:
-        if r.get("status") == "measured" and r.get("timing", {}).get("mode") == "interleaved":
-            out.setdefault(r["batch_size"], []).append(r)
-    if not out:
-        raise ValueError("no interleaved rows: run `specpilot bench --interleave`")
-    return out
 
 
 def fit(rows: List[dict]) -> dict:

@@ -19,6 +19,7 @@ and warm-up, with its timed runs' transient on top (the others' resident memory 
 from __future__ import annotations
 
 import gc
+import time
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from specpilot.ir.errors import SpecPilotError
@@ -63,6 +64,18 @@ def measure_interleaved(systems: Sequence[System], prompts, reference, batch_siz
     return [group.out[s.name] for s in systems]
 
 
+def interleaved_rows(bench: dict) -> Dict[int, List[dict]]:
+    """The measured, interleaved rows of a bench document by batch size (ValueError if none):
+    what bench/order_effect.py and bench/clock_drift.py read."""
+    out: Dict[int, List[dict]] = {}
+    for r in bench["rows"]:
+        if r.get("status") == "measured" and r.get("timing", {}).get("mode") == "interleaved":
+            out.setdefault(r["batch_size"], []).append(r)
+    if not out:
+        raise ValueError("no interleaved rows: run `specpilot bench --interleave`")
+    return out
+
+
 class _Group:
     """One batch size's systems measured side by side: what each has left, by phase."""
 
@@ -80,6 +93,9 @@ class _Group:
         self.held: Dict[str, Tuple[int, int]] = {}  # (resident bytes, set-up and warm-up peak)
         self.seconds: Dict[str, List[float]] = {}
         self.places: Dict[str, List[int]] = {}
+        # When each timed run began (seconds since the epoch): to lay the runs beside a log of
+        # the GPU's clocks and temperature (bench/gpu_run.sh CLOCK_LOG, bench/clock_drift.py).
+        self.started: Dict[str, List[float]] = {}
         self.transient: Dict[str, int] = {}
         self.first: Dict[str, RunOutput] = {}
         # What an earlier group released in reference cycles is freed first: not the models'.
@@ -110,7 +126,8 @@ class _Group:
             self.live.append(system)
         self.names = [s.name for s in self.live]
         for name in self.names:
-            self.seconds[name], self.places[name], self.transient[name] = [], [], 0
+            self.seconds[name], self.places[name], self.started[name] = [], [], []
+            self.transient[name] = 0
 
     def time_pass(self, turn: int, repeats: int) -> None:
         """Pass `turn`: every live system's workload timed once, in the order rotated `turn`."""
@@ -119,6 +136,7 @@ class _Group:
         for place, system in enumerate(order):
             start_bytes = self.memory.now()
             self.memory.reset_peak()
+            began = time.time()
             try:
                 took, run = timed_run(system, self.workload, self.batch, self.max_new,
                                       self.device)
@@ -128,6 +146,7 @@ class _Group:
             name = system.name
             self.seconds[name].append(took)
             self.places[name].append(place)
+            self.started[name].append(began)
             self.transient[name] = max(self.transient[name], self.memory.peak() - start_bytes)
             self.first.setdefault(name, run)
             self.say(f"  {name} batch {self.batch} pass {turn + 1}/{repeats}: "
@@ -148,5 +167,5 @@ class _Group:
             row = timed_row(system, self.batch, len(self.workload), self.seconds[name],
                             self.first[name], peak, checks)
             row["timing"] = {"mode": "interleaved", "systems": self.names,
-                             "places": self.places[name]}
+                             "places": self.places[name], "started": self.started[name]}
             self.out[name] = row, self.first[name]

@@ -74,8 +74,11 @@ def test_every_system_is_set_up_first_then_timed_in_rotated_passes_then_checked(
     assert log == want
     for (row, first), name, shift in zip(measured, names, (0, 1, 2)):
         assert row["status"] == "measured" and row["system"] == name
-        assert row["timing"] == {"mode": "interleaved", "systems": names,
-                                 "places": [rotated(names, t).index(name) for t in range(3)]}
+        timing = dict(row["timing"])
+        started = timing.pop("started")
+        assert timing == {"mode": "interleaved", "systems": names,
+                          "places": [rotated(names, t).index(name) for t in range(3)]}
+        assert len(started) == 3 and started == sorted(started)
         assert len(row["seconds"]["runs"]) == 3 and row["requests"] == filled
         new = sum(len(t) for t in first.tokens)
         assert row["new_tokens"] == new
@@ -88,6 +91,9 @@ def test_every_system_is_set_up_first_then_timed_in_rotated_passes_then_checked(
         assert row["exact_match"]["exact_requests"] == (filled if shift == 0 else 0)
         assert row["exact_match"]["all_exact"] == (shift == 0)
         assert row["peak_memory_bytes"] is None               # no GPU here
+    # The runs' start times, sorted, give back the passes' rotated order.
+    starts = sorted((t, row["system"]) for row, _ in measured for t in row["timing"]["started"])
+    assert [name for _, name in starts] == [n for t in range(3) for n in rotated(names, t)]
 
 
 def test_a_failing_system_gets_its_own_row_and_the_others_go_on():
