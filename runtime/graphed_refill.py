@@ -435,8 +435,13 @@ class GraphedRefillDecoder(GraphedChainDecoder):
         # Entries past a request's rounds are -1 (rounds past the log's end all write its last
         # entry): the log is read only as far as the longest request's rounds reach.
         logged = torch.stack([results[i]["accepted"] for i in range(n)])
-        logged = logged[:, :max(rounds, default=0)].tolist()
-        rows = [[a for a in row if a >= 0] for row in logged]
+        logged = logged[:, :max(rounds, default=0)]
+        # The entries >= 0, row by row, as one masked read (row-major, so each row's in order)
+        # rather than a Python filter over every entry.
+        kept = logged >= 0
+        flat = logged[kept].tolist()
+        ends = list(itertools.accumulate(kept.sum(dim=1).tolist()))
+        rows = [flat[start:end] for start, end in zip([0] + ends, ends)]
         return [row + [0] * (r - len(row)) for row, r in zip(rows, rounds)]
 
     @torch.no_grad()
