@@ -257,6 +257,8 @@ def describe_node(node: PlanNode) -> str:
                 f"by {objective}{', turning speculation off' if a['turn_off'] else ''})")
     if node.op == "length_admit":
         return f"a refilled newcomer's adaptive-length estimates ({a['estimator']} estimate)"
+    if node.op == "row_start":
+        return "a refilled newcomer's row started: its first token, output, log and counters"
     return node.op
 
 

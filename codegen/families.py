@@ -104,6 +104,15 @@ length_admit   launch(accepted_avg, rejected_avg, accepted_total, rejected_total
                round), its whole-history counts at off_after such rounds. ESTIMATOR=per_depth:
                its rates at the workload's per depth (depth_workload float32 [2, cap]: tries,
                acceptances; 1 where none was tried), its depth counts likewise.
+row_start      launch(logits, out, accepted, row_round, length, prev, limit_t, count, last,
+                      active, eos, row, prompt_len, prompt_last, limit)
+               A continuous refill's newcomer in row `row` (int, host) of a batch's state, once
+               its prefill is in the caches (`start_row_ops` in runtime/graphed_refill.py, its
+               torch reference): the first token g0 = argmax of logits [1, V] (float; the first
+               of equal maxima); out [B, W] int64 row = g0 then zeros, accepted [LOG, B] int64
+               column = -1, and of the int64 [B] tensors row_round = 0, length = prompt_len,
+               prev = prompt_last, limit_t = limit, count = 1, last = g0; active (bool [B]) =
+               limit > 1 and g0 not in eos (int64 [E], or None).
 kv_compact     launch(k_cache, v_cache, src_slots, dst_start, counts)
                caches [B, S, Hkv, D] or [L, B, S, Hkv, D] (all layers at once), modified in
                place: for each request b and i < counts[b], slot dst_start[b] + i receives slot
@@ -368,6 +377,16 @@ LENGTH_ADMIT = FamilySchema(
              "depth_workload=None)",
     params=(_estimator(), _warps(1)))
 
+ROW_START = FamilySchema(
+    name="row_start", backend="triton",
+    summary="a refilled row's state started in one launch: the first token (the prefill's "
+            "argmax), the cleared output and log, position, limit, count, who runs",
+    launcher="launch(logits, out, accepted, row_round, length, prev, limit_t, count, last, "
+             "active, eos, row, prompt_len, prompt_last, limit)",
+    params=(IntParam("BLOCK_V", 128, 8192, 1024, power_of_two=True,
+                     doc="vocabulary entries per step of the argmax"),
+            _warps(4)))
+
 KV_COMPACT = FamilySchema(
     name="kv_compact", backend="triton",
     summary="in-place copy of accepted tree nodes' K/V rows to contiguous cache slots",
@@ -488,6 +507,6 @@ NORM_QKV_ROPE = FamilySchema(
     check=_check_norm_qkv_rope, derive=_rope_constants)
 
 DENSE_FAMILIES = (LINEAR, GATE_UP_SILU, RMSNORM, ROPE, ATTENTION, VARLEN_ATTENTION, GREEDY_ACCEPT,
-                  CHAIN_COMMIT, LENGTH_POLICY, LENGTH_ADMIT,
+                  CHAIN_COMMIT, LENGTH_POLICY, LENGTH_ADMIT, ROW_START,
                   KV_COMPACT, GEMV_BF16, GEMV_LOSSLESS12, FUSED_LINEAR, NORM_GATE_UP_SILU,
                   NORM_QKV_ROPE)

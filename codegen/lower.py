@@ -304,6 +304,7 @@ FAMILY_CHOICES: Dict[str, Tuple[Callable[[Site], Dict[str, Any]], Tuple[str, ...
     "chain_commit": (_round_end_params, ("LOG",)),
     "length_policy": (_round_end_params, ("ESTIMATOR", "OBJECTIVE", "TURN_OFF")),
     "length_admit": (_round_end_params, ("ESTIMATOR",)),
+    "row_start": (_round_end_params, ()),
 }
 
 

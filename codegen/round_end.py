@@ -9,6 +9,8 @@ lowering, which lists them in the Program's kernel plan so that an export ships 
   step.length_policy       adaptive lengths: the length's update after a round (length_policy;
                            the batch's makespan, or with refill the time per token)
   step.length_admit        adaptive lengths with refill: a newcomer's estimates (length_admit)
+  step.row_start           continuous refill: a newcomer's row started after its prefill
+                           (row_start: first token, output, log, counters, who runs)
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ COMMIT_NODE = "step.chain_commit"
 PLAIN_COMMIT_NODE = "step.chain_commit_plain"
 POLICY_NODE = "step.length_policy"
 ADMIT_NODE = "step.length_admit"
+ROW_START_NODE = "step.row_start"
 
 
 def round_end_specs(refill: bool, adaptive: bool, estimator: str = "geometric",
@@ -32,6 +35,7 @@ def round_end_specs(refill: bool, adaptive: bool, estimator: str = "geometric",
     specs = {COMMIT_NODE: kernel_spec("chain_commit", LOG="row" if refill else "round")}
     if refill:
         specs[PLAIN_COMMIT_NODE] = kernel_spec("chain_commit", LOG="row_plain")
+        specs[ROW_START_NODE] = kernel_spec("row_start")
     if adaptive:
         specs[POLICY_NODE] = kernel_spec("length_policy", ESTIMATOR=estimator,
                                          OBJECTIVE="throughput" if refill else "makespan",

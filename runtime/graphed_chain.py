@@ -37,7 +37,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Union
 import torch
 
 from specpilot.codegen.round_end import (ADMIT_NODE, COMMIT_NODE, PLAIN_COMMIT_NODE, POLICY_NODE,
-                                         round_end_kernels)
+                                         ROW_START_NODE, round_end_kernels)
 from specpilot.ir.errors import SpecPilotError
 from specpilot.ir.program import ACCEPT_KERNELS
 
@@ -192,6 +192,8 @@ class GraphedChainDecoder:
         self._commit_kernels = None if round_end is None else {
             False: round_end[COMMIT_NODE],
             True: round_end.get(PLAIN_COMMIT_NODE, round_end[COMMIT_NODE])}
+        # A refilled newcomer's row started in one launch (runtime/graphed_refill.py, `_admit`).
+        self._row_start = (round_end or {}).get(ROW_START_NODE)
         # Captured, its update runs compiled (runtime/batch_length.py says what that saves),
         # unless it is a generated kernel of the round's end.
         if compile_policy is None:

@@ -145,6 +145,36 @@ def refill_topup(topup: Optional[str] = None) -> str:
     return env_choice(TOPUP_ENV, REFILL_TOPUP, TOPUPS, topup, "top-up")
 
 
+def start_row_ops(logits, out, accepted, row_round, length, prev, limit_t, count, last, active,
+                  eos, row: int, prompt_len: int, prompt_last: int, limit: int) -> torch.Tensor:
+    """A refilled newcomer's row started once its prefill is in the caches, as torch
+    operations (the row_start kernel's reference, codegen/families.py): its first token g0
+    (the argmax of the prefill's last logits [1, V]; returned, [1]) leads its cleared output
+    row, its log's column is cleared (-1), its position, previous token, limit and count are
+    set, and it runs unless it has reached its limit or g0 is an EOS (as `_begin` decides for a
+    batch)."""
+    g0 = torch.argmax(logits, dim=-1)
+    out[row].zero_()
+    out[row, :1] = g0
+    # Host values go in by fill_ on a view of the row. An assignment to one element
+    # (`length[row] = n`) copies a host scalar with a blocking copy, and in torch 2.11 that
+    # waits for every replay queued: the GPU then idles while the host admits and queues the
+    # next replay, and a longer read-back lag only makes the wait longer.
+    accepted[:, row].fill_(-1)
+    row_round[row].fill_(0)
+    length[row].fill_(prompt_len)
+    prev[row].fill_(prompt_last)
+    limit_t[row].fill_(limit)
+    count[row].fill_(1)
+    rows = slice(row, row + 1)
+    last[rows] = g0
+    runs = count[rows] < limit_t[rows]
+    if eos is not None:
+        runs &= ~(g0[:, None] == eos[None, :]).any(-1)
+    active[rows] = runs
+    return g0
+
+
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
                 counts: List[int], seen: int, since: int, block: int) -> bool:
     """Whether the longest held request still needs `block` plain rounds: by `counts`, the rows'
@@ -249,26 +279,21 @@ class GraphedRefillDecoder(GraphedChainDecoder):
                reference: Optional[Sequence[int]] = None, alone: bool = False) -> None:
         """Prefill `prompt` into `row` of both caches and set the row's state as a batch
         prefill sets it: the first token its own argmax, or the reference's when forced."""
-        g0 = torch.argmax(self._row_prefill.run(row, prompt), dim=-1)       # [1]
+        logits = self._row_prefill.run(row, prompt)
         if self.policy is not None:
             self.policy.admit(row, alone)
-        self.out[row].zero_()
-        self.out[row, :1] = g0
-        # Host values go in by fill_ on a view of the row. An assignment to one element
-        # (`self.length[row] = n`) copies a host scalar with a blocking copy, and in torch 2.11
-        # that waits for every replay queued: the GPU then idles while the host admits and
-        # queues the next replay, and a longer read-back lag only makes the wait longer.
-        self.accepted[:, row].fill_(-1)
-        self.row_round[row].fill_(0)
-        self.length[row].fill_(len(prompt))
-        self.prev[row].fill_(prompt[-1])
-        self.limit[row].fill_(limit)
-        self.count[row].fill_(1)
-        if reference is not None:
+        state = (self.out, self.accepted, self.row_round, self.length, self.prev, self.limit,
+                 self.count, self.last, self.active, self.eos)
+        if reference is None and self._row_start is not None:
+            # The round end's generated kernel: start_row_ops's ~15 operations in one launch.
+            self._row_start.launch(logits, *state, row, len(prompt), prompt[-1], limit)
+            return
+        g0 = start_row_ops(logits, *state, row, len(prompt), prompt[-1], limit)
+        if reference is not None:       # forced: the reference's first token, and no EOS stop
             self.ref[row].zero_()
             self.ref[row, :len(reference)] = to_device(
                 torch.tensor(list(reference), dtype=torch.int64), self.device)
-        self._begin(slice(row, row + 1), g0, forced=reference is not None)
+            self._begin(slice(row, row + 1), g0, forced=True)
 
     def _prefetch(self, prompts, queue: deque) -> None:
         """The queue's next newcomers prefilled ahead, as many as the placement holds."""

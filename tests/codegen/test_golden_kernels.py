@@ -29,6 +29,7 @@ CASES = {
     "length_policy_per_depth_throughput.py": kernel_spec("length_policy", ESTIMATOR="per_depth",
                                                          OBJECTIVE="throughput"),
     "length_admit_per_depth.py": kernel_spec("length_admit", ESTIMATOR="per_depth"),
+    "row_start_default.py": kernel_spec("row_start"),
     "gemv_bf16_m4_bias.cu": kernel_spec("gemv_bf16", M_MAX=4, HAS_BIAS=True),
 }
 

@@ -37,10 +37,12 @@ def test_refill_with_adaptive_lengths_has_all_four_and_the_decoders_specs():
     assert {name: spec for name, (spec, _) in nodes.items()} == round_end_specs(
         refill=True, adaptive=True, estimator="per_depth")
     # Checked by hand against the decoders: a refilled round logs by row, its plain steps
-    # count only, the length serves the time per token, newcomers are admitted.
+    # count only, a newcomer's row is started in one launch, the length serves the time per
+    # token, newcomers are admitted.
     assert [(s.family, dict(s.params)) for s, _ in nodes.values()] == [
         ("chain_commit", {"LOG": "row", "num_warps": 1}),
         ("chain_commit", {"LOG": "row_plain", "num_warps": 1}),
+        ("row_start", {"BLOCK_V": 1024, "num_warps": 4}),
         ("length_policy", {"ESTIMATOR": "per_depth", "OBJECTIVE": "throughput",
                            "TURN_OFF": True, "num_warps": 1}),
         ("length_admit", {"ESTIMATOR": "per_depth", "num_warps": 1})]

@@ -111,6 +111,48 @@ def test_a_commit_past_the_rejected_draft_changes_the_output():
     assert wrong.tokens != reference.tokens
 
 
+class _Counted:
+    """A built kernel module whose launches are counted (and, `shift`ed, its first token moved
+    on by one: a row_start that starts a newcomer from the wrong token)."""
+
+    def __init__(self, module, shift=False):
+        self.module, self.shift, self.launches = module, shift, 0
+
+    def launch(self, logits, out, accepted, row_round, length, prev, limit_t, count, last,
+               *rest):
+        self.launches += 1
+        row = rest[2]
+        self.module.launch(logits, out, accepted, row_round, length, prev, limit_t, count, last,
+                           *rest)
+        if self.shift:
+            last[row] += 1
+            out[row, 0] += 1
+
+
+@pytest.mark.parametrize("adaptive", [False, True])
+def test_newcomers_rows_are_started_by_the_generated_kernel(adaptive):
+    """With the fused round end every unforced admission is one row_start launch (none of the
+    torch operations), the output stays greedy AR's; a row_start off by one token is caught."""
+    s, prompts, reference = mixed_requests(4)
+    options = dict(adaptive=True, round_costs=COSTS) if adaptive else {}
+    k = len(COSTS) - 1 if adaptive else 3
+    for shift in (False, True):
+        decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, k, s["eos"],
+                                       capture=False, accept_kernels="fused", **options)
+        decoder._row_start = counted = _Counted(decoder._row_start, shift)
+        result = decoder.generate(prompts, MAX_NEW)
+        assert counted.launches == result.stats["refills"] == len(prompts) - 2
+        assert (result.tokens == reference.tokens) != shift
+        if not shift:       # forcing admits through the torch operations, and is clean
+            report = compare_to_reference(decoder.force(prompts, reference.tokens), reference,
+                                          default_tolerance(torch.float32))
+            assert_clean(report, reference)
+            assert counted.launches == len(prompts) - 2
+    ops = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, k, s["eos"], capture=False,
+                               **options)
+    assert ops._row_start is None
+
+
 def test_unknown_accept_kernels_and_margins_are_refused():
     s, _, _ = mixed_requests(11)
     with pytest.raises(SpecPilotError, match="unknown accept kernels"):
