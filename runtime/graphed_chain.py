@@ -72,6 +72,21 @@ def check_timing_context(context: int, span: int, capacity: int) -> None:
                             f"{capacity} slots with rounds of {span} draft slots")
 
 
+def begin_rows(last, active, count, limit, eos, rows, g0: torch.Tensor,
+               forced_first: Optional[torch.Tensor] = None) -> None:
+    """After the prefill of `rows` (an index of the batch): `last` is each row's first token
+    (its target argmax `g0`, or `forced_first`, the reference's, when forced), and a row runs
+    unless it has reached its limit or, unforced, `g0` is an EOS."""
+    runs = count[rows] < limit[rows]
+    if forced_first is not None:
+        last[rows] = forced_first
+    else:
+        last[rows] = g0
+        if eos is not None:
+            runs &= ~(g0[:, None] == eos[None, :]).any(-1)
+    active[rows] = runs
+
+
 class GraphedChainDecoder:
     """Chain(k) greedy speculation for up to `batch` requests in caches of `capacity` slots.
 
@@ -589,17 +604,10 @@ class GraphedChainDecoder:
         self._begin(slice(None), g0, forced=reference is not None)
 
     def _begin(self, rows, g0: torch.Tensor, forced: bool) -> None:
-        """After the prefill of `rows` (an index of the batch): `last` is each row's first token
-        (its target argmax `g0`, or the reference's when forced), and a row runs unless it has
-        reached its limit or, unforced, `g0` is an EOS."""
-        active = self.count[rows] < self.limit[rows]
-        if forced:
-            self.last[rows] = self.ref[rows, 0]
-        else:
-            self.last[rows] = g0
-            if self.eos is not None:
-                active &= ~(g0[:, None] == self.eos[None, :]).any(-1)
-        self.active[rows] = active
+        """After the prefill of `rows` (an index of the batch): `begin_rows`, forced rows from
+        the reference's first token."""
+        begin_rows(self.last, self.active, self.count, self.limit, self.eos, rows, g0,
+                   self.ref[rows, 0] if forced else None)
 
     def prepare_prefill(self, prompts: Sequence[Sequence[int]]) -> None:
         """Capture the prefill graphs these prompts will need now (e.g. before timing): with

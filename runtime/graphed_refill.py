@@ -60,7 +60,7 @@ from specpilot.ir.errors import SpecPilotError
 
 from .cuda_graphs import to_device
 from .env_counts import env_choice, env_count, given_count
-from .graphed_chain import GraphedChainDecoder
+from .graphed_chain import GraphedChainDecoder, begin_rows
 from .graphed_loop import (cut_tokens, kept_rows, logged_result, replay_length,
                            request_limits)
 from .row_prefill import RowPrefill
@@ -146,13 +146,13 @@ def refill_topup(topup: Optional[str] = None) -> str:
 
 
 def start_row_ops(logits, out, accepted, row_round, length, prev, limit_t, count, last, active,
-                  eos, row: int, prompt_len: int, prompt_last: int, limit: int) -> torch.Tensor:
+                  eos, row: int, prompt_len: int, prompt_last: int, limit: int,
+                  forced_first: Optional[torch.Tensor] = None) -> None:
     """A refilled newcomer's row started once its prefill is in the caches, as torch
-    operations (the row_start kernel's reference, codegen/families.py): its first token g0
-    (the argmax of the prefill's last logits [1, V]; returned, [1]) leads its cleared output
-    row, its log's column is cleared (-1), its position, previous token, limit and count are
-    set, and it runs unless it has reached its limit or g0 is an EOS (as `_begin` decides for a
-    batch)."""
+    operations (unforced, the row_start kernel's reference, codegen/families.py): its first
+    token g0 (the argmax of the prefill's last logits [1, V]) leads its cleared output row, its
+    log's column is cleared (-1), its position, previous token, limit and count are set, and
+    `begin_rows` gives its `last` and whether it runs (forced: from `forced_first`)."""
     g0 = torch.argmax(logits, dim=-1)
     out[row].zero_()
     out[row, :1] = g0
@@ -166,13 +166,7 @@ def start_row_ops(logits, out, accepted, row_round, length, prev, limit_t, count
     prev[row].fill_(prompt_last)
     limit_t[row].fill_(limit)
     count[row].fill_(1)
-    rows = slice(row, row + 1)
-    last[rows] = g0
-    runs = count[rows] < limit_t[rows]
-    if eos is not None:
-        runs &= ~(g0[:, None] == eos[None, :]).any(-1)
-    active[rows] = runs
-    return g0
+    begin_rows(last, active, count, limit_t, eos, slice(row, row + 1), g0, forced_first)
 
 
 def _block_fits(held: List[Optional[int]], trusted_from: List[int], limits: List[int],
@@ -288,12 +282,13 @@ class GraphedRefillDecoder(GraphedChainDecoder):
             # The round end's generated kernel: start_row_ops's ~15 operations in one launch.
             self._row_start.launch(logits, *state, row, len(prompt), prompt[-1], limit)
             return
-        g0 = start_row_ops(logits, *state, row, len(prompt), prompt[-1], limit)
+        forced_first = None
         if reference is not None:       # forced: the reference's first token, and no EOS stop
             self.ref[row].zero_()
             self.ref[row, :len(reference)] = to_device(
                 torch.tensor(list(reference), dtype=torch.int64), self.device)
-            self._begin(slice(row, row + 1), g0, forced=True)
+            forced_first = self.ref[row, :1]
+        start_row_ops(logits, *state, row, len(prompt), prompt[-1], limit, forced_first)
 
     def _prefetch(self, prompts, queue: deque) -> None:
         """The queue's next newcomers prefilled ahead, as many as the placement holds."""

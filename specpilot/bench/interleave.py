@@ -10,7 +10,9 @@ order, the per-depth decoder was level with the chain (run 67; BENCHMARKS.md, th
 set). Whether that is the rows' own cost or their place in the order, only a bench that varies
 the order can tell. Rotated passes give every system each place in the order, so drift over
 the bench (clocks, memory, the host) falls on all of them alike, as bench/round_variants.py does
-for single rounds.
+for single rounds. (Side by side, run 70's per-depth rows cost the fixed chain's a forward, run
+71's still 2.7 % more; a place in the order cost at most about 1 %: thirty-third set.) Each run
+records when it began, to lay it beside a log of the GPU's clocks (bench/clock_drift.py).
 
 Peak memory is reported as if the system had run alone: the memory resident before any system
 of the group was set up (the models), plus the most the system itself held: after its set-up

@@ -57,6 +57,15 @@ class ReplayLog(GraphedRefillDecoder):
         super()._admit(row, prompt, limit, reference, alone)
 
 
+class TopUpLog(ReplayLog):
+    """A ReplayLog that also logs each top-up of the newcomers held prefilled ahead ("top-up",
+    or "nothing to hold" where the queue is empty)."""
+
+    def _prefetch(self, prompts, queue):
+        self.log.append("top-up" if queue else "nothing to hold")
+        super()._prefetch(prompts, queue)
+
+
 def count_prefills(prefill):
     """Log on a decoder's RowPrefill each prompt it prefills and, at each admission, whether
     the newcomer was waiting in staging (prefilled ahead): returns (prefilled, staged), filled

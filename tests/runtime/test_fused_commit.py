@@ -119,11 +119,10 @@ class _Counted:
         self.module, self.shift, self.launches = module, shift, 0
 
     def launch(self, logits, out, accepted, row_round, length, prev, limit_t, count, last,
-               *rest):
+               active, eos, row, *host_values):
         self.launches += 1
-        row = rest[2]
         self.module.launch(logits, out, accepted, row_round, length, prev, limit_t, count, last,
-                           *rest)
+                           active, eos, row, *host_values)
         if self.shift:
             last[row] += 1
             out[row, 0] += 1

@@ -10,33 +10,7 @@ from specpilot.runtime.forcing import compare_to_reference, default_tolerance
 from specpilot.runtime.graphed_refill import TOPUPS, GraphedRefillDecoder
 
 from mechanism_setup import MAX_NEW, assert_clean, one_thread, pair_setup  # noqa: F401
-from refill_setup import count_prefills, mixed_requests
-
-
-def _logged(decoder):
-    """The decoder with its replays, admissions and top-ups logged in order, as it ran them."""
-    log = []
-    runner, admit, prefetch = decoder._runner, decoder._admit, decoder._prefetch
-
-    def logged_runner(forced, k, rounds=None):
-        replay = runner(forced, k, rounds)
-
-        def run():
-            log.append("replay")
-            replay()
-        return run
-
-    def logged_admit(*args, **kwargs):
-        log.append("admit")
-        admit(*args, **kwargs)
-
-    def logged_prefetch(prompts, queue):
-        # With the queue empty there is nothing left to hold.
-        log.append("top-up" if queue else "nothing to hold")
-        prefetch(prompts, queue)
-
-    decoder._runner, decoder._admit, decoder._prefetch = logged_runner, logged_admit, logged_prefetch
-    return log
+from refill_setup import TopUpLog, count_prefills, mixed_requests
 
 
 @pytest.mark.parametrize("k,batch,adaptive", [(0, 2, False), (3, 3, False), (4, 2, True)])
@@ -62,11 +36,12 @@ def test_the_top_up_comes_where_it_is_asked_for(topup):
     the next replay, and the top-up right after it. Each newcomer is prefilled once either way,
     and all but those of crowded gaps are admitted from staging."""
     s, prompts, reference = mixed_requests(11)
-    decoder = GraphedRefillDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
-                                   topup=topup, prefill_placement="ahead", ahead_depth=3)
+    decoder = TopUpLog(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                       topup=topup, prefill_placement="ahead", ahead_depth=3)
+    decoder.log = []
     prefilled, staged = count_prefills(decoder._row_prefill)
-    log = _logged(decoder)
     assert decoder.generate(prompts, MAX_NEW).tokens == reference.tokens
+    log = ["replay" if isinstance(e, int) else e for e in decoder.log]   # a replay's rounds
     assert sorted(prefilled) == sorted(tuple(p) for p in prompts[2:])
     assert all(staged)          # two slots, three held: every newcomer was waiting in staging
     # The call's first top-up fills staging before the first replay (`admitted`) or once it
