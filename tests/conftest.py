@@ -15,6 +15,28 @@ if not torch.cuda.is_available():
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), "runtime"))
 
 
+def pytest_configure(config):
+    """SPECPILOT_RECORD_LAUNCHES=FILE: record every interpreted kernel launch of the run, for
+    `python -m specpilot.codegen.target_compile FILE*` to compile for the GPU afterwards."""
+    path = os.environ.get("SPECPILOT_RECORD_LAUNCHES")
+    if not path or os.environ.get("TRITON_INTERPRET") != "1":
+        return
+    from specpilot.codegen.launch_record import recording_launches
+
+    worker = getattr(config, "workerinput", {}).get("workerid", "main")
+    context = recording_launches()
+    config._launch_recording = (context, context.__enter__(), f"{path}.{worker}.jsonl")
+
+
+def pytest_unconfigure(config):
+    recording = getattr(config, "_launch_recording", None)
+    if recording is not None:
+        context, recorder, path = recording
+        context.__exit__(None, None, None)
+        if recorder.records:   # xdist's controller runs no test: it writes nothing
+            recorder.save(path)
+
+
 @pytest.fixture(autouse=True)
 def _private_cache(tmp_path_factory, monkeypatch):
     # Kernel and zoo caches go to one temp folder per test run, so tests never read or pollute

@@ -1,0 +1,144 @@
+"""Kernels interpreted on the CPU, compiled for the H200 (sm_90) without a GPU.
+
+The interpreter never compiles a kernel, so these tests record interpreted launches
+(codegen/launch_record.py) and compile each for sm_90 in a worker process
+(codegen/target_compile.py): the generated round-end kernels of a refilled, adaptive batch
+compile and fit the GPU; a kernel the interpreter runs correctly but the compiler refuses, and
+one that needs more shared memory than the GPU has, are both reported, by name, with the reason.
+"""
+import importlib.util
+import json
+import textwrap
+
+import pytest
+import torch
+
+from specpilot.codegen.cache import triton_interpreting
+from specpilot.codegen.launch_record import (LaunchRecorder, LaunchRecordError, load_records,
+                                             make_record, recording_launches)
+from specpilot.codegen.target_compile import (TARGETS, TargetCompileError, compile_in_subprocess,
+                                              compile_records)
+from specpilot.runtime.graphed_chain import GraphedChainDecoder
+from specpilot.runtime.graphed_refill import GraphedRefillDecoder
+
+from mechanism_setup import MAX_NEW
+from refill_setup import mixed_requests
+
+pytestmark = pytest.mark.skipif(not triton_interpreting(),
+                                reason="records interpreted launches (the CPU suite); on a GPU "
+                                       "the kernels compile for real when they run")
+
+KERNELS = '''
+import triton
+import triton.language as tl
+
+
+def _double(x):            # a plain Python helper: the interpreter calls it, the compiler cannot
+    return x * 2
+
+
+@triton.jit
+def plain_helper(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    tl.store(y_ptr + r, _double(tl.load(x_ptr + r, mask=r < n)), mask=r < n)
+
+
+@triton.jit
+def square_tile(a_ptr, c_ptr, K, BLOCK: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+    for k in range(0, K, BLOCK):
+        a = tl.load(a_ptr + r[:, None] * K + k + r[None, :])
+        b = tl.load(a_ptr + (k + r[:, None]) * K + r[None, :])
+        acc += tl.dot(a, b)
+    tl.store(c_ptr + r[:, None] * BLOCK + r[None, :], acc)
+'''
+
+
+@pytest.fixture
+def kernels(tmp_path):
+    path = tmp_path / "hand_kernels.py"
+    path.write_text(textwrap.dedent(KERNELS), encoding="utf-8")
+    spec = importlib.util.spec_from_file_location("hand_kernels", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_round_end_kernels_of_a_refilled_adaptive_batch_compile_for_sm90():
+    s, prompts, reference = mixed_requests(4)
+    with recording_launches() as recorder:
+        refill = GraphedRefillDecoder(s["target"], s["drafter"], 3, 48, 4, s["eos"], capture=False,
+                                      accept_kernels="fused", adaptive=True,
+                                      round_costs=[1.0, 1.5, 1.9, 2.3, 2.7],
+                                      length_estimator="per_depth").generate(prompts, MAX_NEW)
+        padded = GraphedChainDecoder(s["target"], s["drafter"], 2, 48, 3, s["eos"], capture=False,
+                                     accept_kernels="fused").generate(prompts[:2], MAX_NEW)
+    # Recording passes every launch through: the decoders still give greedy AR's tokens.
+    assert refill.tokens == reference.tokens and padded.tokens == reference.tokens[:2]
+    kernels = {r.kernel for r in recorder.records}
+    assert {"_row_start_kernel", "_chain_commit_kernel", "_length_policy_kernel",
+            "_length_admit_kernel"} <= kernels, kernels
+    results = compile_in_subprocess(recorder.records, "sm_90")
+    assert [r.label for r in results] == [r.label for r in recorder.records]
+    assert [r.line() for r in results if not r.ok] == []
+    for record, result in zip(recorder.records, results):
+        assert result.num_warps == dict(record.kwargs)["num_warps"][0][1]
+        assert 0 <= result.shared_bytes <= TARGETS["sm_90"].max_shared_bytes
+
+
+def test_what_only_the_compiler_refuses_is_reported(kernels):
+    x = torch.randn(40)
+    y = torch.empty(40)
+    a = torch.randn(512, 512)
+    c = torch.empty(256, 256)
+    with recording_launches() as recorder:
+        kernels.plain_helper[(1,)](x, y, 40, BLOCK=64)
+        kernels.square_tile[(1,)](a, c, 512, BLOCK=256, num_stages=4)
+    # The interpreter ran both correctly...
+    assert torch.equal(y, x * 2)
+    torch.testing.assert_close(c, (a.double() @ a.double())[:256, :256].float(), rtol=1e-4,
+                               atol=1e-2)
+    # ...and compiling for the GPU refuses both, each with its reason.
+    helper, tile = compile_in_subprocess(recorder.records, "sm_90")
+    assert helper.label == "hand_kernels:plain_helper" and not helper.ok
+    assert "_double" in helper.error
+    assert tile.label == "hand_kernels:square_tile" and not tile.ok
+    assert "shared memory" in tile.error and tile.shared_bytes > 232448
+
+
+def test_launches_that_compile_alike_are_recorded_once(kernels, tmp_path):
+    x = torch.randn(40)
+    y = torch.empty(40)
+    recorder = LaunchRecorder()
+    with recording_launches(recorder):
+        for n in (40, 37, 33):           # runtime ints neither 1 nor divisible by 16: alike
+            kernels.plain_helper[(1,)](x, y, n, BLOCK=64)
+        kernels.plain_helper[(1,)](x, y, 32, BLOCK=64)       # divisible by 16: specialised
+        kernels.plain_helper[(1,)](x, y, 40, BLOCK=128)      # another constexpr
+        kernels.plain_helper[(1,)](x.double(), y, 40, BLOCK=64)   # another dtype
+        kernels.plain_helper[(1,)](x[1:], y, 39, BLOCK=64)   # a pointer off 16-byte alignment
+    records = recorder.records
+    assert len(records) == 5
+    assert [dict(r.args[0])["aligned"] for r in records] == [True] * 4 + [False]
+    assert dict(records[3].args[0])["tensor"] == "float64"
+    path = tmp_path / "launches.jsonl"
+    recorder.save(path)
+    assert load_records(path) == records
+    assert all(json.loads(line)["kernel"] == "plain_helper"
+               for line in path.read_text().splitlines())
+
+
+def test_records_from_a_bad_file_or_for_an_unknown_gpu_are_refused(kernels, tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"source": "k.py", "kernel": "k", "args": []}\n{not json\n')
+    with pytest.raises(LaunchRecordError, match="not a launch record"):
+        load_records(bad)
+    bad.write_text("{not json\n")
+    with pytest.raises(LaunchRecordError, match="bad.jsonl:1: not JSON"):
+        load_records(bad)
+    record = make_record(kernels.plain_helper.fn, (torch.ones(2), torch.ones(2), 2), {"BLOCK": 2})
+    with pytest.raises(TargetCompileError, match="unknown GPU architecture 'sm_61'"):
+        compile_in_subprocess([record], "sm_61")
+    with pytest.raises(TargetCompileError, match="interpreted in this process"):
+        compile_records([record], "sm_90")
