@@ -4,21 +4,24 @@ for a real GPU (codegen/target_compile.py) on a machine that has none.
 The interpreter runs a kernel without ever compiling it, so a kernel can pass every CPU test and
 still fail to compile for the GPU (a construct only the compiler rejects, a tile that needs more
 shared memory than the GPU has). A `LaunchRecord` keeps what the compiler specialises on: the
-kernel's source file and name, and each argument as its kind (a tensor's dtype and 16-byte
-alignment, a scalar's value, a constexpr), never the data. Records are JSON lines; equal
-specialisations are kept once.
+kernel's module (by the digest of its source) and name, and each argument as its kind (a
+tensor's dtype and 16-byte alignment, a scalar's value, a constexpr), never the data. Equal
+specialisations are kept once. The records travel with the sources they name (`Launches`), so a
+kernel written to a temporary folder that is gone by the time it is compiled still compiles.
 
     with recording_launches() as recorder:
         module.launch(...)                 # interpreted as usual
-    recorder.save("launches.jsonl")
+    recorder.launches.save("launches.jsonl")
 """
 from __future__ import annotations
 
 import contextlib
+import functools
+import hashlib
 import inspect
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
@@ -49,23 +52,24 @@ def describe(value: Any) -> Dict[str, Any]:
 
 @dataclass(frozen=True)
 class LaunchRecord:
-    """One specialisation of one kernel: `source` (the module file), `kernel` (the function's
-    name), positional `args` and keyword `kwargs` (constexprs and launch options such as
-    num_warps) as `describe` gives them."""
+    """One specialisation of one kernel: `source` (the module file where it was recorded) and
+    `digest` (of that file's text), `kernel` (the function's name), positional `args` and keyword
+    `kwargs` (constexprs and launch options such as num_warps) as `describe` gives them."""
     source: str
+    digest: str
     kernel: str
     args: Tuple[Tuple[Tuple[str, Any], ...], ...]
     kwargs: Tuple[Tuple[str, Tuple[Tuple[str, Any], ...]], ...]
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"source": self.source, "kernel": self.kernel,
+        return {"source": self.source, "digest": self.digest, "kernel": self.kernel,
                 "args": [dict(a) for a in self.args],
                 "kwargs": {name: dict(v) for name, v in self.kwargs}}
 
     @classmethod
     def from_dict(cls, d: Dict[str, Any]) -> "LaunchRecord":
         try:
-            return cls(str(d["source"]), str(d["kernel"]),
+            return cls(str(d["source"]), str(d["digest"]), str(d["kernel"]),
                        tuple(_frozen(a) for a in d["args"]),
                        tuple(sorted((k, _frozen(v)) for k, v in d["kwargs"].items())))
         except (KeyError, TypeError, AttributeError) as exc:
@@ -77,6 +81,61 @@ class LaunchRecord:
         stem = Path(self.source).stem
         family, _, digest = stem.rpartition("-")
         return f"{family}-{digest[:12]}:{self.kernel}" if family else f"{stem}:{self.kernel}"
+
+
+@dataclass
+class Launches:
+    """Distinct records in first-seen order, and the sources they name (digest -> text)."""
+    records: List[LaunchRecord] = field(default_factory=list)
+    sources: Dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        self._seen = set(self.records)
+
+    def _keep(self, record: LaunchRecord) -> None:
+        if record not in self._seen:
+            self._seen.add(record)
+            self.records.append(record)
+
+    def add(self, record: LaunchRecord, text: str) -> None:
+        self._keep(record)
+        self.sources.setdefault(record.digest, text)
+
+    def merge(self, other: "Launches") -> "Launches":
+        """Adds `other`'s launches (each distinct one once) to these; returns self."""
+        for record in other.records:
+            self.add(record, other.sources[record.digest])
+        return self
+
+    def save(self, path: os.PathLike) -> None:
+        """JSON lines: one {"digest", "text"} per source, then one line per record; written
+        beside `path`, then renamed into place."""
+        path = Path(path)
+        lines = [json.dumps({"digest": d, "text": t}) for d, t in sorted(self.sources.items())]
+        lines += [json.dumps(r.as_dict(), sort_keys=True) for r in self.records]
+        partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
+        partial.write_text("".join(line + "\n" for line in lines), encoding="utf-8")
+        os.replace(partial, path)
+
+    @classmethod
+    def load(cls, path: os.PathLike) -> "Launches":
+        launches = cls()
+        for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise LaunchRecordError(f"{path}:{number}: not JSON ({exc.msg})") from None
+            if isinstance(item, dict) and set(item) == {"digest", "text"}:
+                launches.sources[str(item["digest"])] = str(item["text"])
+            else:
+                launches._keep(LaunchRecord.from_dict(item))
+        missing = {r.digest for r in launches.records} - set(launches.sources)
+        if missing:
+            raise LaunchRecordError(f"{path}: records name sources it does not hold: "
+                                    f"{sorted(missing)}")
+        return launches
 
 
 def _frozen(d: Dict[str, Any]) -> Tuple[Tuple[str, Any], ...]:
@@ -110,58 +169,47 @@ def _constexpr_params(fn: Any) -> set:
     return names
 
 
-def make_record(fn: Any, args: tuple, kwargs: Dict[str, Any]) -> LaunchRecord:
-    """The record of launching the Python function `fn` (a kernel's body) with these arguments.
-    Constexpr parameters and keywords keep their values; other ints become their `_int_class`."""
-    names = list(inspect.signature(fn).parameters)
-    constexprs = _constexpr_params(fn)
+@functools.lru_cache(maxsize=None)
+def _kernel_facts(fn: Any) -> Tuple[str, str, str, Tuple[str, ...], frozenset]:
+    """(source file, its text, the text's digest, parameter names, constexpr parameter names)
+    of a kernel's function: read once per kernel, as a decode launches the same few kernels
+    thousands of times."""
+    source = os.path.abspath(inspect.getsourcefile(fn))
+    text = Path(source).read_text(encoding="utf-8")
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:24]
+    return (source, text, digest, tuple(inspect.signature(fn).parameters),
+            frozenset(_constexpr_params(fn)))
+
+
+def make_record(fn: Any, args: tuple, kwargs: Dict[str, Any]) -> Tuple[LaunchRecord, str]:
+    """The record of launching the Python function `fn` (a kernel's body) with these arguments,
+    and its module's text. Constexpr parameters and keywords keep their values; other ints
+    become their `_int_class`."""
+    source, text, digest, names, constexprs = _kernel_facts(fn)
 
     def arg(i: int, value: Any) -> Tuple[Tuple[str, Any], ...]:
         runtime_int = (isinstance(value, int) and not isinstance(value, bool)
                        and i < len(names) and names[i] not in constexprs)
         return _frozen(describe(_int_class(value) if runtime_int else value))
 
-    return LaunchRecord(os.path.abspath(inspect.getsourcefile(fn)), fn.__name__,
-                        tuple(arg(i, a) for i, a in enumerate(args)),
-                        tuple(sorted((k, _frozen(describe(v))) for k, v in kwargs.items())))
+    record = LaunchRecord(source, digest, fn.__name__,
+                          tuple(arg(i, a) for i, a in enumerate(args)),
+                          tuple(sorted((k, _frozen(describe(v))) for k, v in kwargs.items())))
+    return record, text
 
 
 class LaunchRecorder:
-    """The distinct launches seen, in first-seen order."""
+    """The distinct launches seen, in first-seen order (`launches`)."""
 
     def __init__(self):
-        self._seen: Dict[LaunchRecord, None] = {}
-
-    def add(self, record: LaunchRecord) -> None:
-        self._seen.setdefault(record, None)
+        self.launches = Launches()
 
     @property
     def records(self) -> List[LaunchRecord]:
-        return list(self._seen)
+        return self.launches.records
 
-    def save(self, path: os.PathLike) -> None:
-        """Write the records as JSON lines (written beside `path`, then renamed into place)."""
-        save_records(self.records, path)
-
-
-def save_records(records: List[LaunchRecord], path: os.PathLike) -> None:
-    path = Path(path)
-    partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
-    partial.write_text("".join(json.dumps(r.as_dict(), sort_keys=True) + "\n" for r in records),
-                       encoding="utf-8")
-    os.replace(partial, path)
-
-
-def load_records(path: os.PathLike) -> List[LaunchRecord]:
-    records = []
-    for number, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            records.append(LaunchRecord.from_dict(json.loads(line)))
-        except json.JSONDecodeError as exc:
-            raise LaunchRecordError(f"{path}:{number}: not JSON ({exc.msg})") from None
-    return records
+    def add(self, fn: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
+        self.launches.add(*make_record(fn, args, kwargs))
 
 
 @contextlib.contextmanager
@@ -174,7 +222,7 @@ def recording_launches(recorder: Optional[LaunchRecorder] = None) -> Iterator[La
     original = InterpretedFunction.run
 
     def run(self, *args, grid, warmup, **kwargs):
-        recorder.add(make_record(self.fn, args, kwargs))
+        recorder.add(self.fn, args, kwargs)
         return original(self, *args, grid=grid, warmup=warmup, **kwargs)
 
     InterpretedFunction.run = run

@@ -30,11 +30,11 @@ import sys
 import tempfile
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional
 
 from specpilot.ir.errors import SpecPilotError
 
-from .launch_record import LaunchRecord, load_records, save_records
+from .launch_record import LaunchRecord, Launches
 
 
 @dataclass(frozen=True)
@@ -132,14 +132,19 @@ _modules: Dict[str, Any] = {}
 _counter = itertools.count()
 
 
-def _kernel(record: LaunchRecord):
-    if record.source not in _modules:
-        spec = importlib.util.spec_from_file_location(f"target_compiled_{next(_counter)}",
-                                                      record.source)
+def _source_file(folder: Path, record: LaunchRecord) -> Path:
+    return folder / f"{Path(record.source).stem}_{record.digest}.py"
+
+
+def _kernel(record: LaunchRecord, sources: Path):
+    """The record's kernel, from its module's text as recorded (written to `sources`)."""
+    if record.digest not in _modules:
+        path = _source_file(sources, record)
+        spec = importlib.util.spec_from_file_location(f"target_compiled_{next(_counter)}", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
-        _modules[record.source] = module
-    fn = getattr(_modules[record.source], record.kernel)
+        _modules[record.digest] = module
+    fn = getattr(_modules[record.digest], record.kernel)
     if not hasattr(fn, "warmup"):
         raise TypeError(f"{record.kernel} is not a compiled Triton kernel here "
                         "(is TRITON_INTERPRET set in the worker?)")
@@ -169,9 +174,9 @@ def _resources(cubin: bytes) -> Optional[tuple]:
     return (int(found.group(1)), int(found.group(2)) + int(found.group(3))) if found else None
 
 
-def compile_one(record: LaunchRecord, target: Target) -> CompileResult:
+def compile_one(record: LaunchRecord, target: Target, sources: Path) -> CompileResult:
     try:
-        fn = _kernel(record)
+        fn = _kernel(record, sources)
         args = [_argument(dict(a)) for a in record.args]
         kwargs = {name: _argument(dict(v)) for name, v in record.kwargs}
         compiled = fn.warmup(*args, grid=(1,), **kwargs)
@@ -190,8 +195,7 @@ def compile_one(record: LaunchRecord, target: Target) -> CompileResult:
     return CompileResult(record.label, error, shared, warps, registers, stack)
 
 
-def compile_records(records: Sequence[LaunchRecord], arch: str,
-                    progress=None) -> List[CompileResult]:
+def compile_records(launches: Launches, arch: str, progress=None) -> List[CompileResult]:
     """Compile every record for `arch` in this process, which must not interpret kernels. The
     process's Triton driver is replaced for good: run this in a process of its own."""
     from triton import knobs
@@ -202,32 +206,37 @@ def compile_records(records: Sequence[LaunchRecord], arch: str,
                                  "use compile_in_subprocess")
     target = target_of(arch)
     driver.set_active(_TargetDriver(target))
-    results = []
-    for i, record in enumerate(records, 1):
-        results.append(compile_one(record, target))
-        if progress:
-            progress(f"[{i}/{len(records)}] {results[-1].line()}")
+    results, records = [], launches.records
+    with tempfile.TemporaryDirectory(prefix="specpilot-kernel-sources-") as tmp:
+        for record in records:
+            path = _source_file(Path(tmp), record)
+            if not path.exists():
+                path.write_text(launches.sources[record.digest], encoding="utf-8")
+        for i, record in enumerate(records, 1):
+            results.append(compile_one(record, target, Path(tmp)))
+            if progress:
+                progress(f"[{i}/{len(records)}] {results[-1].line()}")
     return results
 
 
 # ---------------------------------------------------------------------------- the caller side
 
-def compile_in_subprocess(records: Sequence[LaunchRecord], arch: str,
+def compile_in_subprocess(launches: Launches, arch: str,
                           timeout: float = 1800) -> List[CompileResult]:
     """compile_records in a worker process with the interpreter off (this process may have it
     on). A worker that crashes or runs past `timeout` seconds is a TargetCompileError."""
     target_of(arch)
     with tempfile.TemporaryDirectory(prefix="specpilot-target-compile-") as tmp:
-        launches, result = Path(tmp) / "launches.jsonl", Path(tmp) / "result.json"
-        save_records(list(records), launches)
+        path, result = Path(tmp) / "launches.jsonl", Path(tmp) / "result.json"
+        launches.save(path)
         env = {**os.environ, "TRITON_INTERPRET": "0"}
         try:
             done = subprocess.run([sys.executable, "-m", "specpilot.codegen.target_compile",
-                                   str(launches), "--arch", arch, "--json", str(result), "--quiet"],
+                                   str(path), "--arch", arch, "--json", str(result), "--quiet"],
                                   env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
-            raise TargetCompileError(f"compiling {len(records)} launches for {arch} took longer "
-                                     f"than {timeout:.0f} s") from None
+            raise TargetCompileError(f"compiling {len(launches.records)} launches for {arch} took "
+                                     f"longer than {timeout:.0f} s") from None
         if not result.exists():
             raise TargetCompileError(f"the compile worker exited with {done.returncode} and no "
                                      f"result:\n{done.stderr[-4000:]}")
@@ -244,9 +253,11 @@ def main(argv=None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the results here as JSON")
     parser.add_argument("--quiet", action="store_true", help="print only the failures")
     args = parser.parse_args(argv)
-    records = list(dict.fromkeys(r for path in args.launches for r in load_records(path)))
+    launches = Launches()
+    for path in args.launches:
+        launches.merge(Launches.load(path))
     show = None if args.quiet else (lambda line: print(line, flush=True))
-    results = compile_records(records, args.arch, progress=show)
+    results = compile_records(launches, args.arch, progress=show)
     if args.json:
         partial = Path(f"{args.json}.partial")
         partial.write_text(json.dumps([asdict(r) for r in results], indent=1), encoding="utf-8")

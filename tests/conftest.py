@@ -34,7 +34,7 @@ def pytest_unconfigure(config):
         context, recorder, path = recording
         context.__exit__(None, None, None)
         if recorder.records:   # xdist's controller runs no test: it writes nothing
-            recorder.save(path)
+            recorder.launches.save(path)
 
 
 @pytest.fixture(autouse=True)

@@ -7,14 +7,13 @@ compile and fit the GPU; a kernel the interpreter runs correctly but the compile
 one that needs more shared memory than the GPU has, are both reported, by name, with the reason.
 """
 import importlib.util
-import json
 import textwrap
 
 import pytest
 import torch
 
 from specpilot.codegen.cache import triton_interpreting
-from specpilot.codegen.launch_record import (LaunchRecorder, LaunchRecordError, load_records,
+from specpilot.codegen.launch_record import (LaunchRecorder, LaunchRecordError, Launches,
                                              make_record, recording_launches)
 from specpilot.codegen.target_compile import (TARGETS, TargetCompileError, compile_in_subprocess,
                                               compile_records)
@@ -41,6 +40,12 @@ def _double(x):            # a plain Python helper: the interpreter calls it, th
 def plain_helper(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     r = tl.arange(0, BLOCK)
     tl.store(y_ptr + r, _double(tl.load(x_ptr + r, mask=r < n)), mask=r < n)
+
+
+@triton.jit
+def twice(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
+    r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(y_ptr + r, tl.load(x_ptr + r, mask=r < n) * 2, mask=r < n)
 
 
 @triton.jit
@@ -79,7 +84,7 @@ def test_round_end_kernels_of_a_refilled_adaptive_batch_compile_for_sm90():
     kernels = {r.kernel for r in recorder.records}
     assert {"_row_start_kernel", "_chain_commit_kernel", "_length_policy_kernel",
             "_length_admit_kernel"} <= kernels, kernels
-    results = compile_in_subprocess(recorder.records, "sm_90")
+    results = compile_in_subprocess(recorder.launches, "sm_90")
     assert [r.label for r in results] == [r.label for r in recorder.records]
     assert [r.line() for r in results if not r.ok] == []
     for record, result in zip(recorder.records, results):
@@ -100,7 +105,7 @@ def test_what_only_the_compiler_refuses_is_reported(kernels):
     torch.testing.assert_close(c, (a.double() @ a.double())[:256, :256].float(), rtol=1e-4,
                                atol=1e-2)
     # ...and compiling for the GPU refuses both, each with its reason.
-    helper, tile = compile_in_subprocess(recorder.records, "sm_90")
+    helper, tile = compile_in_subprocess(recorder.launches, "sm_90")
     assert helper.label == "hand_kernels:plain_helper" and not helper.ok
     assert "_double" in helper.error
     assert tile.label == "hand_kernels:square_tile" and not tile.ok
@@ -122,23 +127,42 @@ def test_launches_that_compile_alike_are_recorded_once(kernels, tmp_path):
     assert len(records) == 5
     assert [dict(r.args[0])["aligned"] for r in records] == [True] * 4 + [False]
     assert dict(records[3].args[0])["tensor"] == "float64"
+    assert len({r.digest for r in records}) == 1
+
+
+def test_saved_launches_compile_after_their_source_is_gone(kernels, tmp_path):
+    x = torch.randn(50)
+    y = torch.empty(50)
+    with recording_launches() as recorder:
+        kernels.twice[(1,)](x, y, 50, BLOCK=64)
+    assert torch.equal(y, x * 2)
     path = tmp_path / "launches.jsonl"
-    recorder.save(path)
-    assert load_records(path) == records
-    assert all(json.loads(line)["kernel"] == "plain_helper"
-               for line in path.read_text().splitlines())
+    recorder.launches.save(path)
+    source = tmp_path / "hand_kernels.py"
+    text = source.read_text()
+    source.unlink()                      # as pytest's temporary folders go before a compile
+    loaded = Launches.load(path)
+    assert loaded.records == recorder.records
+    assert list(loaded.sources.values()) == [text]
+    [result] = compile_in_subprocess(loaded, "sm_90")
+    assert result.ok and result.label == "hand_kernels:twice", result.line()
 
 
 def test_records_from_a_bad_file_or_for_an_unknown_gpu_are_refused(kernels, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"source": "k.py", "kernel": "k", "args": []}\n{not json\n')
     with pytest.raises(LaunchRecordError, match="not a launch record"):
-        load_records(bad)
+        Launches.load(bad)
     bad.write_text("{not json\n")
     with pytest.raises(LaunchRecordError, match="bad.jsonl:1: not JSON"):
-        load_records(bad)
-    record = make_record(kernels.plain_helper.fn, (torch.ones(2), torch.ones(2), 2), {"BLOCK": 2})
+        Launches.load(bad)
+    launches = Launches()
+    launches.add(*make_record(kernels.twice.fn, (torch.ones(2), torch.ones(2), 2), {"BLOCK": 2}))
+    launches.save(bad)
+    bad.write_text(bad.read_text().split("\n", 1)[1])     # the source's line dropped
+    with pytest.raises(LaunchRecordError, match="records name sources it does not hold"):
+        Launches.load(bad)
     with pytest.raises(TargetCompileError, match="unknown GPU architecture 'sm_61'"):
-        compile_in_subprocess([record], "sm_61")
+        compile_in_subprocess(launches, "sm_61")
     with pytest.raises(TargetCompileError, match="interpreted in this process"):
-        compile_records([record], "sm_90")
+        compile_records(launches, "sm_90")
