@@ -243,6 +243,26 @@ def compile_in_subprocess(launches: Launches, arch: str,
         return [CompileResult(**r) for r in json.loads(result.read_text(encoding="utf-8"))]
 
 
+def summary(results: List[CompileResult]) -> str:
+    """A Markdown table by kernel module (the label before its hash): launches, failures, and
+    the most registers, stack bytes and shared memory any of its launches needs."""
+    groups: Dict[str, List[CompileResult]] = {}
+    for r in results:
+        groups.setdefault(r.label.split("-")[0].split(":")[0], []).append(r)
+
+    def most(rs, name):
+        values = [getattr(r, name) for r in rs if getattr(r, name) is not None]
+        return str(max(values)) if values else "–"
+
+    lines = ["| kernels | launches | failed | registers (max) | stack B (max) | shared B (max) |",
+             "|---|---|---|---|---|---|"]
+    for name, rs in sorted(groups.items()):
+        lines.append(f"| {name} | {len(rs)} | {sum(not r.ok for r in rs)} | "
+                     f"{most(rs, 'registers')} | {most(rs, 'stack_bytes')} | "
+                     f"{most(rs, 'shared_bytes')} |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m specpilot.codegen.target_compile",
@@ -254,8 +274,12 @@ def main(argv=None) -> int:
     parser.add_argument("--quiet", action="store_true", help="print only the failures")
     args = parser.parse_args(argv)
     launches = Launches()
-    for path in args.launches:
-        launches.merge(Launches.load(path))
+    try:
+        for path in args.launches:
+            launches.merge(Launches.load(path))
+    except (OSError, SpecPilotError) as exc:
+        print(f"target_compile: error: {exc}", file=sys.stderr)
+        return 2
     show = None if args.quiet else (lambda line: print(line, flush=True))
     results = compile_records(launches, args.arch, progress=show)
     if args.json:
@@ -265,6 +289,7 @@ def main(argv=None) -> int:
     failed = [r for r in results if not r.ok]
     for r in failed:
         print(r.line(), file=sys.stderr)
+    print(summary(results))
     print(f"{len(results) - len(failed)} of {len(results)} launches compile for {args.arch}")
     return 1 if failed else 0
 

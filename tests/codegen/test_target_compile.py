@@ -7,6 +7,9 @@ compile and fit the GPU; a kernel the interpreter runs correctly but the compile
 one that needs more shared memory than the GPU has, are both reported, by name, with the reason.
 """
 import importlib.util
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -166,3 +169,24 @@ def test_records_from_a_bad_file_or_for_an_unknown_gpu_are_refused(kernels, tmp_
         compile_in_subprocess(launches, "sm_61")
     with pytest.raises(TargetCompileError, match="interpreted in this process"):
         compile_records(launches, "sm_90")
+
+
+def test_the_command_prints_each_failure_and_a_summary(kernels, tmp_path):
+    x = torch.randn(50)
+    y = torch.empty(50)
+    with recording_launches() as recorder:
+        kernels.twice[(1,)](x, y, 50, BLOCK=64)
+        kernels.plain_helper[(1,)](x, y, 50, BLOCK=64)
+    path = tmp_path / "launches.jsonl"
+    recorder.launches.save(path)
+    env = {**os.environ, "TRITON_INTERPRET": "0"}
+    command = [sys.executable, "-m", "specpilot.codegen.target_compile"]
+    done = subprocess.run(command + [str(path), "--quiet"], env=env, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 1, done.stderr
+    assert "FAIL hand_kernels:plain_helper" in done.stderr and "twice" not in done.stderr
+    assert "| hand_kernels | 2 | 1 |" in done.stdout
+    assert "1 of 2 launches compile for sm_90" in done.stdout
+    missing = subprocess.run(command + [str(tmp_path / "none.jsonl")], env=env,
+                             capture_output=True, text=True, timeout=600)
+    assert missing.returncode == 2 and "target_compile: error:" in missing.stderr
