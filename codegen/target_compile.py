@@ -13,7 +13,8 @@ when triton is imported), so `compile_in_subprocess` runs this module as a worke
 
     python -m specpilot.codegen.target_compile LAUNCHES.jsonl... --arch sm_90 [--json RESULT.json]
 
-prints one line per distinct record and exits 1 when any fails to compile or would not launch.
+prints one line per distinct record (only the failures with --quiet), then a table by kernel
+module, and exits 1 when any fails to compile or would not launch.
 The test suite records every launch it interprets when SPECPILOT_RECORD_LAUNCHES=FILE is set
 (tests/conftest.py; one FILE.<worker>.jsonl per pytest worker).
 """
