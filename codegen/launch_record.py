@@ -30,6 +30,12 @@ from specpilot.ir.errors import SpecPilotError
 # Arguments of these kinds are recorded by value: the compiler specialises on them.
 _SCALARS = (bool, int, float, str)
 
+# Constexpr keywords that are True exactly when the kernel runs in the interpreter: the
+# templates pass `_interpreted(kernel)` (templates/triton/_support.py.j2: DOT_IN_FP32 widens a
+# dot's operands, which only numpy needs). They are recorded as such and compiled False, as
+# the GPU runs them; a test keeps this list and the templates in step.
+INTERPRETER_FLAGS = ("DOT_IN_FP32",)
+
 
 class LaunchRecordError(SpecPilotError):
     """Records that cannot be written or read (a malformed file)."""
@@ -37,7 +43,8 @@ class LaunchRecordError(SpecPilotError):
 
 def describe(value: Any) -> Dict[str, Any]:
     """What the compiler sees of one argument; {"unsupported": type} for a kind it cannot
-    rebuild (the compile then fails with that reason rather than guessing)."""
+    rebuild (the compile then fails with that reason rather than guessing). An
+    INTERPRETER_FLAGS keyword is {"interpreter_flag": True} instead (make_record)."""
     if value is None:
         return {"none": True}
     if hasattr(value, "data_ptr") and hasattr(value, "dtype"):
@@ -192,9 +199,13 @@ def make_record(fn: Any, args: tuple, kwargs: Dict[str, Any]) -> Tuple[LaunchRec
                        and i < len(names) and names[i] not in constexprs)
         return _frozen(describe(_int_class(value) if runtime_int else value))
 
+    def keyword(name: str, value: Any) -> Tuple[Tuple[str, Any], ...]:
+        return (("interpreter_flag", True),) if name in INTERPRETER_FLAGS else _frozen(
+            describe(value))
+
     record = LaunchRecord(source, digest, fn.__name__,
                           tuple(arg(i, a) for i, a in enumerate(args)),
-                          tuple(sorted((k, _frozen(describe(v))) for k, v in kwargs.items())))
+                          tuple(sorted((k, keyword(k, v)) for k, v in kwargs.items())))
     return record, text
 
 
@@ -212,21 +223,33 @@ class LaunchRecorder:
         self.launches.add(*make_record(fn, args, kwargs))
 
 
+# The recorders of the blocks now open, innermost last: a launch goes to the innermost alone,
+# so a test that records its own (deliberately broken) kernels keeps them out of a whole
+# suite's recording (tests/conftest.py).
+_recorders: List[LaunchRecorder] = []
+_unrecorded_run: Any = None       # InterpretedFunction.run as it was before the outermost block
+
+
+def _recorded_run(self, *args, grid, warmup, **kwargs):
+    _recorders[-1].add(self.fn, args, kwargs)
+    return _unrecorded_run(self, *args, grid=grid, warmup=warmup, **kwargs)
+
+
 @contextlib.contextmanager
 def recording_launches(recorder: Optional[LaunchRecorder] = None) -> Iterator[LaunchRecorder]:
     """Record every interpreted kernel launch made inside the block (the launches still run).
     Needs Triton's interpreter: compiled kernels are not seen."""
+    global _unrecorded_run
     from triton.runtime.interpreter import InterpretedFunction
 
     recorder = recorder if recorder is not None else LaunchRecorder()
-    original = InterpretedFunction.run
-
-    def run(self, *args, grid, warmup, **kwargs):
-        recorder.add(self.fn, args, kwargs)
-        return original(self, *args, grid=grid, warmup=warmup, **kwargs)
-
-    InterpretedFunction.run = run
+    if not _recorders:
+        _unrecorded_run = InterpretedFunction.run
+        InterpretedFunction.run = _recorded_run
+    _recorders.append(recorder)
     try:
         yield recorder
     finally:
-        InterpretedFunction.run = original
+        _recorders.remove(recorder)
+        if not _recorders:
+            InterpretedFunction.run = _unrecorded_run

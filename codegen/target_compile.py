@@ -126,6 +126,8 @@ def _argument(desc: Dict[str, Any]) -> Any:
         return desc["value"]
     if "none" in desc:
         return None
+    if "interpreter_flag" in desc:     # True only where the kernel is interpreted
+        return False
     raise TypeError(f"an argument of type {desc.get('unsupported')} cannot be rebuilt")
 
 

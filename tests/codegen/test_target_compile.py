@@ -11,16 +11,19 @@ a bad file.
 """
 import importlib.util
 import os
+import re
 import subprocess
 import sys
 import textwrap
+from dataclasses import replace
 
 import pytest
 import torch
 
 from specpilot.codegen.cache import triton_interpreting
-from specpilot.codegen.launch_record import (LaunchRecorder, LaunchRecordError, Launches,
-                                             make_record, recording_launches)
+from specpilot.codegen.launch_record import (INTERPRETER_FLAGS, LaunchRecorder,
+                                             LaunchRecordError, Launches, make_record,
+                                             recording_launches)
 from specpilot.codegen.target_compile import (TARGETS, TargetCompileError, compile_in_subprocess,
                                               compile_records)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -52,6 +55,20 @@ def plain_helper(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
 def twice(x_ptr, y_ptr, n, BLOCK: tl.constexpr):
     r = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
     tl.store(y_ptr + r, tl.load(x_ptr + r, mask=r < n) * 2, mask=r < n)
+
+
+@triton.jit
+def flagged(a_ptr, c_ptr, K, BLOCK: tl.constexpr, DOT_IN_FP32: tl.constexpr):
+    r = tl.arange(0, BLOCK)
+    if DOT_IN_FP32:        # the interpreter's branch: compiled, it needs 2 MB of shared memory
+        acc = tl.zeros((BLOCK, BLOCK), dtype=tl.float32)
+        for k in range(0, K, BLOCK):
+            a = tl.load(a_ptr + r[:, None] * K + k + r[None, :])
+            b = tl.load(a_ptr + (k + r[:, None]) * K + r[None, :])
+            acc += tl.dot(a, b)
+    else:
+        acc = tl.load(a_ptr + r[:, None] * K + r[None, :])
+    tl.store(c_ptr + r[:, None] * BLOCK + r[None, :], acc)
 
 
 @triton.jit
@@ -193,3 +210,59 @@ def test_the_command_prints_each_failure_and_a_summary(kernels, tmp_path):
     missing = subprocess.run(command + [str(tmp_path / "none.jsonl")], env=env,
                              capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "target_compile: error:" in missing.stderr
+
+
+def test_interpreter_flags_compile_as_the_gpu_runs_them(kernels):
+    """DOT_IN_FP32 is True in the interpreter; the GPU runs the kernel with it False, and so
+    must the compile (here the True branch alone needs more shared memory than the GPU has)."""
+    a = torch.randn(512, 512)
+    c = torch.empty(256, 256)
+    with recording_launches() as recorder:
+        kernels.flagged[(1,)](a, c, 512, BLOCK=256, DOT_IN_FP32=True, num_stages=4)
+    torch.testing.assert_close(c, (a.double() @ a.double())[:256, :256].float(), rtol=1e-4,
+                               atol=1e-2)
+    [record] = recorder.records
+    assert dict(record.kwargs)["DOT_IN_FP32"] == (("interpreter_flag", True),)
+    [as_run] = compile_in_subprocess(recorder.launches, "sm_90")
+    assert as_run.ok, as_run.line()
+    # The same launch with the flag kept True compiles the interpreter's branch, which fails.
+    kept = Launches()
+    kept.add(replace(record, kwargs=tuple((k, (("value", True),) if k == "DOT_IN_FP32" else v)
+                                          for k, v in record.kwargs)),
+             recorder.launches.sources[record.digest])
+    [interpreters] = compile_in_subprocess(kept, "sm_90")
+    assert not interpreters.ok and "shared memory" in interpreters.error
+
+
+def test_every_flag_the_templates_derive_from_the_interpreter_is_known():
+    """A template that passes `_interpreted(kernel)` as a keyword must name it in
+    INTERPRETER_FLAGS, or its launches recorded on the CPU would compile the interpreter's
+    variant."""
+    import importlib.resources
+
+    passed = set()
+    folder = importlib.resources.files("specpilot.templates").joinpath("triton")
+    for template in sorted(folder.iterdir(), key=lambda t: t.name):
+        text = template.read_text(encoding="utf-8")
+        for name in re.findall(r"^(\w+) = _interpreted\(", text, flags=re.M):
+            passed |= set(re.findall(rf"(\w+)={name}\b", text))
+    assert passed == set(INTERPRETER_FLAGS)
+
+
+def test_a_recording_inside_another_keeps_its_launches_to_itself(kernels):
+    from triton.runtime.interpreter import InterpretedFunction
+
+    unrecorded = InterpretedFunction.run
+    x = torch.randn(50)
+    y = torch.empty(50)
+    with recording_launches() as outer:
+        kernels.twice[(1,)](x, y, 50, BLOCK=64)
+        with recording_launches() as inner:
+            kernels.twice[(1,)](x, y, 50, BLOCK=128)
+        kernels.twice[(1,)](x, y, 50, BLOCK=32)
+    kernels.twice[(1,)](x, y, 50, BLOCK=16)      # after both: recorded nowhere
+    assert torch.equal(y, x * 2)
+    blocks = lambda r: [dict(rec.kwargs)["BLOCK"] for rec in r.records]   # noqa: E731
+    assert blocks(outer) == [(("value", 64),), (("value", 32),)]
+    assert blocks(inner) == [(("value", 128),)]
+    assert InterpretedFunction.run is unrecorded
