@@ -260,7 +260,7 @@ def test_a_recording_inside_another_keeps_its_launches_to_itself(kernels):
         with recording_launches() as inner:
             kernels.twice[(1,)](x, y, 50, BLOCK=128)
         kernels.twice[(1,)](x, y, 50, BLOCK=32)
-    kernels.twice[(1,)](x, y, 50, BLOCK=16)      # after both: recorded nowhere
+    kernels.twice[(1,)](x, y, 50, BLOCK=16)      # after both: neither records it
     assert torch.equal(y, x * 2)
     blocks = lambda r: [dict(rec.kwargs)["BLOCK"] for rec in r.records]   # noqa: E731
     assert blocks(outer) == [(("value", 64),), (("value", 32),)]
