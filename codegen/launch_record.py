@@ -9,9 +9,9 @@ tensor's dtype and 16-byte alignment, a scalar's value, a constexpr), never the 
 specialisations are kept once. The records travel with the sources they name (`Launches`), so a
 kernel written to a temporary folder that is gone by the time it is compiled still compiles.
 
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         module.launch(...)                 # interpreted as usual
-    recorder.launches.save("launches.jsonl")
+    recorded.save("launches.jsonl")
 """
 from __future__ import annotations
 
@@ -52,8 +52,6 @@ def describe(value: Any) -> Dict[str, Any]:
                 "aligned": value.data_ptr() % 16 == 0}
     if isinstance(value, _SCALARS):
         return {"value": value}
-    if type(value).__name__ == "constexpr" and isinstance(getattr(value, "value", None), _SCALARS):
-        return {"value": value.value}
     return {"unsupported": type(value).__qualname__}
 
 
@@ -90,7 +88,7 @@ class LaunchRecord:
         return f"{family}-{digest[:12]}:{self.kernel}" if family else f"{stem}:{self.kernel}"
 
 
-@dataclass
+@dataclass(eq=False)
 class Launches:
     """Distinct records in first-seen order, and the sources they name (digest -> text)."""
     records: List[LaunchRecord] = field(default_factory=list)
@@ -209,40 +207,27 @@ def make_record(fn: Any, args: tuple, kwargs: Dict[str, Any]) -> Tuple[LaunchRec
     return record, text
 
 
-class LaunchRecorder:
-    """The distinct launches seen, in first-seen order (`launches`)."""
-
-    def __init__(self):
-        self.launches = Launches()
-
-    @property
-    def records(self) -> List[LaunchRecord]:
-        return self.launches.records
-
-    def add(self, fn: Any, args: tuple, kwargs: Dict[str, Any]) -> None:
-        self.launches.add(*make_record(fn, args, kwargs))
-
-
-# The recorders of the blocks now open, innermost last: a launch goes to the innermost alone,
+# What the blocks now open record into, innermost last: a launch goes to the innermost alone,
 # so a test that records its own (deliberately broken) kernels keeps them out of a whole
 # suite's recording (tests/conftest.py).
-_recorders: List[LaunchRecorder] = []
+_recorders: List[Launches] = []
 _unrecorded_run: Any = None       # InterpretedFunction.run as it was before the outermost block
 
 
 def _recorded_run(self, *args, grid, warmup, **kwargs):
-    _recorders[-1].add(self.fn, args, kwargs)
+    _recorders[-1].add(*make_record(self.fn, args, kwargs))
     return _unrecorded_run(self, *args, grid=grid, warmup=warmup, **kwargs)
 
 
 @contextlib.contextmanager
-def recording_launches(recorder: Optional[LaunchRecorder] = None) -> Iterator[LaunchRecorder]:
-    """Record every interpreted kernel launch made inside the block (the launches still run).
-    Needs Triton's interpreter: compiled kernels are not seen."""
+def recording_launches(into: Optional[Launches] = None) -> Iterator[Launches]:
+    """Record every interpreted kernel launch made inside the block into `into` (a new
+    Launches by default), which it yields; the launches still run. Needs Triton's interpreter:
+    compiled kernels are not seen."""
     global _unrecorded_run
     from triton.runtime.interpreter import InterpretedFunction
 
-    recorder = recorder if recorder is not None else LaunchRecorder()
+    recorder = into if into is not None else Launches()
     if not _recorders:
         _unrecorded_run = InterpretedFunction.run
         InterpretedFunction.run = _recorded_run
@@ -250,6 +235,6 @@ def recording_launches(recorder: Optional[LaunchRecorder] = None) -> Iterator[La
     try:
         yield recorder
     finally:
-        _recorders.remove(recorder)
+        _recorders.pop()          # blocks close innermost first
         if not _recorders:
             InterpretedFunction.run = _unrecorded_run

@@ -31,10 +31,10 @@ def pytest_configure(config):
 def pytest_unconfigure(config):
     recording = getattr(config, "_launch_recording", None)
     if recording is not None:
-        context, recorder, path = recording
+        context, recorded, path = recording
         context.__exit__(None, None, None)
-        if recorder.records:   # xdist's controller runs no test: it writes nothing
-            recorder.launches.save(path)
+        if recorded.records:   # xdist's controller runs no test: it writes nothing
+            recorded.save(path)
 
 
 @pytest.fixture(autouse=True)

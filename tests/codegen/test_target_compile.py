@@ -21,9 +21,8 @@ import pytest
 import torch
 
 from specpilot.codegen.cache import triton_interpreting
-from specpilot.codegen.launch_record import (INTERPRETER_FLAGS, LaunchRecorder,
-                                             LaunchRecordError, Launches, make_record,
-                                             recording_launches)
+from specpilot.codegen.launch_record import (INTERPRETER_FLAGS, LaunchRecordError, Launches,
+                                             make_record, recording_launches)
 from specpilot.codegen.target_compile import (TARGETS, TargetCompileError, compile_in_subprocess,
                                               compile_records)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -95,7 +94,7 @@ def kernels(tmp_path):
 
 def test_round_end_kernels_of_a_refilled_adaptive_batch_compile_for_sm90():
     s, prompts, reference = mixed_requests(4)
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         refill = GraphedRefillDecoder(s["target"], s["drafter"], 3, 48, 4, s["eos"], capture=False,
                                       accept_kernels="fused", adaptive=True,
                                       round_costs=[1.0, 1.5, 1.9, 2.3, 2.7],
@@ -104,13 +103,13 @@ def test_round_end_kernels_of_a_refilled_adaptive_batch_compile_for_sm90():
                                      accept_kernels="fused").generate(prompts[:2], MAX_NEW)
     # Recording passes every launch through: the decoders still give greedy AR's tokens.
     assert refill.tokens == reference.tokens and padded.tokens == reference.tokens[:2]
-    kernels = {r.kernel for r in recorder.records}
+    kernels = {r.kernel for r in recorded.records}
     assert {"_row_start_kernel", "_chain_commit_kernel", "_length_policy_kernel",
             "_length_admit_kernel"} <= kernels, kernels
-    results = compile_in_subprocess(recorder.launches, "sm_90")
-    assert [r.label for r in results] == [r.label for r in recorder.records]
+    results = compile_in_subprocess(recorded, "sm_90")
+    assert [r.label for r in results] == [r.label for r in recorded.records]
     assert [r.line() for r in results if not r.ok] == []
-    for record, result in zip(recorder.records, results):
+    for record, result in zip(recorded.records, results):
         assert result.num_warps == dict(record.kwargs)["num_warps"][0][1]
         assert 0 <= result.shared_bytes <= TARGETS["sm_90"].max_shared_bytes
 
@@ -120,7 +119,7 @@ def test_what_only_the_compiler_refuses_is_reported(kernels):
     y = torch.empty(40)
     a = torch.randn(512, 512)
     c = torch.empty(256, 256)
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         kernels.plain_helper[(1,)](x, y, 40, BLOCK=64)
         kernels.square_tile[(1,)](a, c, 512, BLOCK=256, num_stages=4)
     # The interpreter ran both correctly...
@@ -128,7 +127,7 @@ def test_what_only_the_compiler_refuses_is_reported(kernels):
     torch.testing.assert_close(c, (a.double() @ a.double())[:256, :256].float(), rtol=1e-4,
                                atol=1e-2)
     # ...and compiling for the GPU refuses both, each with its reason.
-    helper, tile = compile_in_subprocess(recorder.launches, "sm_90")
+    helper, tile = compile_in_subprocess(recorded, "sm_90")
     assert helper.label == "hand_kernels:plain_helper" and not helper.ok
     assert "_double" in helper.error
     assert tile.label == "hand_kernels:square_tile" and not tile.ok
@@ -138,15 +137,15 @@ def test_what_only_the_compiler_refuses_is_reported(kernels):
 def test_launches_that_compile_alike_are_recorded_once(kernels, tmp_path):
     x = torch.randn(40)
     y = torch.empty(40)
-    recorder = LaunchRecorder()
-    with recording_launches(recorder):
+    recorded = Launches()
+    with recording_launches(recorded):
         for n in (40, 37, 33):           # runtime ints neither 1 nor divisible by 16: alike
             kernels.plain_helper[(1,)](x, y, n, BLOCK=64)
         kernels.plain_helper[(1,)](x, y, 32, BLOCK=64)       # divisible by 16: specialised
         kernels.plain_helper[(1,)](x, y, 40, BLOCK=128)      # another constexpr
         kernels.plain_helper[(1,)](x.double(), y, 40, BLOCK=64)   # another dtype
         kernels.plain_helper[(1,)](x[1:], y, 39, BLOCK=64)   # a pointer off 16-byte alignment
-    records = recorder.records
+    records = recorded.records
     assert len(records) == 5
     assert [dict(r.args[0])["aligned"] for r in records] == [True] * 4 + [False]
     assert dict(records[3].args[0])["tensor"] == "float64"
@@ -156,16 +155,16 @@ def test_launches_that_compile_alike_are_recorded_once(kernels, tmp_path):
 def test_saved_launches_compile_after_their_source_is_gone(kernels, tmp_path):
     x = torch.randn(50)
     y = torch.empty(50)
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         kernels.twice[(1,)](x, y, 50, BLOCK=64)
     assert torch.equal(y, x * 2)
     path = tmp_path / "launches.jsonl"
-    recorder.launches.save(path)
+    recorded.save(path)
     source = tmp_path / "hand_kernels.py"
     text = source.read_text()
     source.unlink()                      # as pytest's temporary folders go before a compile
     loaded = Launches.load(path)
-    assert loaded.records == recorder.records
+    assert loaded.records == recorded.records
     assert list(loaded.sources.values()) == [text]
     [result] = compile_in_subprocess(loaded, "sm_90")
     assert result.ok and result.label == "hand_kernels:twice", result.line()
@@ -194,11 +193,11 @@ def test_records_from_a_bad_file_or_for_an_unknown_gpu_are_refused(kernels, tmp_
 def test_the_command_prints_each_failure_and_a_summary(kernels, tmp_path):
     x = torch.randn(50)
     y = torch.empty(50)
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         kernels.twice[(1,)](x, y, 50, BLOCK=64)
         kernels.plain_helper[(1,)](x, y, 50, BLOCK=64)
     path = tmp_path / "launches.jsonl"
-    recorder.launches.save(path)
+    recorded.save(path)
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "specpilot.codegen.target_compile"]
     done = subprocess.run(command + [str(path), "--quiet"], env=env, capture_output=True,
@@ -217,19 +216,19 @@ def test_interpreter_flags_compile_as_the_gpu_runs_them(kernels):
     must the compile (here the True branch alone needs more shared memory than the GPU has)."""
     a = torch.randn(512, 512)
     c = torch.empty(256, 256)
-    with recording_launches() as recorder:
+    with recording_launches() as recorded:
         kernels.flagged[(1,)](a, c, 512, BLOCK=256, DOT_IN_FP32=True, num_stages=4)
     torch.testing.assert_close(c, (a.double() @ a.double())[:256, :256].float(), rtol=1e-4,
                                atol=1e-2)
-    [record] = recorder.records
+    [record] = recorded.records
     assert dict(record.kwargs)["DOT_IN_FP32"] == (("interpreter_flag", True),)
-    [as_run] = compile_in_subprocess(recorder.launches, "sm_90")
+    [as_run] = compile_in_subprocess(recorded, "sm_90")
     assert as_run.ok, as_run.line()
     # The same launch with the flag kept True compiles the interpreter's branch, which fails.
     kept = Launches()
     kept.add(replace(record, kwargs=tuple((k, (("value", True),) if k == "DOT_IN_FP32" else v)
                                           for k, v in record.kwargs)),
-             recorder.launches.sources[record.digest])
+             recorded.sources[record.digest])
     [interpreters] = compile_in_subprocess(kept, "sm_90")
     assert not interpreters.ok and "shared memory" in interpreters.error
 
@@ -256,6 +255,8 @@ def test_a_recording_inside_another_keeps_its_launches_to_itself(kernels):
     x = torch.randn(50)
     y = torch.empty(50)
     with recording_launches() as outer:
+        with recording_launches() as idle:     # closed empty, while the outer is empty too
+            pass
         kernels.twice[(1,)](x, y, 50, BLOCK=64)
         with recording_launches() as inner:
             kernels.twice[(1,)](x, y, 50, BLOCK=128)
@@ -264,5 +265,5 @@ def test_a_recording_inside_another_keeps_its_launches_to_itself(kernels):
     assert torch.equal(y, x * 2)
     blocks = lambda r: [dict(rec.kwargs)["BLOCK"] for rec in r.records]   # noqa: E731
     assert blocks(outer) == [(("value", 64),), (("value", 32),)]
-    assert blocks(inner) == [(("value", 128),)]
+    assert blocks(inner) == [(("value", 128),)] and idle.records == []
     assert InterpretedFunction.run is unrecorded

@@ -49,8 +49,8 @@ def test_captured_refill_equals_eager_refill_and_passes_forcing(tmp_path, k, mod
 def test_captured_refill_read_back_lag_and_top_up_equal_eager(tmp_path, adaptive, lag, topup):
     """On the GPU, readback_lag=2: the host waits on the ring's events two replays back while
     two are queued; and topup="queued": the newcomers held ahead are topped up once the next
-    replay is queued (their prefill on its stream beside that replay). The output and acceptance are the eager loop's
-    with the same settings, and forcing is clean."""
+    replay is queued (their prefill on its stream beside that replay). The output and
+    acceptance are the eager loop's with the same settings, and forcing is clean."""
     folder = make_checkpoint(tmp_path, "llama3", seed=93)
     target = Transformer.from_checkpoint(folder, "float32", "cuda")
     drafter = Transformer.from_checkpoint(folder, "float32", "cuda")
