@@ -14,7 +14,9 @@ when triton is imported), so `compile_in_subprocess` runs this module as a worke
     python -m specpilot.codegen.target_compile LAUNCHES.jsonl... --arch sm_90 [--json RESULT.json]
 
 prints one line per distinct record (only the failures with --quiet), then a table by kernel
-module, and exits 1 when any fails to compile or would not launch.
+module, and exits 1 when any fails to compile or would not launch. The Triton that compiles is
+the worker's: to compile with the GPU machine's version, run the worker from an environment that
+holds it (`compile_in_subprocess(..., python=...)`, or that environment's `python -m ...`).
 The test suite records every launch it interprets when SPECPILOT_RECORD_LAUNCHES=FILE is set
 (tests/conftest.py; one FILE.<worker>.jsonl per pytest worker).
 """
@@ -222,28 +224,41 @@ def compile_records(launches: Launches, arch: str, progress=None) -> List[Compil
     return results
 
 
+def triton_version() -> str:
+    import triton
+
+    return triton.__version__
+
+
 # ---------------------------------------------------------------------------- the caller side
 
-def compile_in_subprocess(launches: Launches, arch: str,
-                          timeout: float = 1800) -> List[CompileResult]:
+def compile_in_subprocess(launches: Launches, arch: str, timeout: float = 1800,
+                          python: Optional[str] = None) -> List[CompileResult]:
     """compile_records in a worker process with the interpreter off (this process may have it
-    on). A worker that crashes or runs past `timeout` seconds is a TargetCompileError."""
+    on). `python` is the worker's interpreter (this one by default): one whose environment
+    holds another Triton compiles with that version, e.g. the GPU machine's. A worker that
+    cannot start, crashes or runs past `timeout` seconds is a TargetCompileError."""
     target_of(arch)
+    python = python or sys.executable
     with tempfile.TemporaryDirectory(prefix="specpilot-target-compile-") as tmp:
         path, result = Path(tmp) / "launches.jsonl", Path(tmp) / "result.json"
         launches.save(path)
         env = {**os.environ, "TRITON_INTERPRET": "0"}
         try:
-            done = subprocess.run([sys.executable, "-m", "specpilot.codegen.target_compile",
+            done = subprocess.run([python, "-m", "specpilot.codegen.target_compile",
                                    str(path), "--arch", arch, "--json", str(result), "--quiet"],
                                   env=env, capture_output=True, text=True, timeout=timeout)
         except subprocess.TimeoutExpired:
             raise TargetCompileError(f"compiling {len(launches.records)} launches for {arch} took "
                                      f"longer than {timeout:.0f} s") from None
+        except OSError as exc:
+            raise TargetCompileError(f"the compile worker's interpreter {python!r} cannot be "
+                                     f"started: {exc}") from None
         if not result.exists():
-            raise TargetCompileError(f"the compile worker exited with {done.returncode} and no "
-                                     f"result:\n{done.stderr[-4000:]}")
-        return [CompileResult(**r) for r in json.loads(result.read_text(encoding="utf-8"))]
+            raise TargetCompileError(f"the compile worker ({python}) exited with "
+                                     f"{done.returncode} and no result:\n{done.stderr[-4000:]}")
+        answer = json.loads(result.read_text(encoding="utf-8"))
+        return [CompileResult(**r) for r in answer["results"]]
 
 
 def summary(results: List[CompileResult]) -> str:
@@ -285,15 +300,19 @@ def main(argv=None) -> int:
         return 2
     show = None if args.quiet else (lambda line: print(line, flush=True))
     results = compile_records(launches, args.arch, progress=show)
+    compiler = f"triton {triton_version()}"
     if args.json:
+        answer = {"arch": args.arch, "compiler": compiler,
+                  "results": [asdict(r) for r in results]}
         partial = Path(f"{args.json}.partial")
-        partial.write_text(json.dumps([asdict(r) for r in results], indent=1), encoding="utf-8")
+        partial.write_text(json.dumps(answer, indent=1), encoding="utf-8")
         os.replace(partial, args.json)
     failed = [r for r in results if not r.ok]
     for r in failed:
         print(r.line(), file=sys.stderr)
     print(summary(results))
-    print(f"{len(results) - len(failed)} of {len(results)} launches compile for {args.arch}")
+    print(f"{len(results) - len(failed)} of {len(results)} launches compile for {args.arch} "
+          f"({compiler})")
     return 1 if failed else 0
 
 

@@ -10,6 +10,7 @@ compile after the kernel's file is gone; the command prints failures and a summa
 a bad file.
 """
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -19,6 +20,7 @@ from dataclasses import replace
 
 import pytest
 import torch
+import triton
 
 from specpilot.codegen.cache import triton_interpreting
 from specpilot.codegen.launch_record import (INTERPRETER_FLAGS, LaunchRecordError, Launches,
@@ -188,6 +190,10 @@ def test_records_from_a_bad_file_or_for_an_unknown_gpu_are_refused(kernels, tmp_
         compile_in_subprocess(launches, "sm_61")
     with pytest.raises(TargetCompileError, match="interpreted in this process"):
         compile_records(launches, "sm_90")
+    with pytest.raises(TargetCompileError, match="interpreter '.*no-python' cannot be started"):
+        compile_in_subprocess(launches, "sm_90", python=str(tmp_path / "no-python"))
+    with pytest.raises(TargetCompileError, match="exited with 1 and no result"):
+        compile_in_subprocess(launches, "sm_90", python="false")
 
 
 def test_the_command_prints_each_failure_and_a_summary(kernels, tmp_path):
@@ -200,12 +206,17 @@ def test_the_command_prints_each_failure_and_a_summary(kernels, tmp_path):
     recorded.save(path)
     env = {**os.environ, "TRITON_INTERPRET": "0"}
     command = [sys.executable, "-m", "specpilot.codegen.target_compile"]
-    done = subprocess.run(command + [str(path), "--quiet"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    result = tmp_path / "result.json"
+    done = subprocess.run(command + [str(path), "--quiet", "--json", str(result)], env=env,
+                          capture_output=True, text=True, timeout=600)
     assert done.returncode == 1, done.stderr
     assert "FAIL hand_kernels:plain_helper" in done.stderr and "twice" not in done.stderr
     assert "| hand_kernels | 2 | 1 |" in done.stdout
-    assert "1 of 2 launches compile for sm_90" in done.stdout
+    compiler = f"triton {triton.__version__}"
+    assert f"1 of 2 launches compile for sm_90 ({compiler})" in done.stdout
+    answer = json.loads(result.read_text())
+    assert answer["arch"] == "sm_90" and answer["compiler"] == compiler
+    assert [r["error"] is None for r in answer["results"]] == [True, False]
     missing = subprocess.run(command + [str(tmp_path / "none.jsonl")], env=env,
                              capture_output=True, text=True, timeout=600)
     assert missing.returncode == 2 and "target_compile: error:" in missing.stderr
