@@ -224,12 +224,6 @@ def compile_records(launches: Launches, arch: str, progress=None) -> List[Compil
     return results
 
 
-def triton_version() -> str:
-    import triton
-
-    return triton.__version__
-
-
 # ---------------------------------------------------------------------------- the caller side
 
 def compile_in_subprocess(launches: Launches, arch: str, timeout: float = 1800,
@@ -282,6 +276,8 @@ def summary(results: List[CompileResult]) -> str:
 
 
 def main(argv=None) -> int:
+    import triton       # this process's Triton is the one that compiles (its version is reported)
+
     parser = argparse.ArgumentParser(
         prog="python -m specpilot.codegen.target_compile",
         description="Compile recorded Triton launches for a GPU (no GPU needed).")
@@ -300,7 +296,7 @@ def main(argv=None) -> int:
         return 2
     show = None if args.quiet else (lambda line: print(line, flush=True))
     results = compile_records(launches, args.arch, progress=show)
-    compiler = f"triton {triton_version()}"
+    compiler = f"triton {triton.__version__}"
     if args.json:
         answer = {"arch": args.arch, "compiler": compiler,
                   "results": [asdict(r) for r in results]}

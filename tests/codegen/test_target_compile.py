@@ -6,8 +6,8 @@ The interpreter never compiles a kernel, so these tests record interpreted launc
 compile and fit the GPU; a kernel the interpreter runs correctly but the compiler refuses, and
 one that needs more shared memory than the GPU has, are both reported, by name, with the reason.
 Launches that compile alike are recorded once; saved launches carry their sources, so they
-compile after the kernel's file is gone; the command prints failures and a summary, and refuses
-a bad file.
+compile after the kernel's file is gone; the command prints failures and a summary naming the
+Triton that compiled, and refuses a bad file or a worker interpreter that cannot run it.
 """
 import importlib.util
 import json
