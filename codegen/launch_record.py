@@ -88,6 +88,14 @@ class LaunchRecord:
         return f"{family}-{digest[:12]}:{self.kernel}" if family else f"{stem}:{self.kernel}"
 
 
+def module_name(label: str) -> str:
+    """The module a `LaunchRecord.label` names, without its hash: the generated kernels'
+    family (`norm_qkv_rope`), or a hand-written module's file stem."""
+    stem = label.rpartition(":")[0]
+    family, _, _ = stem.rpartition("-")
+    return family or stem
+
+
 @dataclass(eq=False)
 class Launches:
     """Distinct records in first-seen order, and the sources they name (digest -> text)."""

@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional
 
 from specpilot.ir.errors import SpecPilotError
 
-from .launch_record import LaunchRecord, Launches
+from .launch_record import LaunchRecord, Launches, module_name
 
 
 @dataclass(frozen=True)
@@ -256,11 +256,11 @@ def compile_in_subprocess(launches: Launches, arch: str, timeout: float = 1800,
 
 
 def summary(results: List[CompileResult]) -> str:
-    """A Markdown table by kernel module (the label before its hash): launches, failures, and
+    """A Markdown table by kernel module (`module_name` of its label): launches, failures, and
     the most registers, stack bytes and shared memory any of its launches needs."""
     groups: Dict[str, List[CompileResult]] = {}
     for r in results:
-        groups.setdefault(r.label.split("-")[0].split(":")[0], []).append(r)
+        groups.setdefault(module_name(r.label), []).append(r)
 
     def most(rs, name):
         values = [getattr(r, name) for r in rs if getattr(r, name) is not None]

@@ -24,7 +24,7 @@ import triton
 
 from specpilot.codegen.cache import triton_interpreting
 from specpilot.codegen.launch_record import (INTERPRETER_FLAGS, LaunchRecordError, Launches,
-                                             make_record, recording_launches)
+                                             make_record, module_name, recording_launches)
 from specpilot.codegen.target_compile import (TARGETS, TargetCompileError, compile_in_subprocess,
                                               compile_records)
 from specpilot.runtime.graphed_chain import GraphedChainDecoder
@@ -111,6 +111,9 @@ def test_round_end_kernels_of_a_refilled_adaptive_batch_compile_for_sm90():
     results = compile_in_subprocess(recorded, "sm_90")
     assert [r.label for r in results] == [r.label for r in recorded.records]
     assert [r.line() for r in results if not r.ok] == []
+    # Each label names its generated module: the family the kernel is named after.
+    assert {module_name(r.label) for r in results} == {
+        r.kernel.strip("_").removesuffix("_kernel") for r in recorded.records}
     for record, result in zip(recorded.records, results):
         assert result.num_warps == dict(record.kwargs)["num_warps"][0][1]
         assert 0 <= result.shared_bytes <= TARGETS["sm_90"].max_shared_bytes
